@@ -1,0 +1,48 @@
+"""dlpack: pack scattered training images into one store and feed the GPU at memory speed."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .build import BuildResult, build
+from .dataset import Dataset, open
+from .errors import (
+    BadInputsError,
+    DlpackError,
+    FormatVersionError,
+    IncompleteStoreError,
+    InputFileError,
+    MissingExtraError,
+    OptionError,
+    SourceError,
+    StateError,
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
+from .manifest import FORMAT_VERSION, ImageSpec, Manifest
+from .options import BuildOptions
+
+__all__ = [
+    "__version__",
+    "build",
+    "BuildResult",
+    "BuildOptions",
+    "open",
+    "Dataset",
+    "Manifest",
+    "ImageSpec",
+    "FORMAT_VERSION",
+    "DlpackError",
+    "OptionError",
+    "SourceError",
+    "InputFileError",
+    "BadInputsError",
+    "StoreExistsError",
+    "StoreNotFoundError",
+    "StoreError",
+    "IncompleteStoreError",
+    "FormatVersionError",
+    "StateError",
+    "MissingExtraError",
+]

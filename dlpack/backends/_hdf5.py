@@ -1,0 +1,243 @@
+"""HDF5 backend: one file with the same array names as the Zarr store (docs/format.md).
+
+Uncompressed fixed-size images are one contiguous dataset, read through ``np.memmap`` at the
+offset HDF5 reports: the memory-bandwidth ceiling, with a file any HDF5 tool opens.
+Compressed images use one chunk per image and the hdf5plugin filters (extra ``[hdf5plugin]``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import IncompleteStoreError, MissingExtraError, StoreError, StoreNotFoundError
+from ..manifest import Manifest
+from .base import Backend, StorePlan, StoreReader, StoreWriter
+
+__all__ = ["Hdf5Backend", "Hdf5Reader", "Hdf5Writer"]
+
+MANIFEST = "manifest"
+VARIABLE_CHUNK = 2**18
+_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _filter_kwargs(name: str, itemsize: int) -> dict[str, Any]:
+    if name == "none":
+        return {}
+    try:
+        import hdf5plugin
+    except ImportError as exc:
+        raise MissingExtraError("hdf5plugin", "hdf5plugin", f"HDF5 with compression={name}") from exc
+    if name == "lz4":
+        return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.BITSHUFFLE))
+    return dict(hdf5plugin.Zstd(clevel=3))
+
+
+def _load_plugins() -> None:
+    try:  # filters are found only once hdf5plugin registered them in this process
+        import hdf5plugin  # noqa: F401
+    except ImportError:
+        pass
+
+
+class Hdf5Writer(StoreWriter):
+    """One writer process only: HDF5 has no safe concurrent writers (two writers corrupt silently)."""
+
+    parallel_safe = False
+
+    def __init__(self, path: str | Path, plan: StorePlan) -> None:
+        super().__init__(path, plan)
+        self._f: Any = None
+        self._buf: list[np.ndarray] = []
+        self._buf_len = 0
+        self._written = 0
+
+    @property
+    def block_images(self) -> int:
+        # Blocks travel from workers to this process by pickling: keep them a few MB.
+        return max(1, min(self.plan.shard_images, 16))
+
+    def _file(self) -> Any:
+        if self._f is None:
+            import h5py
+
+            self._f = h5py.File(self.path, "r+")
+        return self._f
+
+    def create(self) -> None:
+        import h5py
+
+        plan, spec = self.plan, self.plan.image
+        dtype = np.dtype(spec.dtype)
+        filt = _filter_kwargs(plan.compression, dtype.itemsize)
+        self._f = f = h5py.File(self.path, "w-")
+        f.attrs["dlpack_format"] = "dlpack"
+        if spec.layout == "fixed":
+            shape = spec.shape
+            assert shape is not None
+            if filt:
+                f.create_dataset("images", shape=(plan.count, *shape), dtype=dtype, chunks=(1, *shape), **filt)
+            else:
+                # Contiguous and allocated now, so readers can memory-map it at a fixed offset.
+                dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+                dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+                dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+                space = h5py.h5s.create_simple((plan.count, *shape))
+                tid = h5py.h5t.py_create(dtype)
+                h5py.h5d.create(f.id, b"images", tid, space, dcpl=dcpl)
+        else:
+            f.create_dataset(
+                "image_data", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(VARIABLE_CHUNK,), **filt
+            )
+
+    def write_block(self, start: int, images: np.ndarray) -> None:
+        self._file()["images"][start : start + len(images)] = images
+
+    def append(self, image: np.ndarray) -> None:
+        self._buf.append(np.ascontiguousarray(image).reshape(-1))
+        self._buf_len += image.size
+        if self._buf_len >= 16 * VARIABLE_CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buf:
+            return
+        flat = np.concatenate(self._buf)
+        ds = self._file()["image_data"]
+        ds.resize((self._written + len(flat),))
+        ds[self._written :] = flat
+        self._written += len(flat)
+        self._buf, self._buf_len = [], 0
+
+    def write_meta(self, arrays: dict[str, np.ndarray]) -> None:
+        f = self._file()
+        for name, arr in arrays.items():
+            f.create_dataset(name, data=arr)
+
+    def finalize(self, manifest: Manifest) -> None:
+        import h5py
+
+        self._flush()
+        f = self._file()
+        f.create_dataset(MANIFEST, data=manifest.to_json(), dtype=h5py.string_dtype("utf-8"))
+        f.attrs["dlpack_format_version"] = manifest.format_version
+        f.close()
+        self._f = None
+
+    def abort(self) -> None:
+        if self._f is not None:
+            try:
+                self._f.close()
+            finally:
+                self._f = None
+
+
+class Hdf5Reader(StoreReader):
+    """Memory-maps contiguous uncompressed images; other layouts go through h5py."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path)
+        self._f: Any = None
+        self._manifest: Manifest | None = None
+        self._mm: np.ndarray | None = None
+        self._offsets: np.ndarray | None = None
+
+    def _file(self) -> Any:
+        if self._f is None:
+            import h5py
+
+            _load_plugins()
+            if not self.path.exists():
+                raise StoreNotFoundError(f"{self.path} does not exist")
+            try:
+                self._f = h5py.File(self.path, "r")
+            except OSError as exc:
+                raise StoreError(f"{self.path} is not a readable HDF5 file: {exc}") from exc
+        return self._f
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            f = self._file()
+            if MANIFEST not in f:
+                if "dlpack_format" in f.attrs:
+                    raise IncompleteStoreError(
+                        f"{self.path} is an incomplete dlpack store (no manifest: the build failed or was "
+                        "killed); run dlpack build again with --overwrite"
+                    )
+                raise StoreNotFoundError(f"{self.path} is an HDF5 file but not a dlpack store (no manifest)")
+            raw = f[MANIFEST][()]
+            self._manifest = Manifest.from_json(raw.decode("utf-8") if isinstance(raw, bytes) else raw, str(self.path))
+        return self._manifest
+
+    @property
+    def mapped(self) -> np.ndarray | None:
+        """The images as one memory-mapped [N, H, W, C] array, or None when not contiguous."""
+        if self._mm is None and self.manifest.image.layout == "fixed":
+            ds = self._file()["images"]
+            offset = ds.id.get_offset()
+            if ds.chunks is None and offset is not None and ds.size:
+                self._mm = np.memmap(self.path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
+        return self._mm
+
+    def read_image(self, index: int) -> np.ndarray:
+        if self.manifest.image.layout == "fixed":
+            mm = self.mapped
+            if mm is not None:
+                return np.array(mm[index])
+            return np.asarray(self._file()["images"][index])
+        if self._offsets is None:
+            self._offsets = self.meta("image_offsets")
+        shape = tuple(int(v) for v in self.meta("image_shapes")[index])
+        data = self._file()["image_data"][int(self._offsets[index]) : int(self._offsets[index + 1])]
+        return np.asarray(data).reshape(shape)
+
+    def read_into(self, indices: Any, out: np.ndarray) -> np.ndarray:
+        mm = self.mapped
+        if mm is None:
+            ds = self._file()["images"]
+            for k, i in enumerate(indices):
+                ds.read_direct(out, np.s_[int(i)], np.s_[k])
+            return out
+        for k, i in enumerate(indices):
+            out[k] = mm[int(i)]
+        return out
+
+    def _read_meta(self, name: str) -> np.ndarray:
+        f = self._file()
+        if name not in f:
+            raise StoreError(f"store {self.path} has no array {name!r}")
+        return np.asarray(f[name][()])
+
+    def close(self) -> None:
+        super().close()
+        self._mm = None
+        self._offsets = None
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def nbytes_on_disk(self) -> int:
+        return self.path.stat().st_size
+
+
+class Hdf5Backend(Backend):
+    name = "hdf5"
+    suffixes = (".h5", ".hdf5")
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        if not path.is_file():
+            return False
+        with open(path, "rb") as f:
+            return f.read(8) == _SIGNATURE
+
+    @classmethod
+    def open_reader(cls, path: Path) -> StoreReader:
+        return Hdf5Reader(path)
+
+    @classmethod
+    def create_writer(cls, path: Path, plan: StorePlan) -> StoreWriter:
+        return Hdf5Writer(path, plan)

@@ -1,0 +1,132 @@
+"""``dlpack.open``: random access to a store, whatever its backend."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .backends import StoreReader, detect_backend, get_backend
+from .errors import SampleIndexError
+from .manifest import Manifest
+
+__all__ = ["Dataset", "open"]
+
+
+class Dataset:
+    """A read-only, random-access view of one store.
+
+    Picklable: only the path travels, and each process opens its own handles on first use.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        backend = get_backend(detect_backend(self.path).name, random_access=True)
+        self.backend = backend.name
+        self._reader: StoreReader = backend.open_reader(self.path)
+        _ = self._reader.manifest  # fail now, not at the first sample, on incomplete or newer stores
+
+    @property
+    def reader(self) -> StoreReader:
+        """The backend reader (for the loader and benchmarks)."""
+        return self._reader
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._reader.manifest
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Class names; a sample's ``label`` indexes this tuple (-1 means unlabelled)."""
+        return self.manifest.classes
+
+    def __len__(self) -> int:
+        return self.manifest.count
+
+    def _index(self, i: int) -> int:
+        n = len(self)
+        j = int(i)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise SampleIndexError(f"sample index {i} is out of range for {self.path} with {n} samples")
+        return j
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """``{"image": HxWxC, "label": int, "index": i, "source": "relative/path.png"}``."""
+        j = self._index(i)
+        r = self._reader
+        return {
+            "image": r.read_image(j),
+            "label": int(r.meta("labels")[j]),
+            "index": j,
+            "source": r.source(j),
+        }
+
+    def get_batch(self, indices: Sequence[int], out: np.ndarray | None = None) -> dict[str, Any]:
+        """Samples ``indices`` stacked: ``image`` is B x H x W x C (a list for variable-size stores)."""
+        idx = [self._index(i) for i in indices]
+        r = self._reader
+        shape = self.manifest.image.shape
+        images: Any
+        if shape is None:
+            images = [r.read_image(j) for j in idx]
+        else:
+            if out is None:
+                out = np.empty((len(idx), *shape), dtype=self.manifest.image.dtype)
+            images = r.read_into(idx, out)
+        labels = r.meta("labels")
+        return {
+            "image": images,
+            "label": labels[np.asarray(idx, dtype=np.int64)] if idx else np.empty(0, labels.dtype),
+            "index": np.asarray(idx, dtype=np.int64),
+            "source": [r.source(j) for j in idx],
+        }
+
+    def __iter__(self) -> Any:
+        for i in range(len(self)):
+            yield self[i]
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        size = f"{m.image.width}x{m.image.height}" if m.image.shape else "variable size"
+        return f"<dlpack.Dataset {str(self.path)!r}: {m.count} images, {size}x{m.image.channels}, {self.backend}>"
+
+    def info(self) -> dict[str, Any]:
+        """Facts for ``dlpack info``."""
+        m = self.manifest
+        nbytes = self._reader.nbytes_on_disk() if hasattr(self._reader, "nbytes_on_disk") else 0
+        return {
+            "path": str(self.path),
+            "backend": self.backend,
+            "format_version": m.format_version,
+            "count": m.count,
+            "classes": list(m.classes),
+            "layout": m.image.layout,
+            "resolution": [m.image.width, m.image.height] if m.image.shape else None,
+            "channels": m.image.channels,
+            "dtype": m.image.dtype,
+            "compression": m.compression,
+            "shard_images": m.shard_images,
+            "bytes_on_disk": nbytes,
+            "skipped": [{"path": e.path, "reason": e.reason} for e in m.skipped],
+            "conversions": m.conversions,
+            "resize": m.resize,
+        }
+
+
+def open(path: str | os.PathLike[str]) -> Dataset:  # noqa: A001 - the public name is dlpack.open
+    """Open a store (Zarr folder or HDF5 file) for reading."""
+    return Dataset(path)

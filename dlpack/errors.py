@@ -1,0 +1,97 @@
+"""Typed errors. Each leaf also subclasses the builtin a caller would naturally catch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "DlpackError",
+    "OptionError",
+    "SourceError",
+    "InputFileError",
+    "BadInputsError",
+    "StoreExistsError",
+    "StoreNotFoundError",
+    "StoreError",
+    "IncompleteStoreError",
+    "FormatVersionError",
+    "StateError",
+    "SampleIndexError",
+    "MissingExtraError",
+]
+
+
+class DlpackError(Exception):
+    """Base of every error dlpack raises on purpose; the CLI turns these into exit code 2."""
+
+
+class OptionError(DlpackError, ValueError):
+    """An option has a value dlpack cannot use."""
+
+
+class SourceError(DlpackError, FileNotFoundError):
+    """The source folder is missing, empty or unusable as a whole."""
+
+
+@dataclass(frozen=True)
+class InputFileError:
+    """One unreadable input file: its path relative to the source root, and why."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+class BadInputsError(DlpackError, ValueError):
+    """Some input files could not be packed; ``errors`` lists every one found."""
+
+    def __init__(self, errors: Sequence[InputFileError], source: str = "") -> None:
+        self.errors = list(errors)
+        head = f"{len(self.errors)} input file(s) could not be read"
+        if source:
+            head += f" in {source}"
+        listing = "\n".join(f"  {e}" for e in self.errors[:50])
+        more = f"\n  ... and {len(self.errors) - 50} more" if len(self.errors) > 50 else ""
+        hint = "\nfix or remove them, or pass --on-error skip to pack the rest and list them in the manifest"
+        super().__init__(f"{head}:\n{listing}{more}{hint}")
+
+
+class StoreExistsError(DlpackError, FileExistsError):
+    """The output path exists and ``overwrite`` was not given."""
+
+
+class StoreNotFoundError(DlpackError, FileNotFoundError):
+    """No dlpack store at the given path."""
+
+
+class StoreError(DlpackError, OSError):
+    """A store exists but cannot be read: corrupt, truncated, or not a dlpack store."""
+
+
+class IncompleteStoreError(StoreError):
+    """The store was never finished (a failed or killed build)."""
+
+
+class FormatVersionError(StoreError):
+    """The store was written by a newer dlpack with a format this version cannot read."""
+
+
+class SampleIndexError(DlpackError, IndexError):
+    """A sample index outside the store."""
+
+
+class StateError(DlpackError, ValueError):
+    """A loader state cannot be restored into this loader."""
+
+
+class MissingExtraError(DlpackError, ImportError):
+    """An optional dependency is not installed."""
+
+    def __init__(self, module: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the optional package '{module}'; install it with: "
+            f"pip install 'dlpack-datasets[{extra}]'"
+        )

@@ -1,0 +1,120 @@
+"""Frozen, validated option dataclasses shared by the library and the CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import OptionError
+
+__all__ = ["BuildOptions", "parse_size", "IMAGE_SUFFIXES"]
+
+#: File name suffixes a folder source treats as images (lower case).
+IMAGE_SUFFIXES: frozenset[str] = frozenset(
+    {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".pnm"}
+)
+
+FormatName = Literal["zarr", "hdf5"]
+ResizeMode = Literal["stretch", "fit", "none"]
+Compression = Literal["none", "lz4", "zstd"]
+
+
+def parse_size(text: str | tuple[int, int]) -> tuple[int, int]:
+    """Parse ``'WxH'`` (or a ``(W, H)`` tuple) into ``(width, height)``."""
+    if isinstance(text, tuple):
+        w, h = text
+    else:
+        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+        if not m:
+            raise OptionError(f"size must be WIDTHxHEIGHT, e.g. 512x512, got {text!r}")
+        w, h = int(m.group(1)), int(m.group(2))
+    if int(w) <= 0 or int(h) <= 0:
+        raise OptionError(f"size must be WIDTHxHEIGHT with both > 0, got '{w}x{h}'")
+    return int(w), int(h)
+
+
+def _choice(name: str, value: object, allowed: tuple[object, ...]) -> None:
+    if value not in allowed:
+        raise OptionError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything ``dlpack build`` can be told; the CLI flags map one to one.
+
+    ``size`` is ``(width, height)``. ``resize=None`` means ``stretch`` when ``size`` is given
+    and ``none`` otherwise. ``jobs=-1`` uses every core (joblib's convention).
+    """
+
+    format: FormatName | None = None
+    size: tuple[int, int] | None = None
+    max_side: int | None = None
+    resize: ResizeMode | None = None
+    allow_upscale: bool = False
+    channels: Literal["keep", 1, 3] = "keep"
+    labels: Literal["auto", "folders", "none"] = "auto"
+    jobs: int = -1
+    # "none" by measurement: see docs/benchmarks.md (compression halves random reads and
+    # barely shrinks 8-bit photos with plain LZ4).
+    compression: Compression = "none"
+    on_error: Literal["fail", "skip"] = "fail"
+    overwrite: bool = False
+    quiet: bool = False
+    # Decompression-bomb guard: 2**28 pixels is a 16384x16384 image, far above training sizes.
+    max_pixels: int = 2**28
+    # "Tens of MB per shard" keeps a dataset at a few hundred files (docs/format.md).
+    shard_bytes: int = 32 * 2**20
+    follow_symlinks: bool = False
+
+    def __post_init__(self) -> None:
+        if self.format is not None:
+            _choice("format", self.format, ("zarr", "hdf5"))
+        if self.size is not None:
+            object.__setattr__(self, "size", parse_size(self.size))
+        if self.max_side is not None and (not isinstance(self.max_side, int) or self.max_side <= 0):
+            raise OptionError(f"max_side must be a positive integer, got {self.max_side!r}")
+        if self.size is not None and self.max_side is not None:
+            raise OptionError("give either size (WxH) or max_side, not both")
+        if self.resize is not None:
+            _choice("resize", self.resize, ("stretch", "fit", "none"))
+        if self.resize in ("stretch", "fit") and self.size is None and self.max_side is None:
+            raise OptionError(f"resize={self.resize} needs a target: pass size=WxH or max_side=N")
+        if self.resize == "stretch" and self.max_side is not None:
+            raise OptionError("resize=stretch needs size=WxH; max_side keeps the aspect ratio")
+        if self.resize == "none" and self.size is not None:
+            raise OptionError("resize=none keeps original sizes; drop size or choose stretch/fit")
+        channels: object = self.channels
+        if isinstance(channels, str) and channels.isdigit():
+            channels = int(channels)
+            object.__setattr__(self, "channels", channels)
+        _choice("channels", channels, ("keep", 1, 3))
+        _choice("labels", self.labels, ("auto", "folders", "none"))
+        if not isinstance(self.jobs, int) or self.jobs == 0 or self.jobs < -1:
+            raise OptionError(f"jobs must be a positive number of processes or -1 for all cores, got {self.jobs!r}")
+        _choice("compression", self.compression, ("none", "lz4", "zstd"))
+        _choice("on_error", self.on_error, ("fail", "skip"))
+        if self.max_pixels <= 0:
+            raise OptionError(f"max_pixels must be > 0, got {self.max_pixels}")
+        if self.shard_bytes < 2**16:
+            raise OptionError(f"shard_bytes must be at least 65536, got {self.shard_bytes}")
+
+    @property
+    def resize_mode(self) -> ResizeMode:
+        """The effective resize mode once defaults are applied."""
+        if self.resize is not None:
+            return self.resize
+        return "stretch" if self.size is not None else "none"
+
+    @property
+    def n_jobs(self) -> int:
+        """The number of worker processes to use."""
+        return (os.cpu_count() or 1) if self.jobs == -1 else self.jobs
+
+    def format_for(self, out: str | os.PathLike[str]) -> FormatName:
+        """The backend for ``out``: explicit ``format``, else ``.h5``/``.hdf5`` means HDF5, else Zarr."""
+        if self.format is not None:
+            return self.format
+        suffix = os.path.splitext(os.fspath(out).rstrip("/\\"))[1].lower()
+        return "hdf5" if suffix in (".h5", ".hdf5") else "zarr"

@@ -1,0 +1,154 @@
+"""Folder source: a recursive tree of image files, labels from class folders.
+
+Decoding reads bytes and calls ``cv2.imdecode`` (``cv2.imread`` cannot open non-ASCII paths on
+every platform) and normalises to RGB/gray ``uint8``/``uint16`` with the documented rules
+(docs/format.md, "Decoding rules").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from ..errors import InputFileError, SourceError
+from ..options import IMAGE_SUFFIXES
+from ..transforms.functional import apply_orientation
+from .probe import ImageHeader, probe_header
+
+__all__ = ["SourceItem", "scan_folder", "read_source_file", "decode_image", "DecodeError"]
+
+
+class DecodeError(ValueError):
+    """A file is not a usable image; the message is the reason shown to the user."""
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One input file: its path relative to the source root (``/`` separators) and its class folder."""
+
+    rel: str
+    label: str | None
+
+
+def scan_folder(
+    root: str | os.PathLike[str], labels: str = "auto", follow_symlinks: bool = False
+) -> tuple[list[SourceItem], tuple[str, ...], list[InputFileError]]:
+    """List image files under ``root`` in sorted order of relative path.
+
+    Returns the items, the sorted class names (empty when unlabelled), and errors for entries
+    that cannot be used (symlinks that leave the tree). ``labels="auto"`` uses class folders when
+    every image sits in a sub-folder.
+    """
+    base = Path(root)
+    if not base.exists():
+        raise SourceError(f"source folder {os.fspath(root)!r} does not exist")
+    if not base.is_dir():
+        raise SourceError(f"source {os.fspath(root)!r} is not a folder")
+    real_base = base.resolve()
+    rels: list[str] = []
+    errors: list[InputFileError] = []
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=follow_symlinks):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith(".") or os.path.splitext(name)[1].lower() not in IMAGE_SUFFIXES:
+                continue
+            full = Path(dirpath, name)
+            rel = full.relative_to(base).as_posix()
+            if full.is_symlink():
+                target = full.resolve()
+                if not follow_symlinks or not target.is_relative_to(real_base):
+                    errors.append(InputFileError(rel, f"symlink to {target} leaves the source folder; copy the file in"))
+                    continue
+            rels.append(rel)
+    rels.sort()
+    if not rels and not errors:
+        raise SourceError(
+            f"no images found in {os.fspath(root)!r} (looked for {', '.join(sorted(IMAGE_SUFFIXES))})"
+        )
+    nested = all("/" in r for r in rels)
+    if labels == "folders" and not nested:
+        flat = [r for r in rels if "/" not in r][:5]
+        raise SourceError(
+            f"labels=folders needs every image inside a class folder, but {', '.join(flat)} "
+            f"sit directly in {os.fspath(root)!r}; move them or use --labels none"
+        )
+    use_folders = labels == "folders" or (labels == "auto" and nested and bool(rels))
+    items = [SourceItem(r, r.split("/", 1)[0] if use_folders else None) for r in rels]
+    classes = tuple(sorted({i.label for i in items if i.label is not None}))
+    return items, classes, errors
+
+
+def read_source_file(path: str | os.PathLike[str]) -> bytes:
+    """Read a whole file; an empty or unreadable file raises :class:`DecodeError`."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise DecodeError(f"cannot read: {exc.strerror or exc}") from exc
+    if not data:
+        raise DecodeError("empty file (0 bytes)")
+    return data
+
+
+def check_header(header: ImageHeader | None, max_pixels: int) -> None:
+    """Refuse images whose header promises more pixels than ``max_pixels`` (decompression bombs)."""
+    if header is not None and header.width * header.height > max_pixels:
+        raise DecodeError(
+            f"image is {header.width}x{header.height} = {header.width * header.height:,} pixels, over the "
+            f"limit of {max_pixels:,} (raise max_pixels if this is intended)"
+        )
+
+
+def _check_complete(data: bytes, fmt: str | None) -> None:
+    # libjpeg fills a truncated image with gray and only warns; catch it before it is packed.
+    if fmt == "jpeg" and data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
+        raise DecodeError("truncated JPEG (no end-of-image marker)")
+    if fmt == "png" and b"IEND" not in data[-64:]:
+        raise DecodeError("truncated PNG (no IEND chunk)")
+
+
+def decode_image(data: bytes, header: ImageHeader | None = None, max_pixels: int = 2**28) -> np.ndarray:
+    """Decode file bytes to H x W x C (C = 1 or 3) ``uint8``/``uint16``, RGB order, upright.
+
+    Alpha is dropped (not composited); palettes are expanded to RGB; JPEG EXIF orientation is
+    applied (also TIFF's orientation tag).
+    """
+    if header is None:
+        header = probe_header(data[:65536])
+    check_header(header, max_pixels)
+    fmt = header.format if header is not None else None
+    _check_complete(data, fmt)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    try:
+        if fmt == "jpeg":
+            # IMREAD_ANYCOLOR keeps gray as gray and, unlike IMREAD_UNCHANGED, applies EXIF orientation.
+            img = cv2.imdecode(buf, cv2.IMREAD_ANYCOLOR)
+        else:
+            img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    except cv2.error as exc:
+        raise DecodeError(f"not an image or corrupt (OpenCV: {str(exc).strip().splitlines()[-1]})") from exc
+    if img is None:
+        raise DecodeError("not an image or corrupt (OpenCV could not decode it)")
+    if img.dtype not in (np.uint8, np.uint16):
+        raise DecodeError(f"unsupported pixel type {img.dtype}; dlpack stores 8- and 16-bit images")
+    if img.ndim == 2:
+        img = img[:, :, None]
+    c = img.shape[2]
+    gray_alpha = header is not None and header.channels == 1 and header.has_alpha
+    if c == 2 or (c == 4 and gray_alpha):
+        img = img[:, :, :1]
+    elif c == 4:
+        img = cv2.cvtColor(img, cv2.COLOR_BGRA2RGB)
+    elif c == 3:
+        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    elif c != 1:
+        raise DecodeError(f"unsupported channel count {c}")
+    if img.ndim == 2:
+        img = img[:, :, None]
+    if header is not None and fmt == "tiff" and header.orientation != 1:
+        img = np.ascontiguousarray(apply_orientation(img, header.orientation))
+    return img

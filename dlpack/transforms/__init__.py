@@ -1,0 +1,1 @@
+"""Image transforms: pure functions in :mod:`dlpack.transforms.functional`."""
