@@ -20,6 +20,7 @@ from .errors import (
     StoreExistsError,
     StoreNotFoundError,
 )
+from .loader import Loader, LoaderOptions
 from .manifest import FORMAT_VERSION, ImageSpec, Manifest
 from .options import BuildOptions
 
@@ -30,6 +31,8 @@ __all__ = [
     "BuildOptions",
     "open",
     "Dataset",
+    "Loader",
+    "LoaderOptions",
     "Manifest",
     "ImageSpec",
     "FORMAT_VERSION",

@@ -143,9 +143,7 @@ def _majority(values: Sequence[int], default: int) -> int:
     return max(v for v, n in counts if n == best)
 
 
-def _make_plan(
-    root: str, headers: Sequence[ImageHeader], opts: BuildOptions
-) -> tuple[_Plan, dict[int, str]]:
+def _make_plan(root: str, headers: Sequence[ImageHeader], opts: BuildOptions) -> tuple[_Plan, dict[int, str]]:
     """Choose channels, dtype and layout; returns the plan and upscale errors by position."""
     channels = opts.channels if opts.channels != "keep" else _majority([h.channels for h in headers], 3)
     depth = _majority([h.bit_depth for h in headers], 8)
@@ -163,7 +161,7 @@ def _make_plan(
         sizes.add((g.out_h, g.out_w))
     assert isinstance(channels, int)
     if len(sizes) == 1:
-        (oh, ow), = sizes
+        ((oh, ow),) = sizes
         spec = ImageSpec("fixed", channels, dtype, oh, ow)
     else:
         spec = ImageSpec("variable", channels, dtype)
@@ -213,7 +211,13 @@ def process_file(plan: _Plan, rel: str, header: ImageHeader | None) -> tuple[np.
             f"{spec.width}x{spec.height} images (its header said otherwise); pass --size or --resize fit"
         )
     img = np.ascontiguousarray(img)
-    meta = _Sample((h, w), img.shape, (g.scale_y, g.scale_x, float(g.off_y), float(g.off_x)), zlib.crc32(img), tuple(conversions))
+    meta = _Sample(
+        (h, w),
+        img.shape,
+        (g.scale_y, g.scale_x, float(g.off_y), float(g.off_x)),
+        zlib.crc32(img),
+        tuple(conversions),
+    )
     return img, meta
 
 
@@ -340,14 +344,14 @@ def _write_store(
     step = writer.block_images if fixed else 16
     from joblib import delayed
 
-    pairs = [(it.rel, h) for it, h in zip(items, headers)]
+    pairs = [(it.rel, h) for it, h in zip(items, headers, strict=True)]
     calls = [
         delayed(_process_block)(plan, writer if in_workers else None, s, pairs[s : s + step], not in_workers)
         for s in range(0, len(pairs), step)
     ]
     results: list[_Sample | InputFileError] = []
     with _progress(len(pairs), "packing", opts.quiet) as bar:
-        for s, block in zip(range(0, len(pairs), step), _parallel(opts.n_jobs, calls)):
+        for s, block in zip(range(0, len(pairs), step), _parallel(opts.n_jobs, calls), strict=True):
             if not in_workers:
                 if fixed:
                     arr = np.zeros((len(block), *spec.shape), dtype=spec.dtype)  # type: ignore[misc]
@@ -366,7 +370,10 @@ def _write_store(
 
 
 def _meta_arrays(
-    items: Sequence[SourceItem], samples: Sequence[_Sample], classes: Sequence[str], shapes: list[tuple[int, ...]] | None
+    items: Sequence[SourceItem],
+    samples: Sequence[_Sample],
+    classes: Sequence[str],
+    shapes: list[tuple[int, ...]] | None,
 ) -> dict[str, np.ndarray]:
     class_id = {c: i for i, c in enumerate(classes)}
     src = [it.rel.encode("utf-8") for it in items]

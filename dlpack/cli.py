@@ -33,7 +33,9 @@ def _add_build(sub: Any) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--size", metavar="WxH", help="target resolution, e.g. 512x512")
     g.add_argument("--max-side", type=int, metavar="N", help="shrink so the longest side is at most N")
-    p.add_argument("--resize", choices=["stretch", "fit", "none"], help="stretch (default with --size), fit (pad), none")
+    p.add_argument(
+        "--resize", choices=["stretch", "fit", "none"], help="stretch (default with --size), fit (pad), none"
+    )
     p.add_argument("--allow-upscale", action="store_true", help="allow enlarging images smaller than --size")
     p.add_argument("--channels", choices=["keep", "1", "3"], default="keep", help="keep (majority), 1 gray, 3 RGB")
     p.add_argument("--labels", choices=["auto", "folders", "none"], default="auto")

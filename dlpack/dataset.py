@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 
 from .backends import StoreReader, detect_backend, get_backend
 from .errors import SampleIndexError
+from .loader import Loader, LoaderOptions
 from .manifest import Manifest
 
 __all__ = ["Dataset", "open"]
@@ -85,6 +87,21 @@ class Dataset:
             "index": np.asarray(idx, dtype=np.int64),
             "source": [r.source(j) for j in idx],
         }
+
+    def loader(
+        self,
+        options: LoaderOptions | None = None,
+        *,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> Loader:
+        """A batch loader over this store; keyword arguments are :class:`~dlpack.LoaderOptions` fields.
+
+        ``ds.loader(batch_size=32, shuffle=True, seed=0, prefetch=4, workers=2, drop_last=True,
+        rank=0, world_size=1)``; ``transform(batch) -> batch`` runs on the worker threads.
+        """
+        opts = replace(options or LoaderOptions(), **kwargs) if kwargs else (options or LoaderOptions())
+        return Loader(self, opts, transform)
 
     def __iter__(self) -> Any:
         for i in range(len(self)):

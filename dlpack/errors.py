@@ -92,6 +92,5 @@ class MissingExtraError(DlpackError, ImportError):
 
     def __init__(self, module: str, extra: str, purpose: str) -> None:
         super().__init__(
-            f"{purpose} needs the optional package '{module}'; install it with: "
-            f"pip install 'dlpack-datasets[{extra}]'"
+            f"{purpose} needs the optional package '{module}'; install it with: pip install 'dlpack-datasets[{extra}]'"
         )

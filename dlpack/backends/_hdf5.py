@@ -88,9 +88,7 @@ class Hdf5Writer(StoreWriter):
                 tid = h5py.h5t.py_create(dtype)
                 h5py.h5d.create(f.id, b"images", tid, space, dcpl=dcpl)
         else:
-            f.create_dataset(
-                "image_data", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(VARIABLE_CHUNK,), **filt
-            )
+            f.create_dataset("image_data", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(VARIABLE_CHUNK,), **filt)
 
     def write_block(self, start: int, images: np.ndarray) -> None:
         self._file()["images"][start : start + len(images)] = images
@@ -201,9 +199,16 @@ class Hdf5Reader(StoreReader):
             for k, i in enumerate(indices):
                 ds.read_direct(out, np.s_[int(i)], np.s_[k])
             return out
-        for k, i in enumerate(indices):
-            out[k] = mm[int(i)]
+        for k in np.argsort(indices, kind="stable"):
+            out[k] = mm[int(indices[k])]
         return out
+
+    def warm(self) -> None:
+        super().warm()
+        _ = self.mapped
+        if self.manifest.image.layout == "variable":
+            self.meta("image_offsets")
+            self.meta("image_shapes")
 
     def _read_meta(self, name: str) -> np.ndarray:
         f = self._file()

@@ -88,6 +88,13 @@ class StoreReader(ABC):
         off = self.meta("source_offsets")
         return bytes(self.meta("source_data")[off[index] : off[index + 1]]).decode("utf-8")
 
+    def warm(self) -> None:
+        """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads start)."""
+        self.meta("labels")
+        self.meta("source_offsets")
+        self.meta("source_data")
+        self.meta("checksum")
+
     def close(self) -> None:
         """Release open handles and maps; the reader reopens lazily if used again."""
         self._meta.clear()

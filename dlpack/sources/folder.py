@@ -61,14 +61,14 @@ def scan_folder(
             if full.is_symlink():
                 target = full.resolve()
                 if not follow_symlinks or not target.is_relative_to(real_base):
-                    errors.append(InputFileError(rel, f"symlink to {target} leaves the source folder; copy the file in"))
+                    errors.append(
+                        InputFileError(rel, f"symlink to {target} leaves the source folder; copy the file in")
+                    )
                     continue
             rels.append(rel)
     rels.sort()
     if not rels and not errors:
-        raise SourceError(
-            f"no images found in {os.fspath(root)!r} (looked for {', '.join(sorted(IMAGE_SUFFIXES))})"
-        )
+        raise SourceError(f"no images found in {os.fspath(root)!r} (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
     nested = all("/" in r for r in rels)
     if labels == "folders" and not nested:
         flat = [r for r in rels if "/" not in r][:5]

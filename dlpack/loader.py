@@ -1,0 +1,264 @@
+"""The training loader: exact per-epoch shuffles, rank shards, read-ahead on threads, exact resume.
+
+Why threads: image bytes come from memory maps and numpy copies release the GIL, so threads
+read at memory speed with no copy between processes; worker processes would have to pickle every
+batch (25 MB at 32 x 512x512x3), which caps a PyTorch DataLoader near 2.8k images/s on 2 cores
+(docs/benchmarks.md, "Loader").
+
+The order of an epoch depends only on (seed, epoch, order options, rank, world_size), never on
+worker count or timing, so any worker/prefetch setting yields the same batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from .errors import OptionError, StateError
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+__all__ = ["Loader", "LoaderOptions", "epoch_order", "rank_indices"]
+
+STATE_VERSION = 1
+Order = Literal["random", "sequential", "block"]
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """How a :class:`Loader` walks a store.
+
+    ``order=None`` means ``"random"`` when ``shuffle`` else ``"sequential"``. ``prefetch`` is the
+    number of batches read ahead (4 by default: PROBLEM.md found depth 3-6 keeps a GPU fed;
+    0 reads each batch when asked). ``workers`` threads share that read-ahead.
+    """
+
+    batch_size: int = 32
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    prefetch: int = 4
+    workers: int = 2
+    rank: int = 0
+    world_size: int = 1
+    order: Order | None = None
+    # Block order for cold storage: runs of consecutive samples are shuffled, then samples are
+    # shuffled inside windows of runs; 64 x 16 keeps reads sequential-ish and mixing wide.
+    block_size: int = 64
+    window: int = 16
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: int, minimum: int = 1) -> None:
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+                raise OptionError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+        positive("batch_size", self.batch_size)
+        positive("prefetch", self.prefetch, 0)
+        positive("workers", self.workers, 0)
+        positive("world_size", self.world_size)
+        positive("block_size", self.block_size)
+        positive("window", self.window)
+        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise OptionError(
+                f"rank must be in 0..{self.world_size - 1} for world_size {self.world_size}, got {self.rank!r}"
+            )
+        if self.order is not None and self.order not in ("random", "sequential", "block"):
+            raise OptionError(f"order must be random, sequential or block, got {self.order!r}")
+
+    @property
+    def effective_order(self) -> Order:
+        if self.order is not None:
+            return self.order
+        return "random" if self.shuffle else "sequential"
+
+
+def epoch_order(
+    n: int, seed: int, epoch: int, order: Order = "random", block_size: int = 64, window: int = 16
+) -> np.ndarray:
+    """The global sample order of one epoch: a permutation of ``range(n)``, a pure function of its arguments."""
+    if order == "sequential":
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng([seed, epoch, 0x646C70])  # a fixed tag keeps other streams independent
+    if order == "random":
+        return rng.permutation(n).astype(np.int64)
+    if order != "block":
+        raise OptionError(f"unknown order {order!r}")
+    starts = np.arange(0, n, block_size, dtype=np.int64)
+    runs = [np.arange(s, min(s + block_size, n), dtype=np.int64) for s in rng.permutation(starts)]
+    out = []
+    for w in range(0, len(runs), window):
+        chunk = np.concatenate(runs[w : w + window])
+        out.append(rng.permutation(chunk))
+    return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
+
+def rank_indices(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
+    """This rank's contiguous share of the epoch order, equal in size on every rank.
+
+    ``drop_last`` drops the last ``n % world_size`` samples of the epoch; otherwise the order is
+    padded by repeating its first samples (as torch's DistributedSampler does), so shards are
+    disjoint except for at most ``world_size - 1`` repeated samples.
+    """
+    n = len(order)
+    if world_size == 1:
+        return order
+    if drop_last:
+        per = n // world_size
+    else:
+        per = -(-n // world_size)
+        if per * world_size > n:
+            reps = -(-(per * world_size) // max(1, n))
+            order = np.tile(order, reps)[: per * world_size]
+    return order[rank * per : (rank + 1) * per]
+
+
+class Loader:
+    """Iterates batches of a :class:`~dlpack.Dataset`; see :meth:`dlpack.Dataset.loader`.
+
+    A batch is ``{"image": B x H x W x C, "label": (B,), "index": (B,), "source": [str]}``
+    (``image`` is a list for variable-size stores). Iterating a whole epoch advances to the next;
+    :meth:`set_epoch` jumps to any epoch.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        options: LoaderOptions | None = None,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.options = options or LoaderOptions()
+        self.transform = transform
+        self.epoch = 0
+        self._position = 0  # batches of the current epoch already handed out
+        self._order_cache: tuple[int, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------ order
+
+    def _indices(self, epoch: int) -> np.ndarray:
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            o = self.options
+            glob = epoch_order(len(self.dataset), o.seed, epoch, o.effective_order, o.block_size, o.window)
+            self._order_cache = (epoch, rank_indices(glob, o.rank, o.world_size, o.drop_last))
+        return self._order_cache[1]
+
+    def batches(self, epoch: int | None = None) -> list[np.ndarray]:
+        """The index batches of an epoch for this rank, in the order they are yielded."""
+        idx = self._indices(self.epoch if epoch is None else epoch)
+        b = self.options.batch_size
+        stop = (len(idx) // b) * b if self.options.drop_last else len(idx)
+        return [idx[s : min(s + b, stop)] for s in range(0, stop, b)]
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return len(self.batches())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch (its order depends only on seed and epoch)."""
+        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise OptionError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self.epoch = int(epoch)
+        self._position = 0
+
+    # ------------------------------------------------------------------ reading
+
+    def _load(self, indices: np.ndarray) -> dict[str, Any]:
+        batch = self.dataset.get_batch(indices)
+        return self.transform(batch) if self.transform is not None else batch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        batches = self.batches()
+        start = self._position
+        if start >= len(batches):  # a finished epoch: the next iteration is the next epoch
+            self.set_epoch(self.epoch + 1)
+            batches, start = self.batches(), 0
+        o = self.options
+        self.dataset.reader.warm()  # lazy maps/indexes are built before threads race for them
+        if o.prefetch == 0 or o.workers == 0:
+            for k in range(start, len(batches)):
+                batch = self._load(batches[k])
+                self._position = k + 1
+                yield batch
+        else:
+            with ThreadPoolExecutor(max_workers=min(o.workers, o.prefetch), thread_name_prefix="dlpack") as pool:
+                pending: deque[Future[dict[str, Any]]] = deque()
+                nxt = start
+                try:
+                    for k in range(start, len(batches)):
+                        while nxt < len(batches) and len(pending) < o.prefetch:
+                            pending.append(pool.submit(self._load, batches[nxt]))
+                            nxt += 1
+                        batch = pending.popleft().result()
+                        self._position = k + 1
+                        yield batch
+                finally:
+                    for f in pending:
+                        f.cancel()
+        if self._position >= len(batches):
+            self.epoch += 1
+            self._position = 0
+
+    # ------------------------------------------------------------------ resume
+
+    def _fingerprint(self) -> str:
+        r = self.dataset.reader
+        h = hashlib.sha256(str(len(self.dataset)).encode())
+        h.update(np.ascontiguousarray(r.meta("checksum")).tobytes())
+        return h.hexdigest()[:16]
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable state; :meth:`load_state_dict` resumes after the last batch handed out."""
+        o = asdict(self.options)
+        return {
+            "version": STATE_VERSION,
+            "dataset": self._fingerprint(),
+            "count": len(self.dataset),
+            "epoch": self.epoch,
+            "position": self._position,
+            "options": o,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; refuses a state of another dataset, world size or order."""
+        if not isinstance(state, dict) or "version" not in state:
+            raise StateError("not a dlpack loader state (no 'version')")
+        if state["version"] > STATE_VERSION:
+            raise StateError(f"loader state version {state['version']} is newer than this dlpack ({STATE_VERSION})")
+        if state.get("dataset") != self._fingerprint() or state.get("count") != len(self.dataset):
+            raise StateError(
+                f"this state was saved for another dataset ({state.get('count')} samples, id {state.get('dataset')}); "
+                f"this one is {self.dataset.path} ({len(self.dataset)} samples, id {self._fingerprint()})"
+            )
+        saved = state.get("options", {})
+        mine = asdict(self.options)
+        for key in (
+            "world_size",
+            "rank",
+            "batch_size",
+            "seed",
+            "order",
+            "shuffle",
+            "drop_last",
+            "block_size",
+            "window",
+        ):
+            if saved.get(key) != mine[key]:
+                raise StateError(
+                    f"this state was saved with {key}={saved.get(key)!r} but the loader has {key}={mine[key]!r}; "
+                    "resume with the same options (workers and prefetch may differ)"
+                )
+        epoch, position = state.get("epoch"), state.get("position")
+        if not isinstance(epoch, int) or not isinstance(position, int) or epoch < 0 or position < 0:
+            raise StateError(f"state has an invalid epoch/position: {epoch!r}/{position!r}")
+        self.epoch, self._position = epoch, position
+
+    def __repr__(self) -> str:
+        return f"<dlpack.Loader epoch={self.epoch} position={self._position} {json.dumps(asdict(self.options))}>"
