@@ -25,7 +25,7 @@ from .backends import StorePlan, StoreWriter, get_backend
 from .errors import BadInputsError, DlpackError, InputFileError, StoreExistsError
 from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
-from .sources.folder import DecodeError, SourceItem, check_header, decode_image, scan_folder
+from .sources.folder import DecodeError, SourceItem, check_header, decode_image, normalise_header, scan_folder
 from .sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from .transforms.functional import (
     UpscaleError,
@@ -106,6 +106,12 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[_Probe
             out.append(_Probe(None, 0, "empty file (0 bytes)"))
             continue
         header = probe_header(head)
+        if header is None and size > len(head):
+            # TIFF keeps its first IFD after the pixels, and JPEG metadata can exceed the head.
+            with open(path, "rb") as f:
+                header = probe_header(f.read())
+        if header is not None:
+            header = normalise_header(header, head)
         if header is None:
             out.append(_Probe(None, size, "not an image: the header is not PNG, JPEG, BMP, TIFF, WebP or PNM"))
             continue

@@ -191,12 +191,18 @@ class Loader:
             with ThreadPoolExecutor(max_workers=min(o.workers, o.prefetch), thread_name_prefix="dlpack") as pool:
                 pending: deque[Future[dict[str, Any]]] = deque()
                 nxt = start
+
+                def top_up() -> None:
+                    nonlocal nxt
+                    while nxt < len(batches) and len(pending) < o.prefetch:
+                        pending.append(pool.submit(self._load, batches[nxt]))
+                        nxt += 1
+
+                top_up()
                 try:
                     for k in range(start, len(batches)):
-                        while nxt < len(batches) and len(pending) < o.prefetch:
-                            pending.append(pool.submit(self._load, batches[nxt]))
-                            nxt += 1
                         batch = pending.popleft().result()
+                        top_up()  # before yielding, so reads overlap the caller's step
                         self._position = k + 1
                         yield batch
                 finally:

@@ -7,6 +7,7 @@ Compressed images use one chunk per image and the hdf5plugin filters (extra ``[h
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,7 @@ class Hdf5Reader(StoreReader):
         self._f: Any = None
         self._manifest: Manifest | None = None
         self._mm: np.ndarray | None = None
+        self._map: mmap.mmap | None = None
         self._offsets: np.ndarray | None = None
 
     def _file(self) -> Any:
@@ -177,7 +179,11 @@ class Hdf5Reader(StoreReader):
             ds = self._file()["images"]
             offset = ds.id.get_offset()
             if ds.chunks is None and offset is not None and ds.size:
-                self._mm = np.memmap(self.path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
+                # A plain ndarray over mmap: np.memmap's subclass costs microseconds per index.
+                with open(self.path, "rb") as fh:
+                    self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                count = int(np.prod(ds.shape))
+                self._mm = np.frombuffer(self._map, dtype=ds.dtype, count=count, offset=offset).reshape(ds.shape)
         return self._mm
 
     def read_image(self, index: int) -> np.ndarray:
@@ -219,6 +225,12 @@ class Hdf5Reader(StoreReader):
     def close(self) -> None:
         super().close()
         self._mm = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a caller still holds an image view; the map goes with it
+            self._map = None
         self._offsets = None
         if self._f is not None:
             self._f.close()

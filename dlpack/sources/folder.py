@@ -8,7 +8,7 @@ every platform) and normalises to RGB/gray ``uint8``/``uint16`` with the documen
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import cv2
@@ -103,6 +103,14 @@ def check_header(header: ImageHeader | None, max_pixels: int) -> None:
         )
 
 
+def normalise_header(header: ImageHeader, head: bytes) -> ImageHeader:
+    """Apply dlpack's channel rules to a probed header (gray+alpha PNG counts as gray)."""
+    # OpenCV expands gray+alpha PNG (IHDR colour type 4) to BGRA; dlpack stores it as gray.
+    if header.format == "png" and len(head) > 25 and head[25] == 4:
+        return replace(header, channels=1, has_alpha=True)
+    return header
+
+
 def _check_complete(data: bytes, fmt: str | None) -> None:
     # libjpeg fills a truncated image with gray and only warns; catch it before it is packed.
     if fmt == "jpeg" and data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
@@ -118,7 +126,9 @@ def decode_image(data: bytes, header: ImageHeader | None = None, max_pixels: int
     applied (also TIFF's orientation tag).
     """
     if header is None:
-        header = probe_header(data[:65536])
+        header = probe_header(data[:65536]) or probe_header(data)
+        if header is not None:
+            header = normalise_header(header, data[:32])
     check_header(header, max_pixels)
     fmt = header.format if header is not None else None
     _check_complete(data, fmt)
