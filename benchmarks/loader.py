@@ -212,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in ratios.items():
         print(f"  {k:<44} {v:8.2f}")
     res["ratios"] = ratios
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     res["machine"] = {
-        "cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"),
+        "cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?"),
         "cores": os.cpu_count(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
