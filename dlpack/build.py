@@ -25,7 +25,15 @@ from .backends import StorePlan, StoreWriter, get_backend
 from .errors import BadInputsError, DlpackError, InputFileError, StoreExistsError
 from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
-from .sources.folder import DecodeError, SourceItem, check_header, decode_image, normalise_header, scan_folder
+from .sources.folder import (
+    DecodeError,
+    SourceItem,
+    check_header,
+    decode_image,
+    incomplete_reason,
+    normalise_header,
+    scan_folder,
+)
 from .sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from .transforms.functional import (
     UpscaleError,
@@ -78,17 +86,15 @@ class _Probe:
 
 
 def _tail_ok(path: Path, header: ImageHeader) -> str | None:
-    """Cheap truncation check on the file's last bytes (libjpeg pads truncated files silently)."""
+    """Truncation check from the file's last bytes; the whole file is read only when they are unusual."""
     if header.format not in ("jpeg", "png"):
         return None
     with open(path, "rb") as f:
         f.seek(max(0, path.stat().st_size - 64))
-        tail = f.read()
-    if header.format == "jpeg" and not tail.rstrip(b"\x00").endswith(b"\xff\xd9"):
-        return "truncated JPEG (no end-of-image marker)"
-    if header.format == "png" and b"IEND" not in tail:
-        return "truncated PNG (no IEND chunk)"
-    return None
+        if incomplete_reason(f.read(), header.format, whole=False) is None:
+            return None
+        f.seek(0)
+        return incomplete_reason(f.read(), header.format)
 
 
 def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[_Probe]:
@@ -256,6 +262,20 @@ def _process_block(
     return results
 
 
+def _validate(plan: _Plan, pairs: Sequence[tuple[str, ImageHeader | None]], opts: BuildOptions) -> list[InputFileError]:
+    """Decode every file without writing; the failures."""
+    from joblib import delayed
+
+    step = 16
+    calls = [delayed(_process_block)(plan, None, s, pairs[s : s + step], False) for s in range(0, len(pairs), step)]
+    found: list[InputFileError] = []
+    with _progress(len(pairs), "checking pixels", opts.quiet) as bar:
+        for block in _parallel(opts.n_jobs, calls):
+            found.extend(r for r in block if isinstance(r, InputFileError))
+            bar.update(len(block))
+    return found
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -296,7 +316,10 @@ def _remove(path: Path) -> None:
 
 def _clean_stale(out: Path) -> None:
     """Remove temporaries of earlier builds of ``out`` that were killed (their process is gone)."""
-    for p in out.parent.glob(f".{out.name}{_PARTIAL}*"):
+    prefix = f".{out.name}{_PARTIAL}"
+    for p in out.parent.iterdir():
+        if not p.name.startswith(prefix):
+            continue
         pid = p.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _pid_alive(int(pid)):
             _remove(p)
@@ -457,32 +480,40 @@ def build(
     good = [k for k, p in enumerate(probes) if p.error is None]
     errors += [InputFileError(items[k].rel, p.error) for k, p in enumerate(probes) if p.error is not None]
 
-    # 3. plan
-    plan, upscale = _make_plan(root, [probes[k].header for k in good], opts)  # type: ignore[misc]
-    errors += [InputFileError(items[good[k]].rel, msg) for k, msg in upscale.items()]
-    good = [k for j, k in enumerate(good) if j not in upscale]
+    def plan_for(keep: list[int]) -> tuple[_Plan, list[int]]:
+        """3. plan from the files still in; upscale refusals become input errors."""
+        plan, upscale = _make_plan(root, [probes[k].header for k in keep], opts)  # type: ignore[misc]
+        errors.extend(InputFileError(items[keep[j]].rel, msg) for j, msg in upscale.items())
+        return plan, [k for j, k in enumerate(keep) if j not in upscale]
+
+    def fail(extra: Sequence[InputFileError] = ()) -> BadInputsError:
+        return BadInputsError(sorted([*errors, *extra], key=lambda e: e.path), root)
+
+    plan, good = plan_for(good)
     if errors and opts.on_error == "fail":
-        raise BadInputsError(sorted(errors, key=lambda e: e.path), root)
+        # Decode the rest too (without writing), so the one error lists every bad file.
+        raise fail(_validate(plan, [(items[k].rel, probes[k].header) for k in good], opts))
 
     tmp = out_path.parent / f".{out_path.name}{_PARTIAL}{os.getpid()}"
-    # 4-5. decode and write; files that pass the probe but fail to decode are rare (damage inside
-    # the compressed data): under on_error=skip the store is rebuilt once without them, so the
-    # result is byte-identical to a build of the good files alone.
+    # 4-5. decode and write. Files that pass the probe but fail to decode (damage inside the
+    # compressed data) are rare: under on_error=skip the store is planned and built again without
+    # them, so the result is byte-identical to a build of the good files alone.
     try:
-        for _attempt in range(2):
+        for attempt in range(3):
             _remove(tmp)
+            if attempt:
+                plan, good = plan_for(good)
             use = [items[k] for k in good]
-            heads = [probes[k].header for k in good]
             if not use:
-                raise BadInputsError(sorted(errors, key=lambda e: e.path), root)
-            results, writer = _write_store(backend, tmp, plan, use, heads, opts)
+                raise fail()
+            results, writer = _write_store(backend, tmp, plan, use, [probes[k].header for k in good], opts)
             failed = {j: r for j, r in enumerate(results) if isinstance(r, InputFileError)}
             if not failed:
                 break
             writer.abort()
-            errors += list(failed.values())
+            errors.extend(failed.values())
             if opts.on_error == "fail":
-                raise BadInputsError(sorted(errors, key=lambda e: e.path), root)
+                raise fail()
             good = [k for j, k in enumerate(good) if j not in failed]
         else:  # pragma: no cover - decoding is deterministic, a second pass finds nothing new
             raise DlpackError("files kept failing to decode; rerun with --on-error fail to see them")

@@ -73,7 +73,9 @@ class BuildOptions:
             _choice("format", self.format, ("zarr", "hdf5"))
         if self.size is not None:
             object.__setattr__(self, "size", parse_size(self.size))
-        if self.max_side is not None and (not isinstance(self.max_side, int) or self.max_side <= 0):
+        if self.max_side is not None and (
+            not isinstance(self.max_side, int) or isinstance(self.max_side, bool) or self.max_side <= 0
+        ):
             raise OptionError(f"max_side must be a positive integer, got {self.max_side!r}")
         if self.size is not None and self.max_side is not None:
             raise OptionError("give either size (WxH) or max_side, not both")
@@ -91,7 +93,7 @@ class BuildOptions:
             object.__setattr__(self, "channels", channels)
         _choice("channels", channels, ("keep", 1, 3))
         _choice("labels", self.labels, ("auto", "folders", "none"))
-        if not isinstance(self.jobs, int) or self.jobs == 0 or self.jobs < -1:
+        if not isinstance(self.jobs, int) or isinstance(self.jobs, bool) or self.jobs == 0 or self.jobs < -1:
             raise OptionError(f"jobs must be a positive number of processes or -1 for all cores, got {self.jobs!r}")
         _choice("compression", self.compression, ("none", "lz4", "zstd"))
         _choice("on_error", self.on_error, ("fail", "skip"))

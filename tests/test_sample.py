@@ -105,9 +105,7 @@ def test_sixteen_bit_images_use_the_range(sample: pathlib.Path) -> None:
         ({"seed": -1}, "seed must be >= 0, got -1"),
     ],
 )
-def test_bad_arguments_raise_value_error(
-    tmp_path: pathlib.Path, kwargs: dict[str, int], message: str
-) -> None:
+def test_bad_arguments_raise_value_error(tmp_path: pathlib.Path, kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_sample(tmp_path / "raw", **kwargs)
     assert not (tmp_path / "raw").exists()

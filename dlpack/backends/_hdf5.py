@@ -85,6 +85,7 @@ class Hdf5Writer(StoreWriter):
                 dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
                 dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
                 dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+                dcpl.set_obj_track_times(False)  # timestamps would make identical builds differ
                 space = h5py.h5s.create_simple((plan.count, *shape))
                 tid = h5py.h5t.py_create(dtype)
                 h5py.h5d.create(f.id, b"images", tid, space, dcpl=dcpl)

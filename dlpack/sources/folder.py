@@ -7,6 +7,7 @@ every platform) and normalises to RGB/gray ``uint8``/``uint16`` with the documen
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -60,10 +61,13 @@ def scan_folder(
             rel = full.relative_to(base).as_posix()
             if full.is_symlink():
                 target = full.resolve()
-                if not follow_symlinks or not target.is_relative_to(real_base):
+                if not target.is_relative_to(real_base):
                     errors.append(
                         InputFileError(rel, f"symlink to {target} leaves the source folder; copy the file in")
                     )
+                    continue
+                if not follow_symlinks:
+                    errors.append(InputFileError(rel, "is a symlink; pass --follow-symlinks to pack linked files"))
                     continue
             rels.append(rel)
     rels.sort()
@@ -111,12 +115,71 @@ def normalise_header(header: ImageHeader, head: bytes) -> ImageHeader:
     return header
 
 
-def _check_complete(data: bytes, fmt: str | None) -> None:
-    # libjpeg fills a truncated image with gray and only warns; catch it before it is packed.
-    if fmt == "jpeg" and data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
-        raise DecodeError("truncated JPEG (no end-of-image marker)")
-    if fmt == "png" and b"IEND" not in data[-64:]:
-        raise DecodeError("truncated PNG (no IEND chunk)")
+def _jpeg_ends(data: bytes) -> bool:
+    """Whether the main JPEG image has its end-of-image marker (bytes after it are allowed)."""
+    pos = 2
+    n = len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return False
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        seg = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        if marker == 0xDA:
+            # Entropy-coded data stuffs 0xFF as FF00, so FFD9 after the first scan is the end
+            # (an EXIF thumbnail's own markers sit inside the APP1 segment skipped above).
+            return data.find(b"\xff\xd9", pos + 2 + seg) >= 0
+        pos += 2 + seg
+    return False
+
+
+def _png_ends(data: bytes) -> bool:
+    """Whether the PNG's chunk chain reaches IEND (bytes after it are allowed)."""
+    pos = 8
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        if data[pos + 4 : pos + 8] == b"IEND":
+            return True
+        pos += 12 + length
+    return False
+
+
+def incomplete_reason(data: bytes, fmt: str | None, whole: bool = True) -> str | None:
+    """Why a PNG/JPEG file is truncated, or None.
+
+    libjpeg fills a truncated image with gray and only warns, so this is checked before decoding.
+    With ``whole=False``, ``data`` is only the file's tail and a miss means "read the whole file".
+    """
+    if fmt == "jpeg":
+        if data.rstrip(b"\x00").endswith(b"\xff\xd9") or (whole and _jpeg_ends(data)):
+            return None
+        return "truncated JPEG (no end-of-image marker)"
+    if fmt == "png":
+        if data.endswith(b"IEND\xaeB`\x82") or (whole and _png_ends(data)):
+            return None
+        return "truncated PNG (no IEND chunk)"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _cv2_orients_tiff() -> bool:
+    """Whether this OpenCV applies the TIFF orientation tag itself (5.x does, even with IMREAD_UNCHANGED)."""
+    entries = [  # tag, type (3 = SHORT, 4 = LONG), value: a 2x1 gray image with orientation 6
+        (256, 3, 2), (257, 3, 1), (258, 3, 8), (259, 3, 1), (262, 3, 1),
+        (273, 4, 8 + 2 + 10 * 12 + 4), (274, 3, 6), (277, 3, 1), (278, 3, 1), (279, 4, 2),
+    ]  # fmt: skip
+    ifd = len(entries).to_bytes(2, "little")
+    for tag, typ, value in entries:
+        ifd += tag.to_bytes(2, "little") + typ.to_bytes(2, "little") + (1).to_bytes(4, "little")
+        ifd += value.to_bytes(4, "little")
+    tiff = b"II*\x00" + (8).to_bytes(4, "little") + ifd + bytes(4) + bytes([10, 200])
+    img = cv2.imdecode(np.frombuffer(tiff, np.uint8), cv2.IMREAD_UNCHANGED)
+    return img is not None and img.shape[:2] == (2, 1)
 
 
 def decode_image(data: bytes, header: ImageHeader | None = None, max_pixels: int = 2**28) -> np.ndarray:
@@ -131,7 +194,9 @@ def decode_image(data: bytes, header: ImageHeader | None = None, max_pixels: int
             header = normalise_header(header, data[:32])
     check_header(header, max_pixels)
     fmt = header.format if header is not None else None
-    _check_complete(data, fmt)
+    reason = incomplete_reason(data, fmt)
+    if reason:
+        raise DecodeError(reason)
     buf = np.frombuffer(data, dtype=np.uint8)
     try:
         if fmt == "jpeg":
@@ -159,6 +224,6 @@ def decode_image(data: bytes, header: ImageHeader | None = None, max_pixels: int
         raise DecodeError(f"unsupported channel count {c}")
     if img.ndim == 2:
         img = img[:, :, None]
-    if header is not None and fmt == "tiff" and header.orientation != 1:
+    if header is not None and fmt == "tiff" and header.orientation != 1 and not _cv2_orients_tiff():
         img = np.ascontiguousarray(apply_orientation(img, header.orientation))
     return img

@@ -1,0 +1,90 @@
+"""The manifest: JSON round trip (a Hypothesis property) and refusal of unknown versions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlpack import FORMAT_VERSION, FormatVersionError, ImageSpec, InputFileError, Manifest, StoreError
+
+text = st.text(max_size=12)
+json_scalar = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | text
+json_value = st.recursive(
+    json_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=8
+)
+
+image_specs = st.one_of(
+    st.builds(
+        ImageSpec,
+        st.just("fixed"),
+        st.sampled_from([1, 3]),
+        st.sampled_from(["|u1", "<u2"]),
+        st.integers(1, 4096),
+        st.integers(1, 4096),
+    ),
+    st.builds(ImageSpec, st.just("variable"), st.sampled_from([1, 3]), st.sampled_from(["|u1", "<u2"])),
+)
+
+manifests = st.builds(
+    Manifest,
+    count=st.integers(0, 2**40),
+    image=image_specs,
+    backend=st.sampled_from(["zarr", "hdf5"]),
+    classes=st.lists(text, max_size=4).map(tuple),
+    labels=st.sampled_from(["folders", "none"]),
+    resize=st.dictionaries(text, json_value, max_size=4),
+    compression=st.sampled_from(["none", "lz4", "zstd"]),
+    shard_images=st.integers(0, 10**6),
+    arrays=st.dictionaries(
+        text,
+        st.fixed_dictionaries(
+            {"shape": st.lists(st.integers(0, 10**9), max_size=3), "dtype": st.sampled_from(["<i4", "<f8", "|u1"])}
+        ),
+        max_size=3,
+    ),
+    skipped=st.lists(st.builds(InputFileError, text, text), max_size=3).map(tuple),
+    conversions=st.dictionaries(text, st.integers(0, 10**6), max_size=3),
+    dlpack_version=text,
+)
+
+
+@given(manifests)
+def test_manifest_round_trips_through_json(m: Manifest) -> None:
+    assert Manifest.from_json(m.to_json()) == m
+
+
+@given(manifests)
+def test_same_manifest_gives_same_json_bytes(m: Manifest) -> None:
+    assert Manifest.from_json(m.to_json()).to_json() == m.to_json()
+
+
+def _json(**changes: object) -> str:
+    d = Manifest(count=1, image=ImageSpec("fixed", 3, "|u1", 2, 2), backend="zarr").to_dict()
+    d.update(changes)
+    return json.dumps(d)
+
+
+def test_newer_format_version_is_refused_with_upgrade_hint() -> None:
+    with pytest.raises(FormatVersionError, match=r"format version 999.*reads up to 1.*pip install -U"):
+        Manifest.from_json(_json(format_version=999), "train.zarr")
+
+
+def test_current_format_version_is_accepted() -> None:
+    assert Manifest.from_json(_json(format_version=FORMAT_VERSION)).format_version == FORMAT_VERSION
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("{", "not valid JSON"),
+        (_json(format="other"), "not a dlpack manifest"),
+        (_json(format_version="1"), "no integer format_version"),
+        (_json(image={"layout": "fixed"}), "malformed"),
+    ],
+)
+def test_broken_manifest_is_a_store_error(text: str, match: str) -> None:
+    with pytest.raises(StoreError, match=match):
+        Manifest.from_json(text)
