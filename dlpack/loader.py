@@ -59,17 +59,21 @@ class LoaderOptions:
         def positive(name: str, value: int, minimum: int = 1) -> None:
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
                 raise OptionError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            object.__setattr__(self, name, int(value))  # NumPy integers would break JSON states
 
+        positive("seed", self.seed, 0)
         positive("batch_size", self.batch_size)
         positive("prefetch", self.prefetch, 0)
         positive("workers", self.workers, 0)
         positive("world_size", self.world_size)
         positive("block_size", self.block_size)
         positive("window", self.window)
-        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+        rank = self.rank
+        if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
             raise OptionError(
-                f"rank must be in 0..{self.world_size - 1} for world_size {self.world_size}, got {self.rank!r}"
+                f"rank must be in 0..{self.world_size - 1} for world_size {self.world_size}, got {rank!r}"
             )
+        object.__setattr__(self, "rank", int(rank))
         if self.order is not None and self.order not in ("random", "sequential", "block"):
             raise OptionError(f"order must be random, sequential or block, got {self.order!r}")
 
@@ -177,7 +181,7 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         batches = self.batches()
         start = self._position
-        if start >= len(batches):  # a finished epoch: the next iteration is the next epoch
+        if batches and start >= len(batches):  # resumed at an epoch's end: go on with the next
             self.set_epoch(self.epoch + 1)
             batches, start = self.batches(), 0
         o = self.options
@@ -234,8 +238,10 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; refuses a state of another dataset, world size or order."""
-        if not isinstance(state, dict) or "version" not in state:
-            raise StateError("not a dlpack loader state (no 'version')")
+        if not isinstance(state, dict) or not isinstance(state.get("version"), int):
+            raise StateError("not a dlpack loader state (no integer 'version')")
+        if not isinstance(state.get("options"), dict):
+            raise StateError("not a dlpack loader state (no 'options' dict)")
         if state["version"] > STATE_VERSION:
             raise StateError(f"loader state version {state['version']} is newer than this dlpack ({STATE_VERSION})")
         if state.get("dataset") != self._fingerprint() or state.get("count") != len(self.dataset):
@@ -243,7 +249,7 @@ class Loader:
                 f"this state was saved for another dataset ({state.get('count')} samples, id {state.get('dataset')}); "
                 f"this one is {self.dataset.path} ({len(self.dataset)} samples, id {self._fingerprint()})"
             )
-        saved = state.get("options", {})
+        saved = state["options"]
         mine = asdict(self.options)
         for key in (
             "world_size",

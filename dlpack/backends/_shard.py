@@ -23,6 +23,12 @@ __all__ = ["ShardedArray"]
 _MISSING = np.uint64(2**64 - 1)
 
 
+def _crc32c(data: bytes) -> int:
+    import google_crc32c  # a dependency of zarr itself
+
+    return int(google_crc32c.value(bytes(data)))
+
+
 def _decoder(codecs: list[dict[str, Any]], where: Path) -> Any:
     """A numcodecs codec for the inner chunks' bytes-to-bytes codec, or None for raw bytes."""
     extra = [c for c in codecs if c["name"] != "bytes"]
@@ -109,8 +115,13 @@ class ShardedArray:
                     continue
                 if len(m) < table + 4:
                     raise StoreError(f"shard {self.shard_file(s)} is truncated ({len(m)} bytes)")
-                part = np.frombuffer(m, dtype="<u8", count=2 * self.chunks_per_shard, offset=len(m) - table - 4)
-                part = part.reshape(-1, 2)
+                tail = m[len(m) - table - 4 :]
+                if _crc32c(tail[:table]) != int.from_bytes(tail[table:], "little"):
+                    raise StoreError(
+                        f"shard {self.shard_file(s)} is corrupt or truncated (its index checksum does not match); "
+                        "rebuild the store"
+                    )
+                part = np.frombuffer(tail, dtype="<u8", count=2 * self.chunks_per_shard).reshape(-1, 2)
                 ok = part[:, 0] != _MISSING
                 if np.any(part[ok, 0] + part[ok, 1] > len(m) - table - 4):
                     raise StoreError(f"shard {self.shard_file(s)} is corrupt: its index points past the data")
@@ -127,9 +138,14 @@ class ShardedArray:
         m = self._maps[c // self.chunks_per_shard]
         raw = np.frombuffer(m, dtype=np.uint8, count=int(nb), offset=int(off))  # type: ignore[arg-type]
         if self.decoder is None:
+            if nb != self.chunk_nbytes:
+                raise StoreError(f"chunk {c} of {self.path} has {nb} bytes, expected {self.chunk_nbytes}")
             out[...] = raw.view(self.dtype).reshape(out.shape)
         else:
-            self.decoder.decode(raw, out=out.reshape(-1).view(np.uint8))
+            try:
+                self.decoder.decode(raw, out=out.reshape(-1).view(np.uint8))
+            except Exception as exc:  # codec errors come in many types; all mean a damaged chunk
+                raise StoreError(f"chunk {c} of {self.path} cannot be decompressed: {exc}") from exc
 
     def chunk(self, c: int) -> np.ndarray:
         """Chunk ``c`` as a new array; the last chunk is trimmed to the array's length."""
