@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .bench import BenchOptions, BenchReport, run_bench
 from .build import BuildResult, build
 from .dataset import Dataset, open
 from .errors import (
@@ -29,6 +30,9 @@ __all__ = [
     "build",
     "BuildResult",
     "BuildOptions",
+    "run_bench",
+    "BenchOptions",
+    "BenchReport",
     "open",
     "Dataset",
     "Loader",

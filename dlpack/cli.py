@@ -45,6 +45,8 @@ def _add_build(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--max-pixels", type=int, default=2**28, help="refuse images with more pixels (bomb guard)")
+    p.add_argument("--shard-bytes", type=int, default=32 * 2**20, help="target bytes per Zarr shard file")
+    p.add_argument("--follow-symlinks", action="store_true", help="pack symlinked files that stay inside SRC")
     p.set_defaults(run=_run_build)
 
 
@@ -66,6 +68,8 @@ def _run_build(a: argparse.Namespace) -> int:
         overwrite=a.overwrite,
         quiet=a.quiet,
         max_pixels=a.max_pixels,
+        shard_bytes=a.shard_bytes,
+        follow_symlinks=a.follow_symlinks,
     )
     result = build(a.src, a.out, opts)
     if result.skipped:
@@ -112,7 +116,59 @@ def _run_info(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info]
+def _add_bench(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench", help="measure read throughput: random vs sequential, warm vs cold cache, store vs folder"
+    )
+    p.add_argument(
+        "targets", nargs="+", metavar="TARGET", help="a dlpack store (DIR.zarr, FILE.h5) or a folder of images"
+    )
+    p.add_argument("--order", default="sequential,random", help="comma list of sequential, random, block")
+    p.add_argument("--cache", default="warm,cold", help="comma list of warm, cold (cold evicts the target first)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="B")
+    p.add_argument("--workers", type=int, default=2, metavar="W", help="loader threads (default 2)")
+    p.add_argument("--prefetch", type=int, default=4, metavar="P", help="batches read ahead (default 4)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--samples", type=int, metavar="N", help="images per run (default: one epoch, 1-10 s)")
+    g.add_argument("--seconds", type=float, metavar="T", help="seconds per run")
+    p.add_argument("--repeat", type=int, default=3, metavar="R", help="runs per cell; the median is reported")
+    p.add_argument("--step-ms", type=float, metavar="MS", help="simulate a training step of MS per batch")
+    p.add_argument("--size", metavar="WxH", help="resolution for folder targets (default: the first store's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random order")
+    p.add_argument("--json", metavar="FILE", help="write every figure, the machine and the options as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="write a bar chart (needs the [plot] extra)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    def run(a: argparse.Namespace) -> int:
+        from .bench import BenchOptions, check_outputs, run_bench
+
+        opts = BenchOptions(
+            orders=a.order,
+            caches=a.cache,
+            batch_size=a.batch_size,
+            workers=a.workers,
+            prefetch=a.prefetch,
+            samples=a.samples,
+            seconds=a.seconds,
+            repeat=a.repeat,
+            step_ms=a.step_ms,
+            size=a.size,
+            seed=a.seed,
+            quiet=a.quiet,
+        )
+        check_outputs(a.json, a.plot)
+        report = run_bench(a.targets, opts)
+        print(report.table())
+        if a.json:
+            report.write_json(a.json)
+        if a.plot:
+            report.plot(a.plot)
+        return 0
+
+    p.set_defaults(run=run)
+
+
+COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info, _add_bench]
 
 
 def make_parser() -> argparse.ArgumentParser:

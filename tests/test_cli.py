@@ -1,0 +1,138 @@
+"""The ``dlpack`` command, called in-process through ``main(argv)``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import dlpack
+from dlpack import BuildOptions
+from dlpack.cli import main
+
+Capsys = pytest.CaptureFixture[str]
+
+
+@pytest.fixture
+def src(make_tree: Callable[..., Path]) -> Path:
+    return make_tree({"cat/0.png": "rgb", "cat/1.jpg": "rgb", "dog/2.png": "rgb"})
+
+
+@pytest.fixture
+def store(src: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "out.zarr"
+    assert main(["build", str(src), str(out), "--size", "20x15", "--quiet", "--jobs", "1"]) == 0
+    return out
+
+
+def test_build_returns_0_and_writes_an_openable_store(store: Path) -> None:
+    with dlpack.open(store) as ds:
+        assert (len(ds), ds.classes, ds[0]["image"].shape) == (3, ("cat", "dog"), (15, 20, 3))
+
+
+def test_build_prints_a_summary_unless_quiet(src: Path, tmp_path: Path, capsys: Capsys) -> None:
+    assert main(["build", str(src), str(tmp_path / "o.h5"), "--jobs", "1"]) == 0
+    assert "packed 3 images" in capsys.readouterr().out
+
+
+def test_quiet_build_prints_nothing(src: Path, tmp_path: Path, capsys: Capsys) -> None:
+    assert main(["build", str(src), str(tmp_path / "o.zarr"), "--quiet", "--jobs", "1"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_build_format_flag_overrides_suffix(src: Path, tmp_path: Path) -> None:
+    out = tmp_path / "store.bin"
+    assert main(["build", str(src), str(out), "--format", "hdf5", "--quiet", "--jobs", "1"]) == 0
+    assert dlpack.open(out).backend == "hdf5"
+
+
+def test_build_flags_reach_the_options(src: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.zarr"
+    argv = ["--size", "20x20", "--resize", "fit", "--channels", "1", "--labels", "none", "--compression", "zstd"]
+    assert main(["build", str(src), str(out), *argv, "--quiet", "--jobs", "1"]) == 0
+    m = dlpack.open(out).manifest
+    assert (m.image.shape, m.classes, m.compression, m.resize["mode"]) == ((20, 20, 1), (), "zstd", "fit")
+
+
+def test_every_build_option_has_a_flag(capsys: Capsys) -> None:
+    # BuildOptions says "the CLI flags map one to one"; shard_bytes and follow_symlinks have none.
+    assert main(["build", "--help"]) == 0
+    usage = capsys.readouterr().out
+    flags = {f"--{name.replace('_', '-')}" for name in BuildOptions.__dataclass_fields__}
+    assert sorted(flag for flag in flags if flag not in usage) == []
+
+
+def test_info_text_describes_the_store(store: Path, capsys: Capsys) -> None:
+    capsys.readouterr()
+    assert main(["info", str(store)]) == 0
+    lines = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert lines["images"].strip() == "3"
+    assert lines["resolution"].startswith("20x15 x 3 channel(s)")
+    assert lines["classes"].strip() == "cat, dog"
+
+
+def test_info_json_is_parseable(store: Path, capsys: Capsys) -> None:
+    capsys.readouterr()
+    assert main(["info", str(store), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["count"], info["classes"], info["resolution"], info["backend"]) == (
+        3,
+        ["cat", "dog"],
+        [20, 15],
+        "zarr",
+    )
+    assert info["skipped"] == [] and info["bytes_on_disk"] > 0
+
+
+def test_missing_source_exits_2_with_message_and_no_traceback(tmp_path: Path, capsys: Capsys) -> None:
+    assert main(["build", str(tmp_path / "nowhere"), str(tmp_path / "o.zarr")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dlpack: error: ") and "nowhere" in err
+    assert "Traceback" not in err
+
+
+def test_bad_size_exits_2_with_option_message(src: Path, tmp_path: Path, capsys: Capsys) -> None:
+    assert main(["build", str(src), str(tmp_path / "o.zarr"), "--size", "0x512"]) == 2
+    assert "dlpack: error: size must be WIDTHxHEIGHT with both > 0, got '0x512'" in capsys.readouterr().err
+
+
+def test_existing_out_exits_2(store: Path, src: Path, capsys: Capsys) -> None:
+    assert main(["build", str(src), str(store), "--quiet", "--jobs", "1"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_bad_inputs_exit_2_and_list_files(make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys) -> None:
+    bad = make_tree({"a/0.png": "rgb", "a/empty.png": b""}, "bad")
+    assert main(["build", str(bad), str(tmp_path / "o.zarr"), "--quiet", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "a/empty.png: empty file" in err and "Traceback" not in err
+
+
+def test_info_on_missing_store_exits_2(tmp_path: Path, capsys: Capsys) -> None:
+    assert main(["info", str(tmp_path / "none.zarr")]) == 2
+    assert capsys.readouterr().err.startswith("dlpack: error: ")
+
+
+def test_debug_flag_reraises(tmp_path: Path) -> None:
+    with pytest.raises(dlpack.SourceError):
+        main(["--debug", "build", str(tmp_path / "nowhere"), str(tmp_path / "o.zarr")])
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["build", "--help"], ["info", "--help"]])
+def test_help_returns_0(argv: list[str], capsys: Capsys) -> None:
+    assert main(argv) == 0
+    assert "usage: dlpack" in capsys.readouterr().out
+
+
+def test_unknown_command_is_a_usage_error(capsys: Capsys) -> None:
+    assert main(["pack"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_module_prints_version() -> None:
+    proc = subprocess.run([sys.executable, "-m", "dlpack", "--version"], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"dlpack {dlpack.__version__}")
