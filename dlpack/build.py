@@ -227,7 +227,7 @@ def process_file(plan: _Plan, rel: str, header: ImageHeader | None) -> tuple[np.
         (h, w),
         img.shape,
         (g.scale_y, g.scale_x, float(g.off_y), float(g.off_x)),
-        zlib.crc32(img),
+        zlib.crc32(img.data),
         tuple(conversions),
     )
     return img, meta
@@ -402,7 +402,7 @@ def _meta_arrays(
     items: Sequence[SourceItem],
     samples: Sequence[_Sample],
     classes: Sequence[str],
-    shapes: list[tuple[int, ...]] | None,
+    shapes: Sequence[tuple[int, ...]] | None,
 ) -> dict[str, np.ndarray]:
     class_id = {c: i for i, c in enumerate(classes)}
     src = [it.rel.encode("utf-8") for it in items]
@@ -551,7 +551,7 @@ def build(
         _publish(tmp, out_path, opts.overwrite)
     except BaseException:
         with contextlib.suppress(Exception):
-            writer.abort()  # type: ignore[possibly-undefined]
+            writer.abort()
         _remove(tmp)
         raise
     in_bytes = sum(probes[k].nbytes for k in good)

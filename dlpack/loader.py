@@ -175,7 +175,7 @@ class Loader:
     # ------------------------------------------------------------------ reading
 
     def _load(self, indices: np.ndarray) -> dict[str, Any]:
-        batch = self.dataset.get_batch(indices)
+        batch = self.dataset.get_batch(indices.tolist())
         return self.transform(batch) if self.transform is not None else batch
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -54,7 +54,7 @@ def to_tensor(
     return t.contiguous()
 
 
-class TorchDataset(torch.utils.data.Dataset):  # type: ignore[misc]
+class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """Map-style dataset over a store: ``ds[i] -> {"image": CxHxW tensor, "label": int, "index": i}``.
 
     Safe with ``DataLoader(num_workers > 0)``: only the path is pickled to workers.

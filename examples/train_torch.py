@@ -109,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             batches.set_epoch(epoch)
         t0 = time.perf_counter()
         wait = 0.0
-        n = steps = 0
+        n = 0
         t_ready = time.perf_counter()
-        for batch in batches:
+        for steps, batch in enumerate(batches, 1):
             t_got = time.perf_counter()
             wait += t_got - t_ready
             x = batch["image"].to(device, non_blocking=True).float().div_(255.0)
@@ -123,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             n += len(x)
-            steps += 1
             t_ready = time.perf_counter()
             if a.max_steps and steps >= a.max_steps:
                 break

@@ -80,8 +80,8 @@ class ShardedArray:
         self.n_shards = -(-self.n_chunks // self.chunks_per_shard) if self.n_chunks else 0
         self.decoder = _decoder(conf["codecs"], path)
         sep = meta["chunk_key_encoding"].get("configuration", {}).get("separator", "/")
-        self._key_tail = sep.join("0" for _ in self.shape[1:])
-        self._sep = sep
+        self._key_tail: str = sep.join("0" for _ in self.shape[1:])
+        self._sep: str = str(sep)
         self._maps: list[mmap.mmap | None] = [None] * self.n_shards
         self._index: np.ndarray | None = None  # [n_chunks, 2] uint64: (offset, nbytes) within its shard
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class ZarrWriter(StoreWriter):
         self._buf_len = 0
         self._written = 0
 
-    def _group(self, mode: str) -> Any:
+    def _group(self, mode: Literal["r", "r+", "a", "w", "w-"]) -> Any:
         import zarr
 
         return zarr.open_group(str(self.path), mode=mode, zarr_format=3)
@@ -173,7 +173,8 @@ class ZarrReader(StoreReader):
 
     def read_image(self, index: int) -> np.ndarray:
         if self.manifest.image.layout == "fixed":
-            return self.images.chunk(index)[0]
+            img: np.ndarray = self.images.chunk(index)[0]
+            return img
         if self._offsets is None:
             self._offsets = self.meta("image_offsets")
         shape = tuple(int(v) for v in self.meta("image_shapes")[index])

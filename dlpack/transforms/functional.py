@@ -156,7 +156,8 @@ def convert_depth(img: np.ndarray, dtype: np.dtype[np.generic] | str) -> np.ndar
     if img.dtype == target:
         return img
     if img.dtype == np.uint8 and target == np.uint16:
-        return img.astype(np.uint16) * np.uint16(257)
+        wide: np.ndarray = np.multiply(img, 257, dtype=np.uint16)
+        return wide
     if img.dtype == np.uint16 and target == np.uint8:
         return ((img.astype(np.uint32) + 128) // 257).astype(np.uint8)
     raise ValueError(f"cannot convert {img.dtype} to {target}")
