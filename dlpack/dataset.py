@@ -70,22 +70,29 @@ class Dataset:
 
     def get_batch(self, indices: Sequence[int], out: np.ndarray | None = None) -> dict[str, Any]:
         """Samples ``indices`` stacked: ``image`` is B x H x W x C (a list for variable-size stores)."""
-        idx = [self._index(i) for i in indices]
+        n = len(self)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = np.where(idx < 0, idx + n, idx)
+        bad = (idx < 0) | (idx >= n)
+        if bad.any():
+            raise SampleIndexError(
+                f"sample index {np.asarray(indices).reshape(-1)[bad][0]} is out of range for {self.path} with {n} samples"
+            )
         r = self._reader
         shape = self.manifest.image.shape
+        positions = idx.tolist()
         images: Any
         if shape is None:
-            images = [r.read_image(j) for j in idx]
+            images = [r.read_image(j) for j in positions]
         else:
             if out is None:
                 out = np.empty((len(idx), *shape), dtype=self.manifest.image.dtype)
-            images = r.read_into(idx, out)
-        labels = r.meta("labels")
+            images = r.read_into(positions, out)
         return {
             "image": images,
-            "label": labels[np.asarray(idx, dtype=np.int64)] if idx else np.empty(0, labels.dtype),
-            "index": np.asarray(idx, dtype=np.int64),
-            "source": [r.source(j) for j in idx],
+            "label": r.meta("labels")[idx],
+            "index": idx,
+            "source": [r.source(j) for j in positions],
         }
 
     def loader(

@@ -54,8 +54,9 @@ class ShardedArray:
     re-mapping per epoch costs more than half the throughput.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, strict: bool = False) -> None:
         self.path = path
+        self.strict = strict
         try:
             meta = json.loads((path / "zarr.json").read_text())
         except (OSError, ValueError) as exc:
@@ -97,6 +98,8 @@ class ShardedArray:
                 with open(self.shard_file(s), "rb") as f:
                     m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             except FileNotFoundError:
+                if self.strict:  # dlpack writes every shard, so a missing one means damage
+                    raise StoreError(f"shard file {self.shard_file(s)} is missing; rebuild the store") from None
                 return None  # an absent shard holds only fill values
             except (OSError, ValueError) as exc:
                 raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
@@ -123,7 +126,9 @@ class ShardedArray:
                     )
                 part = np.frombuffer(tail, dtype="<u8", count=2 * self.chunks_per_shard).reshape(-1, 2)
                 ok = part[:, 0] != _MISSING
-                if np.any(part[ok, 0] + part[ok, 1] > len(m) - table - 4):
+                end = np.uint64(len(m) - table - 4)
+                off, nb = part[ok, 0], part[ok, 1]
+                if np.any(off > end) or np.any(nb > end - np.minimum(off, end)):  # no uint64 wrap-around
                     raise StoreError(f"shard {self.shard_file(s)} is corrupt: its index points past the data")
                 idx[s * self.chunks_per_shard : (s + 1) * self.chunks_per_shard] = part
             self._index = idx[: self.n_chunks]

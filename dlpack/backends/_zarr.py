@@ -166,7 +166,7 @@ class ZarrReader(StoreReader):
         """The sharded image array (``images`` or ``image_data``), opened on first use."""
         if self._images is None:
             name = "images" if self.manifest.image.layout == "fixed" else "image_data"
-            self._images = ShardedArray(self.path / name)
+            self._images = ShardedArray(self.path / name, strict=True)
             if self._images.shape[0] < (self.manifest.count if name == "images" else 0):
                 raise StoreError(f"{self.path / name}: fewer images than the manifest's {self.manifest.count}")
         return self._images

@@ -1,0 +1,838 @@
+"""The training loader and the read side: exact epochs, rank shards, exact resume, safe readers.
+
+Every loader test runs against both backends: the module fixture ``store_path`` builds one small
+store per backend (50 noise PNGs in 3 class folders, packed at 16x12). Order properties that need
+no store call :func:`dlpack.loader.epoch_order` and :func:`dlpack.loader.rank_indices` directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import pickle
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dlpack
+from dlpack import (
+    FormatVersionError,
+    IncompleteStoreError,
+    LoaderOptions,
+    OptionError,
+    StateError,
+    StoreError,
+)
+from dlpack.loader import epoch_order, rank_indices
+
+N_IMAGES = 50
+SIZE = (16, 12)  # width, height
+SHAPE = (12, 16, 3)  # what a stored image looks like
+ORDERS = ("random", "sequential", "block")
+STORE_NAMES = {"zarr": "out.zarr", "hdf5": "out.h5"}
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def write_pngs(root: Path, n: int, seed: int, dark: bool = False) -> Path:
+    """``n`` noise PNGs in ``class0..class2`` folders, at sizes from 16x12 up to 22x16 (never upscaled).
+
+    ``dark``: 16x12 black images whose only non-zero pixel is the first (no two alike, none empty).
+    """
+    rng = np.random.default_rng(seed)
+    for k in range(n):
+        if dark:
+            img = np.zeros(SHAPE, np.uint8)
+            img[0, 0] = k + 1
+        else:
+            h, w = SHAPE[0] + k % 5, SHAPE[1] + k % 7
+            img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        ok, buf = cv2.imencode(".png", img)
+        assert ok
+        folder = root / f"class{k % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"img{k:03d}.png").write_bytes(buf.tobytes())
+    return root
+
+
+def build_store(tmp: Path, backend: str, seed: int, n: int = N_IMAGES, dark: bool = False) -> Path:
+    src = write_pngs(tmp / "src", n, seed, dark)
+    out = tmp / STORE_NAMES[backend]
+    dlpack.build(src, out, size=SIZE, jobs=1, quiet=True)
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(STORE_NAMES))
+def store_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 50-image store, one per backend."""
+    return build_store(tmp_path_factory.mktemp(f"loader-{request.param}"), request.param, seed=1)
+
+
+@pytest.fixture(scope="module")
+def other_store_path(store_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of the same backend and size with different pixels (so only the content differs)."""
+    backend = "hdf5" if store_path.suffix == ".h5" else "zarr"
+    return build_store(tmp_path_factory.mktemp(f"other-{backend}"), backend, seed=2)
+
+
+@pytest.fixture(scope="module")
+def ds(store_path: Path) -> Iterator[dlpack.Dataset]:
+    d = dlpack.open(store_path)
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def all_images(ds: dlpack.Dataset) -> np.ndarray:
+    """Every image, read one by one through ``ds[i]`` (the reference the batches must match)."""
+    return np.stack([ds[i]["image"] for i in range(len(ds))])
+
+
+@pytest.fixture
+def store_copy(store_path: Path, tmp_path: Path) -> Path:
+    """A private copy of the store that a test may damage."""
+    dst = tmp_path / store_path.name
+    if store_path.is_dir():
+        shutil.copytree(store_path, dst)
+    else:
+        shutil.copy2(store_path, dst)
+    return dst
+
+
+def epoch_indices(loader: dlpack.Loader) -> list[np.ndarray]:
+    """The index arrays of one pass over ``loader``."""
+    return [b["index"] for b in loader]
+
+
+def same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return len(a) == len(b) and all(
+        np.array_equal(x["index"], y["index"])
+        and np.array_equal(x["image"], y["image"])
+        and np.array_equal(x["label"], y["label"])
+        and x["source"] == y["source"]
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_fixture_store_is_what_the_tests_assume(ds: dlpack.Dataset, all_images: np.ndarray) -> None:
+    assert len(ds) == N_IMAGES
+    assert ds.classes == ("class0", "class1", "class2")
+    assert all_images.shape == (N_IMAGES, *SHAPE)
+    assert all_images.dtype == np.uint8
+    # Noise images: no two samples alike, so an index mix-up shows up as a pixel mismatch.
+    flat = all_images.reshape(N_IMAGES, -1)
+    assert len({row.tobytes() for row in flat}) == N_IMAGES
+
+
+# ---------------------------------------------------------------- epoch order (pure functions)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    block_size=st.integers(1, 40),
+    window=st.integers(1, 8),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 10_000),
+    order=st.sampled_from(ORDERS),
+)
+def test_epoch_order_is_an_exact_permutation(
+    n: int, block_size: int, window: int, seed: int, epoch: int, order: str
+) -> None:
+    o = epoch_order(n, seed, epoch, order, block_size, window)  # type: ignore[arg-type]
+    assert o.dtype == np.int64
+    assert np.array_equal(np.sort(o), np.arange(n))
+    assert np.array_equal(o, epoch_order(n, seed, epoch, order, block_size, window))  # type: ignore[arg-type]
+    if order == "sequential":
+        assert np.array_equal(o, np.arange(n))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    block_size=st.integers(1, 20),
+    window=st.integers(1, 6),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 100),
+)
+def test_block_order_keeps_each_block_inside_one_window(
+    n: int, block_size: int, window: int, seed: int, epoch: int
+) -> None:
+    o = epoch_order(n, seed, epoch, "block", block_size, window)
+    position = np.empty(n, dtype=np.int64)
+    position[o] = np.arange(n)
+    for start in range(0, n, block_size):
+        p = position[start : start + block_size]
+        assert p.max() - p.min() < block_size * window
+
+
+def test_epoch_order_depends_on_seed_and_epoch() -> None:
+    for order in ("random", "block"):
+        base = epoch_order(500, 7, 3, order, 8, 4)  # type: ignore[arg-type]
+        assert not np.array_equal(base, np.arange(500))
+        assert not np.array_equal(base, epoch_order(500, 7, 4, order, 8, 4))  # type: ignore[arg-type]
+        assert not np.array_equal(base, epoch_order(500, 8, 3, order, 8, 4))  # type: ignore[arg-type]
+    assert np.array_equal(epoch_order(20, 1, 0, "sequential"), epoch_order(20, 2, 5, "sequential"))
+
+
+def test_block_order_shuffles_blocks_and_samples_inside_windows() -> None:
+    o = epoch_order(512, 3, 1, "block", 8, 4)  # 64 blocks of 8, windows of 4 blocks (32 samples)
+    blocks = o // 8
+    first_window = sorted(set(blocks[:32].tolist()))
+    assert len(first_window) == 4  # a window holds whole blocks ...
+    assert first_window != [0, 1, 2, 3]  # ... drawn from anywhere in the store
+    # Samples are mixed inside each window: a sample is rarely followed by its successor.
+    assert np.mean(np.diff(o) == 1) < 0.2
+
+
+def test_epoch_order_refuses_an_unknown_order() -> None:
+    with pytest.raises(OptionError, match="shuffled"):
+        epoch_order(10, 0, 0, "shuffled")  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    world_size=st.integers(1, 6),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_rank_shards_are_equal_and_cover_the_epoch(n: int, world_size: int, drop_last: bool, seed: int) -> None:
+    order = epoch_order(n, seed, 0, "random")
+    shards = [rank_indices(order, r, world_size, drop_last) for r in range(world_size)]
+    sizes = {len(s) for s in shards}
+    assert len(sizes) == 1  # equal on every rank, so every rank runs the same number of steps
+    union = np.concatenate(shards)
+    if drop_last:
+        assert len(union) == len(set(union.tolist()))  # disjoint
+        assert n - (world_size - 1) <= len(union) <= n
+        assert set(union.tolist()) <= set(range(n))
+    else:
+        assert set(union.tolist()) == set(range(n))
+        assert len(union) - n <= world_size - 1  # only the padding repeats
+    # Contiguous shares of the one global order, in rank order.
+    assert np.array_equal(union, np.resize(order, len(union)))
+
+
+# ---------------------------------------------------------------- epochs over a store
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_every_epoch_covers_each_sample_exactly_once(ds: dlpack.Dataset, order: str) -> None:
+    loader = ds.loader(batch_size=8, order=order, block_size=7, window=3, seed=5)  # 50 is no multiple of 7
+    seen = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        idx = np.concatenate(epoch_indices(loader))
+        assert np.array_equal(np.sort(idx), np.arange(N_IMAGES))
+        assert np.array_equal(idx, epoch_order(N_IMAGES, 5, epoch, order, 7, 3))  # type: ignore[arg-type]
+        seen.append(idx)
+    if order == "sequential":
+        assert all(np.array_equal(s, np.arange(N_IMAGES)) for s in seen)
+    else:
+        assert not np.array_equal(seen[0], seen[1])
+
+
+def test_shuffle_flag_picks_the_default_order(ds: dlpack.Dataset) -> None:
+    plain = np.concatenate(epoch_indices(ds.loader(batch_size=8, shuffle=False)))
+    assert np.array_equal(plain, np.arange(N_IMAGES))
+    shuffled = np.concatenate(epoch_indices(ds.loader(batch_size=8, shuffle=True, seed=3)))
+    assert np.array_equal(shuffled, epoch_order(N_IMAGES, 3, 0, "random"))
+
+
+@pytest.mark.parametrize("order", ["random", "block"])
+def test_order_is_deterministic_across_loaders(ds: dlpack.Dataset, order: str) -> None:
+    def run(seed: int, epoch: int) -> np.ndarray:
+        loader = ds.loader(batch_size=8, order=order, block_size=4, window=3, seed=seed)
+        loader.set_epoch(epoch)
+        return np.concatenate(epoch_indices(loader))
+
+    assert np.array_equal(run(11, 2), run(11, 2))
+    assert not np.array_equal(run(11, 2), run(11, 3))
+    assert not np.array_equal(run(11, 2), run(12, 2))
+
+
+# ---------------------------------------------------------------- batches
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_match_samples(ds: dlpack.Dataset, all_images: np.ndarray, workers: int) -> None:
+    loader = ds.loader(batch_size=8, seed=4, workers=workers)
+    batches = list(loader)
+    assert [len(b["index"]) for b in batches] == [8] * 6 + [2]
+    assert len(loader) == len(batches) == 7
+    for b in batches:
+        assert set(b) == {"image", "label", "index", "source"}
+        idx = b["index"]
+        assert b["image"].shape == (len(idx), *SHAPE)
+        assert b["image"].dtype == np.uint8
+        assert np.array_equal(b["image"], np.stack([ds[int(i)]["image"] for i in idx]))
+        assert np.array_equal(b["image"], all_images[idx])
+        assert b["label"].tolist() == [ds[int(i)]["label"] for i in idx]
+        assert b["source"] == [ds[int(i)]["source"] for i in idx]
+        # Labels come from the class folder each source file sits in.
+        assert [ds.classes[lab] for lab in b["label"]] == [s.split("/")[0] for s in b["source"]]
+
+
+def test_get_batch_matches_samples(ds: dlpack.Dataset, all_images: np.ndarray) -> None:
+    idx = [49, 0, 7, 7, -1]
+    batch = ds.get_batch(idx)
+    assert batch["index"].tolist() == [49, 0, 7, 7, 49]
+    assert np.array_equal(batch["image"], all_images[[49, 0, 7, 7, 49]])
+    empty = ds.get_batch([])
+    assert empty["image"].shape == (0, *SHAPE)
+    assert len(empty["label"]) == 0 and empty["source"] == []
+    with pytest.raises(IndexError, match="50"):
+        ds.get_batch([0, 50])
+
+
+@pytest.mark.parametrize(("batch_size", "expected"), [(8, [8] * 6), (10, [10] * 5), (64, []), (1, [1] * 50)])
+def test_drop_last_drops_the_partial_batch(ds: dlpack.Dataset, batch_size: int, expected: list[int]) -> None:
+    loader = ds.loader(batch_size=batch_size, drop_last=True, seed=2)
+    sizes = [len(b["index"]) for b in loader]
+    assert sizes == expected
+    assert len(loader) == len(expected)
+    keep = ds.loader(batch_size=batch_size, drop_last=False, seed=2)
+    assert sum(len(b["index"]) for b in keep) == N_IMAGES
+    assert len(keep) == -(-N_IMAGES // batch_size)
+
+
+# ---------------------------------------------------------------- rank sharding
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("batch_size", [4, 7])
+def test_rank_shards_of_a_store(ds: dlpack.Dataset, world_size: int, batch_size: int) -> None:
+    for drop_last in (True, False):
+        per_rank = []
+        for rank in range(world_size):
+            loader = ds.loader(
+                batch_size=batch_size, seed=9, rank=rank, world_size=world_size, drop_last=drop_last, workers=0
+            )
+            loader.set_epoch(1)
+            got = epoch_indices(loader)
+            assert len(got) == len(loader)
+            per_rank.append(got)
+        counts = {len(b) for b in per_rank}
+        assert len(counts) == 1, f"ranks run different numbers of steps: {[len(b) for b in per_rank]}"
+        samples = [np.concatenate(b) if b else np.empty(0, np.int64) for b in per_rank]
+        union = np.concatenate(samples)
+        if drop_last:
+            assert len(union) == len(set(union.tolist()))
+            assert all(len(b) == batch_size for r in per_rank for b in r)
+            assert counts == {(N_IMAGES // world_size) // batch_size}
+        else:
+            assert set(union.tolist()) == set(range(N_IMAGES))
+            assert len(union) - N_IMAGES <= world_size - 1
+            share = -(-N_IMAGES // world_size)
+            assert counts == {-(-share // batch_size)}
+
+
+# ---------------------------------------------------------------- resume
+
+
+def _take(loader: dlpack.Loader, k: int) -> list[dict[str, Any]]:
+    """The first ``k`` batches of a pass, leaving the loader where a training loop that stops would."""
+    it = iter(loader)
+    got = list(itertools.islice(it, k))
+    it.close()
+    return got
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch_size=st.integers(1, 13),
+    drop_last=st.booleans(),
+    order=st.sampled_from(ORDERS),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 3),
+    stop=st.integers(0, 60),
+    saver=st.tuples(st.sampled_from([0, 1, 2]), st.sampled_from([0, 1, 4])),
+    resumer=st.tuples(st.sampled_from([0, 1, 2]), st.sampled_from([0, 1, 4])),
+)
+def test_resume_equals_an_uninterrupted_run(
+    ds: dlpack.Dataset,
+    batch_size: int,
+    drop_last: bool,
+    order: str,
+    seed: int,
+    epoch: int,
+    stop: int,
+    saver: tuple[int, int],
+    resumer: tuple[int, int],
+) -> None:
+    opts = LoaderOptions(batch_size=batch_size, drop_last=drop_last, order=order, seed=seed, block_size=6, window=2)  # type: ignore[arg-type]
+
+    def loader(workers: int, prefetch: int) -> dlpack.Loader:
+        return ds.loader(opts, workers=workers, prefetch=prefetch)
+
+    ref = loader(0, 0)
+    ref.set_epoch(epoch)
+    this_epoch = list(ref)
+    next_epoch = list(ref)
+    k = min(stop, len(this_epoch))
+
+    first = loader(*saver)
+    first.set_epoch(epoch)
+    head = _take(first, k)
+    assert same_batches(head, this_epoch[:k])
+    state = json.loads(json.dumps(first.state_dict()))
+
+    second = loader(*resumer)
+    second.load_state_dict(state)
+    rest = list(second)
+    if k < len(this_epoch):
+        assert same_batches(rest, this_epoch[k:])
+        assert same_batches(list(second), next_epoch)  # and it carries on into the next epoch
+    else:  # stopped at the end of the epoch: resuming starts the next one
+        assert same_batches(rest, next_epoch)
+
+
+@pytest.mark.parametrize("exhaust", [True, False])
+def test_resume_at_an_epoch_boundary(ds: dlpack.Dataset, exhaust: bool) -> None:
+    ref = ds.loader(batch_size=8, seed=1)
+    epoch0, epoch1 = epoch_indices(ref), epoch_indices(ref)
+    first = ds.loader(batch_size=8, seed=1)
+    if exhaust:
+        list(first)  # the pass ran to its end: the loader has moved to epoch 1
+    else:
+        _take(first, len(epoch0))  # the last batch was handed out, but the pass was not finished
+    state = json.loads(json.dumps(first.state_dict()))
+    assert (state["epoch"], state["position"]) == ((1, 0) if exhaust else (0, len(epoch0)))
+    second = ds.loader(batch_size=8, seed=1, workers=1, prefetch=1)
+    second.load_state_dict(state)
+    got = epoch_indices(second)
+    assert len(got) == len(epoch1)
+    assert all(np.array_equal(a, b) for a, b in zip(got, epoch1, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(epoch0, epoch1, strict=True))
+
+
+def test_state_dict_is_json_and_names_its_fields(ds: dlpack.Dataset) -> None:
+    loader = ds.loader(batch_size=8, seed=3)
+    _take(loader, 2)
+    state = loader.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert state["epoch"] == 0 and state["position"] == 2
+    assert state["count"] == N_IMAGES
+
+
+# ---------------------------------------------------------------- workers and prefetch
+
+
+def test_workers_and_prefetch_do_not_change_batches(ds: dlpack.Dataset) -> None:
+    def run(workers: int, prefetch: int) -> list[dict[str, Any]]:
+        loader = ds.loader(batch_size=6, seed=21, workers=workers, prefetch=prefetch)
+        return list(loader) + list(loader)  # two epochs
+
+    ref = run(0, 0)
+    assert len(ref) == 2 * 9
+    for workers, prefetch in itertools.product([0, 1, 2], [0, 1, 4]):
+        assert same_batches(run(workers, prefetch), ref), (workers, prefetch)
+
+
+# ---------------------------------------------------------------- epochs advance
+
+
+def test_iterating_again_moves_to_the_next_epoch(ds: dlpack.Dataset) -> None:
+    loader = ds.loader(batch_size=8, seed=13)
+    assert loader.epoch == 0
+    e0 = np.concatenate(epoch_indices(loader))
+    assert loader.epoch == 1
+    e1 = np.concatenate(epoch_indices(loader))
+    assert loader.epoch == 2
+    assert np.array_equal(e0, epoch_order(N_IMAGES, 13, 0))
+    assert np.array_equal(e1, epoch_order(N_IMAGES, 13, 1))
+    loader.set_epoch(0)
+    assert np.array_equal(np.concatenate(epoch_indices(loader)), e0)
+
+
+def test_set_epoch_restarts_a_partly_read_epoch(ds: dlpack.Dataset) -> None:
+    loader = ds.loader(batch_size=8, seed=13)
+    _take(loader, 3)
+    loader.set_epoch(1)
+    assert np.array_equal(np.concatenate(epoch_indices(loader)), epoch_order(N_IMAGES, 13, 1))
+    _take(loader, 2)
+    loader.set_epoch(1)  # the same epoch again: back to its first batch
+    assert np.array_equal(np.concatenate(epoch_indices(loader)), epoch_order(N_IMAGES, 13, 1))
+    with pytest.raises(OptionError, match="epoch"):
+        loader.set_epoch(-1)
+
+
+def test_a_pass_over_an_empty_epoch_advances_one_epoch(ds: dlpack.Dataset) -> None:
+    loader = ds.loader(batch_size=64, drop_last=True)  # 50 samples: no full batch
+    assert list(loader) == []
+    assert loader.epoch == 1
+
+
+# ---------------------------------------------------------------- bad states
+
+
+def test_state_of_another_dataset_is_refused(ds: dlpack.Dataset, other_store_path: Path) -> None:
+    other = dlpack.open(other_store_path)
+    assert len(other) == len(ds)  # same size: only the content tells them apart
+    foreign = other.loader(batch_size=8)
+    _take(foreign, 2)
+    state = json.loads(json.dumps(foreign.state_dict()))
+    loader = ds.loader(batch_size=8)
+    with pytest.raises(StateError, match="another dataset"):
+        loader.load_state_dict(state)
+    assert (loader.epoch, loader.state_dict()["position"]) == (0, 0)  # untouched
+    other.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "saved", "resumed"),
+    [
+        ("world_size", {"world_size": 2}, {"world_size": 1}),
+        ("world_size", {"world_size": 1}, {"world_size": 4}),
+        ("batch_size", {"batch_size": 8}, {"batch_size": 16}),
+        ("seed", {"seed": 1}, {"seed": 2}),
+        ("rank", {"world_size": 2, "rank": 1}, {"world_size": 2, "rank": 0}),
+        ("drop_last", {"drop_last": True}, {"drop_last": False}),
+        ("order", {"order": "block"}, {"order": "random"}),
+    ],
+)
+def test_state_with_other_options_is_refused(
+    ds: dlpack.Dataset, key: str, saved: dict[str, Any], resumed: dict[str, Any]
+) -> None:
+    first = ds.loader(**saved)
+    _take(first, 1)
+    state = json.loads(json.dumps(first.state_dict()))
+    second = ds.loader(**resumed)
+    with pytest.raises(StateError, match=rf"\b{key}="):
+        second.load_state_dict(state)
+    assert second.state_dict()["position"] == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {"foo": 1},
+        [],
+        "state",
+        None,
+        {"version": 1},
+    ],
+)
+def test_garbage_state_is_refused(ds: dlpack.Dataset, bad: Any) -> None:
+    with pytest.raises(StateError):
+        ds.loader().load_state_dict(bad)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"epoch": -1},
+        {"position": -2},
+        {"epoch": "3"},
+        {"position": 1.5},
+        {"epoch": None},
+        {"dataset": "0000000000000000"},
+        {"count": 49},
+    ],
+)
+def test_state_with_bad_fields_is_refused(ds: dlpack.Dataset, change: dict[str, Any]) -> None:
+    state = {**ds.loader().state_dict(), **change}
+    with pytest.raises(StateError):
+        ds.loader().load_state_dict(state)
+
+
+@pytest.mark.parametrize("change", [{"version": "1"}, {"version": None}, {"options": None}, {"options": []}])
+def test_state_with_mistyped_fields_is_refused(ds: dlpack.Dataset, change: dict[str, Any]) -> None:
+    state = {**ds.loader().state_dict(), **change}
+    with pytest.raises(StateError):
+        ds.loader().load_state_dict(state)
+
+
+def test_newer_state_version_is_refused(ds: dlpack.Dataset) -> None:
+    state = ds.loader().state_dict()
+    ds.loader().load_state_dict(state)  # the unchanged state is fine
+    with pytest.raises(StateError, match="newer"):
+        ds.loader().load_state_dict({**state, "version": state["version"] + 1})
+
+
+# ---------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, r"batch_size must be an integer >= 1, got 0"),
+        ({"batch_size": -3}, r"batch_size .* got -3"),
+        ({"batch_size": 2.5}, r"batch_size .* got 2\.5"),
+        ({"batch_size": True}, r"batch_size .* got True"),
+        ({"prefetch": -1}, r"prefetch must be an integer >= 0"),
+        ({"workers": -1}, r"workers must be an integer >= 0"),
+        ({"world_size": 0}, r"world_size must be an integer >= 1"),
+        ({"block_size": 0}, r"block_size"),
+        ({"window": 0}, r"window"),
+        ({"rank": 2, "world_size": 2}, r"rank must be in 0\.\.1 for world_size 2, got 2"),
+        ({"rank": -1}, r"rank must be in 0\.\.0"),
+        ({"rank": 4, "world_size": 4}, r"rank must be in 0\.\.3"),
+        ({"order": "shuffled"}, r"order must be random, sequential or block, got 'shuffled'"),
+    ],
+)
+def test_loader_options_are_validated(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(OptionError, match=message) as info:
+        LoaderOptions(**kwargs)
+    assert isinstance(info.value, ValueError)
+
+
+def test_loader_options_accept_their_edges(ds: dlpack.Dataset) -> None:
+    opts = LoaderOptions(
+        batch_size=1, prefetch=0, workers=0, rank=3, world_size=4, order="block", block_size=1, window=1
+    )
+    assert opts.effective_order == "block"
+    assert LoaderOptions(shuffle=False).effective_order == "sequential"
+    assert LoaderOptions().effective_order == "random"
+    with pytest.raises(OptionError, match="batch_size"):
+        ds.loader(batch_size=0)  # keyword shortcuts are validated too
+    base = LoaderOptions(batch_size=5, seed=7)
+    assert ds.loader(base, workers=0).options == LoaderOptions(batch_size=5, seed=7, workers=0)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0"])
+def test_loader_options_validate_the_seed(seed: Any) -> None:
+    with pytest.raises(OptionError, match="seed"):
+        LoaderOptions(seed=seed)
+
+
+def test_numpy_integer_options_give_a_json_state(ds: dlpack.Dataset) -> None:
+    loader = ds.loader(batch_size=np.int64(8), seed=np.int64(3))
+    state = loader.state_dict()
+    assert json.loads(json.dumps(state))["options"]["batch_size"] == 8
+
+
+def test_rank_accepts_a_numpy_integer() -> None:
+    assert LoaderOptions(rank=np.int64(1), world_size=2).rank == 1
+
+
+# ---------------------------------------------------------------- pickling and transforms
+
+
+def test_dataset_and_reader_pickle_after_reading(ds: dlpack.Dataset, all_images: np.ndarray) -> None:
+    list(ds.loader(batch_size=16, workers=2))  # maps and handles are open now
+    data = pickle.dumps(ds)
+    assert len(data) < 2_000  # a path, not pixels or handles
+    copy = pickle.loads(data)
+    assert len(copy) == N_IMAGES and copy.classes == ds.classes
+    assert np.array_equal(np.stack([copy[i]["image"] for i in range(N_IMAGES)]), all_images)
+    assert np.array_equal(copy.get_batch(range(N_IMAGES))["image"], all_images)
+    copy.close()
+
+    reader = pickle.loads(pickle.dumps(ds.reader))
+    assert type(reader) is type(ds.reader)
+    assert np.array_equal(reader.read_image(17), all_images[17])
+    assert np.array_equal(reader.meta("labels"), ds.reader.meta("labels"))
+    reader.close()
+    assert np.array_equal(ds[3]["image"], all_images[3])  # the original still reads
+
+
+def _invert(batch: dict[str, Any]) -> dict[str, Any]:
+    return {**batch, "image": 255 - batch["image"], "tag": threading.current_thread().name}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_transform_is_applied_to_every_batch(ds: dlpack.Dataset, all_images: np.ndarray, workers: int) -> None:
+    calls = []
+
+    def transform(batch: dict[str, Any]) -> dict[str, Any]:
+        calls.append(len(batch["index"]))
+        return _invert(batch)
+
+    loader = ds.loader(batch_size=8, seed=6, workers=workers, transform=transform)
+    batches = list(loader)
+    assert sorted(calls) == sorted([8] * 6 + [2])
+    for b in batches:
+        assert np.array_equal(b["image"], 255 - all_images[b["index"]])
+    if workers:
+        assert all(b["tag"].startswith("dlpack") for b in batches)  # ran on the loader's threads
+
+
+# ---------------------------------------------------------------- reader safety
+
+
+def _rewrite_manifest(path: Path, edit: Any) -> None:
+    if path.is_dir():
+        m = path / "manifest.json"
+        m.write_text(edit(m.read_text(encoding="utf-8")), encoding="utf-8")
+        return
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        text = f["manifest"][()]
+        text = text.decode("utf-8") if isinstance(text, bytes) else text
+        del f["manifest"]
+        new = edit(text)
+        if new is not None:
+            f.create_dataset("manifest", data=new, dtype=h5py.string_dtype("utf-8"))
+
+
+def test_store_without_manifest_is_incomplete(store_copy: Path) -> None:
+    if store_copy.is_dir():
+        (store_copy / "manifest.json").unlink()
+    else:
+        _rewrite_manifest(store_copy, lambda text: None)
+    with pytest.raises(IncompleteStoreError, match="incomplete"):
+        dlpack.open(store_copy)
+
+
+def test_newer_format_version_is_refused(store_copy: Path) -> None:
+    def bump(text: str) -> str:
+        d = json.loads(text)
+        d["format_version"] = 999
+        return json.dumps(d)
+
+    _rewrite_manifest(store_copy, bump)
+    with pytest.raises(FormatVersionError, match="999") as info:
+        dlpack.open(store_copy)
+    assert "pip install -U" in str(info.value)
+
+
+def _shard_files(store: Path) -> list[Path]:
+    return sorted(p for p in (store / "images" / "c").rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.001, 0.5, 0.99])
+def test_truncated_store_raises_store_error(store_copy: Path, keep: float) -> None:
+    target = _shard_files(store_copy)[0] if store_copy.is_dir() else store_copy
+    size = target.stat().st_size
+    with open(target, "r+b") as f:
+        f.truncate(int(size * keep))
+    assert target.stat().st_size < size
+    with pytest.raises(StoreError):
+        d = dlpack.open(store_copy)
+        d.get_batch(range(len(d)))
+    with pytest.raises(StoreError):
+        d = dlpack.open(store_copy)
+        list(d.loader(batch_size=8, workers=2))
+
+
+def test_truncated_shard_of_dark_images_raises_store_error(tmp_path: Path) -> None:
+    n = 10
+    store = build_store(tmp_path, "zarr", seed=0, n=n, dark=True)
+    d = dlpack.open(store)
+    assert sorted(d.get_batch(range(n))["image"][:, 0, 0, 0].tolist()) == list(range(1, n + 1))
+    d.close()
+    (shard,) = _shard_files(store)
+    # Cut exactly the shard index (16 bytes per image) and its CRC: the new tail is black pixels.
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - (16 * n + 4))
+    d = dlpack.open(store)
+    with pytest.raises(StoreError):
+        d.get_batch(range(n))
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), written out here so the test does not trust the library's own."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def forge_shard_index(shard: Path, n: int, edit: Any) -> None:
+    """Rewrite the shard's (offset, nbytes) table through ``edit`` and give it a valid checksum."""
+    raw = bytearray(shard.read_bytes())
+    table = np.frombuffer(bytes(raw[-(16 * n + 4) : -4]), dtype="<u8").reshape(n, 2).copy()
+    assert crc32c(table.tobytes()) == int.from_bytes(raw[-4:], "little")  # the layout is what we think
+    edit(table)
+    body = table.astype("<u8").tobytes()
+    raw[-(16 * n + 4) :] = body + crc32c(body).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize(
+    ("case", "edit"),
+    [
+        pytest.param("unchanged", lambda t: None, id="unchanged"),
+        pytest.param("short chunk", lambda t: t.__setitem__((3, 1), t[3, 1] - 1), id="short-chunk"),
+        pytest.param("past the data", lambda t: t.__setitem__((3, 0), t[3, 0] + 10**6), id="past-the-data"),
+        pytest.param(
+            "wraps around",
+            lambda t: t.__setitem__(3, [2**64 - 8, 16]),
+            id="offset-plus-nbytes-wraps",
+        ),
+    ],
+)
+def test_shard_index_with_a_valid_checksum_is_still_checked(tmp_path: Path, case: str, edit: Any) -> None:
+    n = 10
+    store = build_store(tmp_path, "zarr", seed=4, n=n)
+    d = dlpack.open(store)
+    before = d.get_batch(range(n))["image"]
+    d.close()
+    (shard,) = _shard_files(store)
+    forge_shard_index(shard, n, edit)
+    d = dlpack.open(store)
+    if case == "unchanged":
+        assert np.array_equal(d.get_batch(range(n))["image"], before)
+    else:
+        with pytest.raises(StoreError):
+            d.get_batch(range(n))
+
+
+def _file_states(store: Path) -> dict[str, tuple[int, str]]:
+    files = [store] if store.is_file() else sorted(p for p in store.rglob("*"))
+    return {
+        os.fspath(p.relative_to(store.parent)): (
+            (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest()) if p.is_file() else (0, "dir")
+        )
+        for p in files
+    }
+
+
+def test_reading_modifies_no_file(store_path: Path, all_images: np.ndarray) -> None:
+    before = _file_states(store_path)
+    assert len(before) >= 1
+    d = dlpack.open(store_path)
+    d.info()
+    list(d.loader(batch_size=7, workers=2))
+    assert np.array_equal(d.get_batch(range(N_IMAGES))["image"], all_images)
+    copy = pickle.loads(pickle.dumps(d))
+    assert copy[0]["source"] == d[0]["source"]
+    copy.close()
+    d.close()
+    assert _file_states(store_path) == before
+
+
+def _digest_worker(path: str, barrier: Any, results: Any) -> None:
+    """Child process: open the store, wait for the sibling, then read every pixel."""
+    d = dlpack.open(path)
+    barrier.wait(timeout=60)
+    h = hashlib.sha256()
+    total = 0
+    for batch in d.loader(batch_size=7, shuffle=False):
+        total += int(batch["image"].sum(dtype=np.int64))
+        h.update(batch["image"].tobytes())
+    d.close()
+    results.put((total, h.hexdigest()))
+
+
+def test_two_processes_read_one_store_at_once(store_path: Path, all_images: np.ndarray) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_digest_worker, args=(os.fspath(store_path), barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    expected = (int(all_images.sum(dtype=np.int64)), hashlib.sha256(all_images.tobytes()).hexdigest())
+    assert got == [expected, expected]

@@ -1,0 +1,199 @@
+"""The PyTorch adapter: TorchDataset in a DataLoader, torch_loader tensors, resume pass-through.
+
+Runs against both backends with its own module-scoped store (50 noise PNGs in 3 class folders,
+packed at 16x12), and only where torch is installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dlpack  # noqa: E402
+from dlpack.loader import epoch_order  # noqa: E402
+from dlpack.torch import TorchDataset, TorchLoader, to_tensor, torch_loader  # noqa: E402
+
+N_IMAGES = 50
+SIZE = (16, 12)  # width, height
+SHAPE = (12, 16, 3)
+STORE_NAMES = {"zarr": "out.zarr", "hdf5": "out.h5"}
+MEAN = (0.1, 0.5, 0.9)
+STD = (0.2, 0.3, 0.4)
+
+
+@pytest.fixture(scope="module", params=sorted(STORE_NAMES))
+def store_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 50-image store of noise at 16x12, one per backend."""
+    tmp = tmp_path_factory.mktemp(f"torch-{request.param}")
+    rng = np.random.default_rng(3)
+    for k in range(N_IMAGES):
+        img = rng.integers(0, 256, (SHAPE[0] + k % 4, SHAPE[1] + k % 5, 3), dtype=np.uint8)
+        ok, buf = cv2.imencode(".png", img)
+        assert ok
+        folder = tmp / "src" / f"class{k % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"img{k:03d}.png").write_bytes(buf.tobytes())
+    out = tmp / STORE_NAMES[request.param]
+    dlpack.build(tmp / "src", out, size=SIZE, jobs=1, quiet=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ds(store_path: Path) -> Iterator[dlpack.Dataset]:
+    d = dlpack.open(store_path)
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def all_images(ds: dlpack.Dataset) -> np.ndarray:
+    images = np.stack([ds[i]["image"] for i in range(len(ds))])
+    assert images.shape == (N_IMAGES, *SHAPE)
+    assert len({im.tobytes() for im in images}) == N_IMAGES  # every sample tells itself apart
+    return images
+
+
+def chw(images: np.ndarray) -> torch.Tensor:
+    """The reference NCHW (or CHW) tensor, built independently of dlpack.torch."""
+    axes = (0, 3, 1, 2) if images.ndim == 4 else (2, 0, 1)
+    return torch.tensor(np.transpose(images, axes).copy())
+
+
+def _tag_worker(sample: dict[str, Any]) -> dict[str, Any]:
+    info = torch.utils.data.get_worker_info()
+    return {**sample, "worker": -1 if info is None else info.id}
+
+
+# ---------------------------------------------------------------- TorchDataset
+
+
+def test_torch_dataset_in_a_multiprocess_dataloader(store_path: Path, all_images: np.ndarray) -> None:
+    tds = TorchDataset(store_path, transform=_tag_worker)
+    assert len(tds) == N_IMAGES
+    assert tds[0]["worker"] == -1  # opened here, in the main process, before the workers start
+    loader = torch.utils.data.DataLoader(
+        tds, batch_size=None, shuffle=False, num_workers=2, multiprocessing_context="spawn"
+    )
+    samples = list(loader)
+    assert [int(s["index"]) for s in samples] == list(range(N_IMAGES))
+    assert {int(s["worker"]) for s in samples} == {0, 1}  # both worker processes read
+    ds = dlpack.open(store_path)
+    for i, s in enumerate(samples):
+        assert s["image"].dtype == torch.uint8
+        assert tuple(s["image"].shape) == (3, *SHAPE[:2])
+        assert torch.equal(s["image"], chw(all_images[i]))
+        assert int(s["label"]) == ds[i]["label"]
+    ds.close()
+
+
+def test_torch_dataset_batches_collate_to_nchw(store_path: Path, all_images: np.ndarray) -> None:
+    loader = torch.utils.data.DataLoader(TorchDataset(store_path), batch_size=16, shuffle=False, num_workers=0)
+    batches = list(loader)
+    assert [len(b["index"]) for b in batches] == [16, 16, 16, 2]
+    images = torch.cat([b["image"] for b in batches])
+    assert torch.equal(images, chw(all_images))
+
+
+def test_torch_dataset_pickles_as_a_path(store_path: Path, all_images: np.ndarray) -> None:
+    tds = TorchDataset(store_path)
+    first = tds[5]["image"]  # handles are open now
+    data = pickle.dumps(tds)
+    assert len(data) < 1_000
+    copy = pickle.loads(data)
+    assert copy.path == tds.path
+    assert torch.equal(copy[5]["image"], first)
+    assert torch.equal(copy[49]["image"], chw(all_images[49]))
+    assert torch.equal(tds[5]["image"], first)  # the original still reads
+
+
+# ---------------------------------------------------------------- torch_loader
+
+
+@pytest.mark.parametrize("by_path", [False, True])
+def test_torch_loader_yields_uint8_nchw(ds: dlpack.Dataset, store_path: Path, by_path: bool) -> None:
+    tl = torch_loader(store_path if by_path else ds, batch_size=8, seed=4, pin_memory=False)
+    assert isinstance(tl, TorchLoader)
+    ref = list(ds.loader(batch_size=8, seed=4))
+    got = list(tl)
+    assert len(got) == len(ref) == len(tl) == 7
+    for t, b in zip(got, ref, strict=True):
+        assert set(t) == {"image", "label", "index"}
+        assert t["image"].dtype == torch.uint8
+        assert t["image"].is_contiguous()
+        assert tuple(t["image"].shape) == (len(b["index"]), 3, *SHAPE[:2])
+        assert torch.equal(t["image"], chw(b["image"]))
+        assert t["label"].dtype == torch.int64 and t["label"].tolist() == b["label"].tolist()
+        assert t["index"].dtype == torch.int64 and t["index"].tolist() == b["index"].tolist()
+
+
+def test_torch_loader_float_scales_to_unit_range(ds: dlpack.Dataset, all_images: np.ndarray) -> None:
+    tl = torch_loader(ds, batch_size=10, shuffle=False, dtype=torch.float32, pin_memory=False)
+    images = torch.cat([b["image"] for b in tl])
+    assert images.dtype == torch.float32
+    expected = np.transpose(all_images, (0, 3, 1, 2)).astype(np.float64) / 255.0
+    np.testing.assert_allclose(images.numpy(), expected, rtol=0, atol=1e-6)
+    assert float(images.min()) >= 0.0 and float(images.max()) <= 1.0
+
+
+def test_torch_loader_normalises_per_channel(ds: dlpack.Dataset, all_images: np.ndarray) -> None:
+    tl = torch_loader(ds, batch_size=10, shuffle=False, dtype=torch.float32, mean=MEAN, std=STD, pin_memory=False)
+    images = torch.cat([b["image"] for b in tl]).numpy()
+    mean = np.array(MEAN).reshape(1, 3, 1, 1)
+    std = np.array(STD).reshape(1, 3, 1, 1)
+    expected = (np.transpose(all_images, (0, 3, 1, 2)) / 255.0 - mean) / std
+    np.testing.assert_allclose(images, expected, rtol=0, atol=1e-5)
+    # A pixel of 255 in channel c becomes (1 - mean[c]) / std[c]: 4.5, 1.666..., 0.25.
+    full = to_tensor(np.full((2, 2, 3), 255, np.uint8), torch.float32, MEAN, STD)
+    assert torch.allclose(full[:, 0, 0], torch.tensor([4.5, 5 / 3, 0.25]))
+    zero = to_tensor(np.zeros((1, 2, 2, 3), np.uint8), torch.float64, MEAN, STD)
+    assert zero.dtype == torch.float64
+    assert torch.allclose(zero[0, :, 1, 1], torch.tensor([-0.5, -5 / 3, -2.25], dtype=torch.float64))
+
+
+def test_to_tensor_layouts_and_depths() -> None:
+    hwc = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    t = to_tensor(hwc)
+    assert t.dtype == torch.uint8 and tuple(t.shape) == (4, 2, 3)
+    assert torch.equal(t, chw(hwc))
+    deep = np.array([[[0, 65535, 32768]]], dtype=np.uint16)
+    f = to_tensor(deep, torch.float32)
+    assert torch.allclose(f.flatten(), torch.tensor([0.0, 1.0, 32768 / 65535]))
+
+
+def test_torch_loader_state_passes_through(ds: dlpack.Dataset) -> None:
+    ref = list(torch_loader(ds, batch_size=6, seed=8, pin_memory=False))
+    tl = torch_loader(ds, batch_size=6, seed=8, pin_memory=False)
+    it = iter(tl)
+    head = list(itertools.islice(it, 3))
+    it.close()
+    state = tl.state_dict()
+    assert state == tl.loader.state_dict()
+    assert state["position"] == 3
+    resumed = torch_loader(ds, batch_size=6, seed=8, workers=0, prefetch=0, pin_memory=False)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    rest = list(resumed)
+    got = head + rest
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a["index"], b["index"])
+        assert torch.equal(a["image"], b["image"])
+    with pytest.raises(dlpack.StateError, match="seed="):
+        torch_loader(ds, batch_size=6, seed=9).load_state_dict(state)
+
+
+def test_torch_loader_set_epoch_passes_through(ds: dlpack.Dataset) -> None:
+    tl = torch_loader(ds, batch_size=8, seed=2, pin_memory=False)
+    tl.set_epoch(3)
+    got = torch.cat([b["index"] for b in tl])
+    assert got.tolist() == epoch_order(N_IMAGES, 2, 3).tolist()
+    assert tl.loader.epoch == 4
