@@ -836,3 +836,26 @@ def test_two_processes_read_one_store_at_once(store_path: Path, all_images: np.n
         assert p.exitcode == 0
     expected = (int(all_images.sum(dtype=np.int64)), hashlib.sha256(all_images.tobytes()).hexdigest())
     assert got == [expected, expected]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_kept_batches_are_never_overwritten_by_buffer_reuse(tmp_path: Path, workers: int) -> None:
+    store = build_store(tmp_path, "zarr", seed=5, n=40)
+    d = dlpack.open(store)
+    loader = d.loader(batch_size=4, workers=workers, prefetch=2, seed=3)
+    kept = [b["image"] for b in loader]  # held by the caller: the pool must not recycle them
+    views = [b["image"][:1] for b in loader]  # only a view held: its base must not be recycled either
+    for images, b in zip(kept, loader.batches(0), strict=True):
+        np.testing.assert_array_equal(images, d.get_batch(b)["image"])
+    for view, b in zip(views, loader.batches(1), strict=True):
+        np.testing.assert_array_equal(view, d.get_batch(b[:1])["image"])
+
+
+def test_dropped_batches_are_recycled(tmp_path: Path) -> None:
+    store = build_store(tmp_path, "hdf5", seed=6, n=40)
+    loader = dlpack.open(store).loader(batch_size=4, workers=2, prefetch=2, seed=0)
+    for _ in range(3):
+        for batch in loader:
+            del batch
+    assert loader._pool is not None
+    assert len(loader._pool._bufs) <= 2 + 4
