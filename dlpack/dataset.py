@@ -68,7 +68,7 @@ class Dataset:
             "source": r.source(j),
         }
 
-    def get_batch(self, indices: Sequence[int], out: np.ndarray | None = None) -> dict[str, Any]:
+    def get_batch(self, indices: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> dict[str, Any]:
         """Samples ``indices`` stacked: ``image`` is B x H x W x C (a list for variable-size stores)."""
         n = len(self)
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)

@@ -206,8 +206,9 @@ class Hdf5Reader(StoreReader):
             for k, i in enumerate(indices):
                 ds.read_direct(out, np.s_[int(i)], np.s_[k])
             return out
-        for k in np.argsort(indices, kind="stable"):
-            out[k] = mm[int(indices[k])]
+        positions = [int(i) for i in indices]
+        for k in sorted(range(len(positions)), key=positions.__getitem__):
+            out[k] = mm[positions[k]]
         return out
 
     def warm(self) -> None:

@@ -85,6 +85,7 @@ class ShardedArray:
         self._sep: str = str(sep)
         self._maps: list[mmap.mmap | None] = [None] * self.n_shards
         self._index: np.ndarray | None = None  # [n_chunks, 2] uint64: (offset, nbytes) within its shard
+        self._views: list[np.ndarray | None] | None = None
 
     def shard_file(self, s: int) -> Path:
         """The file of shard ``s``."""
@@ -134,6 +135,29 @@ class ShardedArray:
             self._index = idx[: self.n_chunks]
         return self._index
 
+    def shard_views(self) -> list[np.ndarray | None]:
+        """Per shard, an array view of its chunks when they are stored raw and in order (as dlpack
+        writes them), so reading chunk ``j`` of shard ``s`` is ``views[s][j]``; else None."""
+        if self._views is None:
+            views: list[np.ndarray | None] = []
+            idx, per = self.index, self.chunks_per_shard
+            for s in range(self.n_shards):
+                part = idx[s * per : (s + 1) * per]
+                m = self._maps[s]
+                regular = (
+                    self.decoder is None
+                    and m is not None
+                    and bool(np.all(part[:, 1] == self.chunk_nbytes))
+                    and bool(np.all(part[:, 0] == np.arange(len(part), dtype=np.uint64) * np.uint64(self.chunk_nbytes)))
+                )
+                if regular:
+                    arr = np.frombuffer(m, dtype=self.dtype, count=len(part) * self.chunk_nbytes // self.dtype.itemsize)  # type: ignore[arg-type]
+                    views.append(arr.reshape(len(part) * self.chunk_len, *self.shape[1:]))
+                else:
+                    views.append(None)
+            self._views = views
+        return self._views
+
     def chunk_into(self, c: int, out: np.ndarray) -> None:
         """Decode chunk ``c`` into ``out`` (shape ``chunk_shape``, C-contiguous)."""
         off, nb = self.index[c]
@@ -173,6 +197,7 @@ class ShardedArray:
 
     def close(self) -> None:
         """Unmap every shard."""
+        self._views = None
         for m in self._maps:
             if m is not None:
                 try:
@@ -183,7 +208,7 @@ class ShardedArray:
 
     def warm(self) -> None:
         """Read the index and map every shard now, so the first batch pays no setup."""
-        _ = self.index
+        self.shard_views()
 
     def nbytes_on_disk(self) -> int:
         """Bytes of every shard file."""

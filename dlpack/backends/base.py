@@ -55,6 +55,7 @@ class StoreReader(ABC):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._meta: dict[str, np.ndarray] = {}
+        self._sources: tuple[bytes, list[int]] | None = None
 
     @property
     @abstractmethod
@@ -85,19 +86,22 @@ class StoreReader(ABC):
 
     def source(self, index: int) -> str:
         """The relative source path of sample ``index``."""
-        off = self.meta("source_offsets")
-        return bytes(self.meta("source_data")[off[index] : off[index + 1]]).decode("utf-8")
+        if self._sources is None:
+            # Plain bytes and ints: slicing NumPy arrays per batch item costs microseconds each.
+            self._sources = (bytes(self.meta("source_data")), self.meta("source_offsets").tolist())
+        data, off = self._sources
+        return data[off[index] : off[index + 1]].decode("utf-8")
 
     def warm(self) -> None:
         """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads start)."""
         self.meta("labels")
-        self.meta("source_offsets")
-        self.meta("source_data")
         self.meta("checksum")
+        self.source(0) if len(self) else None
 
     def close(self) -> None:
         """Release open handles and maps; the reader reopens lazily if used again."""
         self._meta.clear()
+        self._sources = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path}
