@@ -174,10 +174,12 @@ class Loader:
         self.epoch = 0
         self._position = 0  # batches of the current epoch already handed out
         self._order_cache: tuple[int, np.ndarray] | None = None
-        shape = dataset.manifest.image.shape
+        # Duck-typed sources (the bench's folder reader) have no manifest and get fresh arrays.
+        manifest = getattr(dataset, "manifest", None)
+        shape = manifest.image.shape if manifest is not None else None
         self._pool = (
-            _BufferPool((self.options.batch_size, *shape), dataset.manifest.image.dtype, self.options.prefetch + 4)
-            if shape is not None
+            _BufferPool((self.options.batch_size, *shape), manifest.image.dtype, self.options.prefetch + 2)
+            if manifest is not None and shape is not None
             else None
         )
 

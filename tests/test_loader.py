@@ -858,4 +858,4 @@ def test_dropped_batches_are_recycled(tmp_path: Path) -> None:
         for batch in loader:
             del batch
     assert loader._pool is not None
-    assert len(loader._pool._bufs) <= 2 + 4
+    assert len(loader._pool._bufs) <= 2 + 2
