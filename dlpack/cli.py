@@ -168,7 +168,27 @@ def _add_bench(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info, _add_bench]
+def _add_verify(sub: Any) -> None:
+    p = sub.add_parser("verify", help="check every image of a store against its checksum")
+    p.add_argument("store")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(a: argparse.Namespace) -> int:
+    from .dataset import open as open_store
+    from .errors import StoreError
+
+    with open_store(a.store) as ds:
+        bad = ds.verify()
+        n = len(ds)
+    if bad:
+        listing = "\n".join(f"  sample {i} ({src})" for i, src in bad[:50])
+        raise StoreError(f"{len(bad)} of {n} images in {a.store} do not match their checksum:\n{listing}")
+    print(f"{a.store}: all {n} images match their checksums")
+    return 0
+
+
+COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info, _add_verify, _add_bench]
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -127,6 +128,21 @@ class Dataset:
         m = self.manifest
         size = f"{m.image.width}x{m.image.height}" if m.image.shape else "variable size"
         return f"<dlpack.Dataset {str(self.path)!r}: {m.count} images, {size}x{m.image.channels}, {self.backend}>"
+
+    def verify(self) -> list[tuple[int, str]]:
+        """Re-read every image and compare its CRC-32 with the stored checksum.
+
+        Returns ``(index, source)`` of each mismatch; an empty list means the store is intact.
+        Structural damage (a missing or truncated shard) raises :class:`~dlpack.StoreError`.
+        """
+        r = self._reader
+        expected = r.meta("checksum")
+        bad = []
+        for i in range(len(self)):
+            img = np.ascontiguousarray(r.read_image(i))
+            if zlib.crc32(img.data) != int(expected[i]):
+                bad.append((i, r.source(i)))
+        return bad
 
     def info(self) -> dict[str, Any]:
         """Facts for ``dlpack info``."""

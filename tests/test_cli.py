@@ -136,3 +136,28 @@ def test_unknown_command_is_a_usage_error(capsys: Capsys) -> None:
 def test_module_prints_version() -> None:
     proc = subprocess.run([sys.executable, "-m", "dlpack", "--version"], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout.strip()) == (0, f"dlpack {dlpack.__version__}")
+
+
+def test_verify_passes_on_an_intact_store_and_names_a_damaged_image(tmp_path, capsys):
+    import cv2
+    import numpy as np
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for i in range(3):
+        img = np.full((8, 10, 3), 40 * i + 10, np.uint8)
+        (src / f"{i}.png").write_bytes(cv2.imencode(".png", img)[1].tobytes())
+    out = tmp_path / "s.h5"
+    assert main(["build", str(tmp_path / "src"), str(out), "--quiet", "--jobs", "1"]) == 0
+    assert main(["verify", str(out)]) == 0
+    assert "all 3 images match" in capsys.readouterr().out
+    import h5py
+
+    with h5py.File(out, "r") as f:
+        offset = f["images"].id.get_offset()
+    data = bytearray(out.read_bytes())
+    data[offset + 8 * 10 * 3 + 5] ^= 0xFF  # one byte of image 1
+    out.write_bytes(bytes(data))
+    assert main(["verify", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "1 of 3 images" in err and "a/1.png" in err
