@@ -51,9 +51,7 @@ class Hdf5Writer(StoreWriter):
     def __init__(self, path: str | Path, plan: StorePlan) -> None:
         super().__init__(path, plan)
         self._f: Any = None
-        self._buf: list[np.ndarray] = []
-        self._buf_len = 0
-        self._written = 0
+        self.flush_elems = 16 * VARIABLE_CHUNK
 
     @property
     def block_images(self) -> int:
@@ -95,21 +93,10 @@ class Hdf5Writer(StoreWriter):
     def write_block(self, start: int, images: np.ndarray) -> None:
         self._file()["images"][start : start + len(images)] = images
 
-    def append(self, image: np.ndarray) -> None:
-        self._buf.append(np.ascontiguousarray(image).reshape(-1))
-        self._buf_len += image.size
-        if self._buf_len >= 16 * VARIABLE_CHUNK:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._buf:
-            return
-        flat = np.concatenate(self._buf)
+    def _write_flat(self, start: int, flat: np.ndarray) -> None:
         ds = self._file()["image_data"]
-        ds.resize((self._written + len(flat),))
-        ds[self._written :] = flat
-        self._written += len(flat)
-        self._buf, self._buf_len = [], 0
+        ds.resize((start + len(flat),))
+        ds[start:] = flat
 
     def write_meta(self, arrays: dict[str, np.ndarray]) -> None:
         f = self._file()
@@ -119,7 +106,7 @@ class Hdf5Writer(StoreWriter):
     def finalize(self, manifest: Manifest) -> None:
         import h5py
 
-        self._flush()
+        self._flush(final=True)
         f = self._file()
         f.create_dataset(MANIFEST, data=manifest.to_json(), dtype=h5py.string_dtype("utf-8"))
         f.attrs["dlpack_format_version"] = manifest.format_version

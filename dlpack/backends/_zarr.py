@@ -41,9 +41,8 @@ class ZarrWriter(StoreWriter):
     def __init__(self, path: str | Path, plan: StorePlan) -> None:
         super().__init__(path, plan)
         self._images: Any = None
-        self._buf: list[np.ndarray] = []
-        self._buf_len = 0
-        self._written = 0
+        # Whole shards only, so no shard file is ever written twice.
+        self.flush_elems = VARIABLE_CHUNK * max(1, plan.shard_images)
 
     def _group(self, mode: Literal["r", "r+", "a", "w", "w-"]) -> Any:
         import zarr
@@ -92,32 +91,11 @@ class ZarrWriter(StoreWriter):
             self._images = self._array("images")
         self._images[start : start + len(images)] = images
 
-    @property
-    def _shard_elems(self) -> int:
-        return VARIABLE_CHUNK * max(1, self.plan.shard_images)
-
-    def append(self, image: np.ndarray) -> None:
-        self._buf.append(np.ascontiguousarray(image).reshape(-1))
-        self._buf_len += image.size
-        if self._buf_len >= self._shard_elems:
-            self._flush(final=False)
-
-    def _flush(self, final: bool) -> None:
-        if not self._buf:
-            return
-        flat = np.concatenate(self._buf)
-        # Write whole shards only, so no shard is written twice; keep the tail for later.
-        n = len(flat) if final else (len(flat) // self._shard_elems) * self._shard_elems
-        if n == 0:
-            return
+    def _write_flat(self, start: int, flat: np.ndarray) -> None:
         if self._images is None:
             self._images = self._array("image_data")
-        self._images.resize((self._written + n,))
-        self._images[self._written : self._written + n] = flat[:n]
-        self._written += n
-        rest = flat[n:]
-        self._buf = [rest] if len(rest) else []
-        self._buf_len = len(rest)
+        self._images.resize((start + len(flat),))
+        self._images[start:] = flat
 
     def write_meta(self, arrays: dict[str, np.ndarray]) -> None:
         g = self._group("r+")

@@ -131,6 +131,12 @@ class StoreWriter(ABC):
     def __init__(self, path: str | os.PathLike[str], plan: StorePlan) -> None:
         self.path = Path(path)
         self.plan = plan
+        self._buf: list[np.ndarray] = []
+        self._buf_len = 0
+        self._written = 0
+
+    #: Elements per flat write of variable-size data (backends write whole multiples of it).
+    flush_elems: int = 2**22
 
     @property
     def block_images(self) -> int:
@@ -145,9 +151,29 @@ class StoreWriter(ABC):
     def write_block(self, start: int, images: np.ndarray) -> None:
         """Write fixed-size ``images`` at indices ``start .. start + len(images)``."""
 
-    @abstractmethod
     def append(self, image: np.ndarray) -> None:
-        """Append one variable-size image (main process only)."""
+        """Append one variable-size image (main process only); written in ``flush_elems`` runs."""
+        self._buf.append(np.ascontiguousarray(image).reshape(-1))
+        self._buf_len += image.size
+        if self._buf_len >= self.flush_elems:
+            self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        """Write buffered pixels: whole ``flush_elems`` runs, or everything when ``final``."""
+        if not self._buf:
+            return
+        flat = np.concatenate(self._buf)
+        n = len(flat) if final else (len(flat) // self.flush_elems) * self.flush_elems
+        if n:
+            self._write_flat(self._written, flat[:n])
+            self._written += n
+        rest = flat[n:]
+        self._buf = [rest] if len(rest) else []
+        self._buf_len = len(rest)
+
+    def _write_flat(self, start: int, flat: np.ndarray) -> None:
+        """Grow ``image_data`` and write ``flat`` at ``start``."""
+        raise NotImplementedError(f"{type(self).__name__} does not store variable-size images")
 
     @abstractmethod
     def write_meta(self, arrays: dict[str, np.ndarray]) -> None:
