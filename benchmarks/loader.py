@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--folder-samples", type=int, default=256, help="images read from the PNG folder per run")
-    p.add_argument("--step-ms", type=float, default=0.0, help="simulated step (default: 2x the measured read time)")
+    p.add_argument(
+        "--step-ms", type=float, default=0.0, help="simulated step (default: 2x the read time, 10 and 30 ms)"
+    )
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     work = Path(a.work)
@@ -178,25 +180,28 @@ def main(argv: list[str] | None = None) -> int:
 
     put("PNG folder, decode+resize, 2 threads, random", rate(folder_epoch, max(1, a.repeat // 2)))
 
-    # Simulated training step: is the step ever waiting for data?
+    # Simulated training step: is the step ever waiting for data? A step twice as long as the
+    # read (the hardest case that can still be 100 % busy), and 10 and 30 ms steps.
     read_ms = 1000 * b / res["dlpack hdf5 random w2 p4"]["median_images_per_s"]
-    step_ms = a.step_ms or max(2.0, 2 * read_ms)
-    res["step_ms"] = step_ms
-    for name, d in ds.items():
-        for prefetch in (0, 1, 4):
-            busy = []
-            for rep in range(3):
-                loader = d.loader(batch_size=b, workers=2, prefetch=prefetch, seed=rep)
-                t0 = time.perf_counter()
-                steps = 0
-                for _batch in loader:
-                    time.sleep(step_ms / 1000)
-                    steps += 1
-                wall = time.perf_counter() - t0
-                busy.append(steps * step_ms / 1000 / wall)
-            med = statistics.median(busy)
-            res[f"busy {name} prefetch {prefetch}"] = {"median_busy": med, "runs": busy}
-            print(f"{'busy ' + name + ' prefetch ' + str(prefetch):<44} {100 * med:>9.1f} %   (step {step_ms:.1f} ms)")
+    steps_ms = [a.step_ms] if a.step_ms else [round(max(2.0, 2 * read_ms), 1), 10.0, 30.0]
+    res["step_ms"] = steps_ms
+    for step_ms in steps_ms:
+        for name, d in ds.items():
+            for prefetch in (0, 1, 4):
+                busy = []
+                for rep in range(3):
+                    loader = d.loader(batch_size=b, workers=2, prefetch=prefetch, seed=rep)
+                    t0 = time.perf_counter()
+                    steps = 0
+                    for _batch in loader:
+                        time.sleep(step_ms / 1000)
+                        steps += 1
+                    wall = time.perf_counter() - t0
+                    busy.append(steps * step_ms / 1000 / wall)
+                med = statistics.median(busy)
+                key = f"busy {name} step {step_ms} ms prefetch {prefetch}"
+                res[key] = {"median_busy": med, "runs": busy}
+                print(f"{key:<44} {100 * med:>9.1f} %")
 
     ceiling = res["memmap gather random"]["median_images_per_s"]
     folder = res["PNG folder, decode+resize, 2 threads, random"]["median_images_per_s"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from . import __version__
@@ -202,13 +203,16 @@ def process_file(plan: _Plan, rel: str, header: ImageHeader | None) -> tuple[np.
         data = f.read()
     if not data:
         raise DecodeError("empty file (0 bytes)")
-    img = decode_image(data, header, plan.max_pixels)
+    # Colour order is swapped after resizing: the same result on fewer pixels.
+    img = decode_image(data, header, plan.max_pixels, rgb=False)
     h, w = img.shape[:2]
     try:
         g = plan_geometry(h, w, plan.mode, plan.size, plan.max_side, plan.allow_upscale)
     except UpscaleError as exc:
         raise DecodeError(str(exc)) from exc
     img = resize_image(img, g)
+    if img.shape[2] == 3:
+        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
     spec = plan.spec
     conversions: list[str] = []
     if img.shape[2] != spec.channels:

@@ -84,7 +84,10 @@ class ZarrWriter(StoreWriter):
     def _array(self, name: str) -> Any:
         import zarr
 
-        return zarr.open_array(str(self.path / name), mode="r+", zarr_format=3)
+        arr = zarr.open_array(str(self.path / name), mode="r+", zarr_format=3)
+        # The creation-time config is not stored: without this, zarr compares every chunk with the
+        # fill value before writing it (measured: 2-4x slower shard writes).
+        return arr.with_config({"write_empty_chunks": True})  # type: ignore[call-overload]
 
     def write_block(self, start: int, images: np.ndarray) -> None:
         if self._images is None:

@@ -182,8 +182,11 @@ def _cv2_orients_tiff() -> bool:
     return img is not None and img.shape[:2] == (2, 1)
 
 
-def decode_image(data: bytes, header: ImageHeader | None = None, max_pixels: int = 2**28) -> np.ndarray:
-    """Decode file bytes to H x W x C (C = 1 or 3) ``uint8``/``uint16``, RGB order, upright.
+def decode_image(
+    data: bytes, header: ImageHeader | None = None, max_pixels: int = 2**28, rgb: bool = True
+) -> np.ndarray:
+    """Decode file bytes to H x W x C (C = 1 or 3) ``uint8``/``uint16``, RGB order (BGR when
+    ``rgb=False``, for callers that resize first), upright.
 
     Alpha is dropped (not composited); palettes are expanded to RGB; JPEG EXIF orientation is
     applied (also TIFF's orientation tag).
@@ -217,9 +220,10 @@ def decode_image(data: bytes, header: ImageHeader | None = None, max_pixels: int
     if c == 2 or (c == 4 and gray_alpha):
         img = img[:, :, :1]
     elif c == 4:
-        img = cv2.cvtColor(img, cv2.COLOR_BGRA2RGB)
+        img = cv2.cvtColor(img, cv2.COLOR_BGRA2RGB if rgb else cv2.COLOR_BGRA2BGR)
     elif c == 3:
-        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+        if rgb:
+            img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
     elif c != 1:
         raise DecodeError(f"unsupported channel count {c}")
     if img.ndim == 2:
