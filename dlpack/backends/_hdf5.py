@@ -8,6 +8,7 @@ Compressed images use one chunk per image and the hdf5plugin filters (extra ``[h
 from __future__ import annotations
 
 import mmap
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,19 +45,34 @@ def _load_plugins() -> None:
 
 
 class Hdf5Writer(StoreWriter):
-    """One writer process only: HDF5 has no safe concurrent writers (two writers corrupt silently)."""
+    """HDF5 has no safe concurrent writers through the library (two writers corrupt silently).
 
-    parallel_safe = False
+    Uncompressed fixed-size images are the exception that matters for speed: the ``images``
+    dataset is contiguous and allocated at creation, so after ``create`` closes the file, worker
+    processes write their disjoint blocks of raw pixels straight to its byte range with
+    ``os.pwrite``; no process has the file open through HDF5 meanwhile. Everything else is
+    written by the one main process.
+    """
 
-    def __init__(self, path: str | Path, plan: StorePlan) -> None:
+    def __init__(self, path: str | Path, plan: StorePlan, images_offset: int | None = None) -> None:
         super().__init__(path, plan)
         self._f: Any = None
         self.flush_elems = 16 * VARIABLE_CHUNK
+        self._images_offset = images_offset  # byte offset of the contiguous images dataset
+        self.parallel_safe = images_offset is not None
 
     @property
     def block_images(self) -> int:
+        if self.parallel_safe:
+            return max(1, self.plan.shard_images)
         # Blocks travel from workers to this process by pickling: keep them a few MB.
         return max(1, min(self.plan.shard_images, 16))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "plan": self.plan, "images_offset": self._images_offset}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["plan"], state["images_offset"])  # type: ignore[misc]
 
     def _file(self) -> Any:
         if self._f is None:
@@ -86,12 +102,29 @@ class Hdf5Writer(StoreWriter):
                 dcpl.set_obj_track_times(False)  # timestamps would make identical builds differ
                 space = h5py.h5s.create_simple((plan.count, *shape))
                 tid = h5py.h5t.py_create(dtype)
-                h5py.h5d.create(f.id, b"images", tid, space, dcpl=dcpl)
+                dset = h5py.h5d.create(f.id, b"images", tid, space, dcpl=dcpl)
+                offset = dset.get_offset()
+                if offset is not None:
+                    f.close()  # workers now write raw blocks; the file reopens for metadata
+                    self._f = None
+                    self._images_offset = int(offset)
+                    self.parallel_safe = True
         else:
             f.create_dataset("image_data", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(VARIABLE_CHUNK,), **filt)
 
     def write_block(self, start: int, images: np.ndarray) -> None:
-        self._file()["images"][start : start + len(images)] = images
+        if self._images_offset is None:
+            self._file()["images"][start : start + len(images)] = images
+            return
+        data = np.ascontiguousarray(images, dtype=np.dtype(self.plan.image.dtype).newbyteorder("<"))
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            view, pos = data.data.cast("B"), self._images_offset + start * self.plan.image_nbytes
+            while view:
+                n = os.pwrite(fd, view, pos)
+                view, pos = view[n:], pos + n
+        finally:
+            os.close(fd)
 
     def _write_flat(self, start: int, flat: np.ndarray) -> None:
         ds = self._file()["image_data"]

@@ -125,8 +125,9 @@ class StoreWriter(ABC):
     are appended in order by one process (``append``). ``finalize`` writes the manifest last.
     """
 
-    #: Whether worker processes may call ``write_block`` concurrently on disjoint blocks.
-    parallel_safe: ClassVar[bool] = False
+    #: Whether worker processes may call ``write_block`` concurrently on disjoint blocks
+    #: (valid after ``create``).
+    parallel_safe: bool = False
 
     def __init__(self, path: str | os.PathLike[str], plan: StorePlan) -> None:
         self.path = Path(path)
