@@ -23,7 +23,7 @@ __all__ = ["ShardedArray"]
 _MISSING = np.uint64(2**64 - 1)
 
 
-def _crc32c(data: bytes) -> int:
+def crc32c(data: bytes) -> int:
     import google_crc32c  # a dependency of zarr itself
 
     return int(google_crc32c.value(bytes(data)))
@@ -120,7 +120,7 @@ class ShardedArray:
                 if len(m) < table + 4:
                     raise StoreError(f"shard {self.shard_file(s)} is truncated ({len(m)} bytes)")
                 tail = m[len(m) - table - 4 :]
-                if _crc32c(tail[:table]) != int.from_bytes(tail[table:], "little"):
+                if crc32c(tail[:table]) != int.from_bytes(tail[table:], "little"):
                     raise StoreError(
                         f"shard {self.shard_file(s)} is corrupt or truncated (its index checksum does not match); "
                         "rebuild the store"

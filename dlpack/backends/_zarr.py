@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import IncompleteStoreError, StoreError, StoreNotFoundError
 from ..manifest import Manifest
-from ._shard import ShardedArray
+from ._shard import ShardedArray, crc32c
 from .base import Backend, StorePlan, StoreReader, StoreWriter
 
 __all__ = ["ZarrBackend", "ZarrReader", "ZarrWriter"]
@@ -90,9 +90,33 @@ class ZarrWriter(StoreWriter):
         return arr.with_config({"write_empty_chunks": True})  # type: ignore[call-overload]
 
     def write_block(self, start: int, images: np.ndarray) -> None:
+        per = max(1, self.plan.shard_images)
+        if self.plan.compression == "none" and start % per == 0 and len(images) <= per:
+            self._write_raw_shard(start // per, images)
+            return
         if self._images is None:
             self._images = self._array("images")
         self._images[start : start + len(images)] = images
+
+    def _write_raw_shard(self, s: int, images: np.ndarray) -> None:
+        """Write shard ``s`` of uncompressed images directly in the sharding format: the images in
+        order, then the index of (offset, nbytes) pairs and its CRC-32C. zarr-python's codec
+        pipeline spent a fifth of a build's time on the same bytes."""
+        per = max(1, self.plan.shard_images)
+        data = np.ascontiguousarray(images, dtype=np.dtype(self.plan.image.dtype).newbyteorder("<"))
+        nb = self.plan.image_nbytes
+        index = np.full((per, 2), 2**64 - 1, dtype="<u8")  # chunks past the array's end stay missing
+        index[: len(images), 0] = np.arange(len(images), dtype="<u8") * np.uint64(nb)
+        index[: len(images), 1] = nb
+        path = self.path / "images" / "c" / str(s)
+        for _ in range(len(self.plan.image.shape or ())):
+            path = path / "0"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = index.tobytes()
+        with open(path, "wb") as f:
+            f.write(data.data)
+            f.write(table)
+            f.write(crc32c(table).to_bytes(4, "little"))
 
     def _write_flat(self, start: int, flat: np.ndarray) -> None:
         if self._images is None:
