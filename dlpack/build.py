@@ -248,7 +248,8 @@ def _process_block(
     results: list[_Sample | InputFileError] = []
     block = None
     if writer is not None and plan.spec.shape is not None:
-        block = np.zeros((len(items), *plan.spec.shape), dtype=plan.spec.dtype)
+        # Slots of files that fail stay unset: a store with failures is never published as is.
+        block = np.empty((len(items), *plan.spec.shape), dtype=plan.spec.dtype)
     for k, (rel, header) in enumerate(items):
         try:
             img, meta = process_file(plan, rel, header)
