@@ -15,7 +15,7 @@ venv: $(PY)
 install: $(PY)
 	# torch is pinned first: it is a CPU build on local disk here, an unpinned one pulls GBs of CUDA.
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[test,torch]"
+	$(PY) -m pip install -q -e ".[test,torch,plot]"
 
 demo: install
 	rm -rf $(DEMO)
