@@ -210,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return int(args.run(args))
-    except DlpackError as exc:
+    except (DlpackError, OSError) as exc:
+        # OSError: a disk full, a folder not writable, ...: the message names the path.
         if args.debug:
             raise
         print(f"dlpack: error: {exc}", file=sys.stderr)

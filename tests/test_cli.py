@@ -161,3 +161,25 @@ def test_verify_passes_on_an_intact_store_and_names_a_damaged_image(tmp_path, ca
     assert main(["verify", str(out)]) == 2
     err = capsys.readouterr().err
     assert "1 of 3 images" in err and "a/1.png" in err
+
+
+def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tmp_path, capsys):
+    import os
+
+    import cv2
+    import numpy as np
+
+    if os.geteuid() == 0:
+        # root ignores permissions: use a path under a regular file instead
+        out = tmp_path / "file.txt" / "s.zarr"
+        (tmp_path / "file.txt").write_text("x")
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        out = locked / "s.zarr"
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    (src / "0.png").write_bytes(cv2.imencode(".png", np.zeros((4, 4, 3), np.uint8))[1].tobytes())
+    assert main(["build", str(tmp_path / "src"), str(out), "--quiet", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dlpack: error:") and "Traceback" not in err
