@@ -47,6 +47,10 @@ import dlpack
 from dlpack.options import BuildOptions, parse_size
 from dlpack.sources.folder import scan_folder
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _cpu import busy_cpu_s as _busy_cpu_s  # noqa: E402
+from _cpu import own_cpu_s as _own_cpu_s  # noqa: E402
+
 TARGET_SPEEDUP = 1.7
 TARGET_OVERHEAD = 0.25
 
@@ -167,31 +171,6 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists():
         path.unlink()
-
-
-def _busy_cpu_s() -> float | None:
-    """CPU seconds all cores have been busy since boot (/proc/stat), or None off Linux."""
-    try:
-        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = v
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    """CPU seconds of this process and of its child processes (joblib's workers); 10 ms resolution."""
-    t = os.times()
-    own = t.user + t.system + t.children_user + t.children_system
-    me = os.getpid()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == me:  # fields: state, ppid, ..., utime (12th), stime (13th)
-            own += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own
 
 
 def _timed(fn: Callable[[], int]) -> dict[str, Any]:
