@@ -117,7 +117,14 @@ class TorchLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch in self.loader:
-            image = to_tensor(batch["image"], self.dtype, self.mean, self.std)
+            images = batch["image"]
+            if isinstance(images, list):  # variable-size store: one CHW tensor per sample
+                image: Any = [to_tensor(im, self.dtype, self.mean, self.std) for im in images]
+                label = torch.from_numpy(np.asarray(batch["label"], dtype=np.int64))
+                index = torch.from_numpy(np.asarray(batch["index"], dtype=np.int64))
+                yield {"image": image, "label": label, "index": index}
+                continue
+            image = to_tensor(images, self.dtype, self.mean, self.std)
             label = torch.from_numpy(np.asarray(batch["label"], dtype=np.int64))
             index = torch.from_numpy(np.asarray(batch["index"], dtype=np.int64))
             if self.pin_memory:

@@ -197,3 +197,17 @@ def test_torch_loader_set_epoch_passes_through(ds: dlpack.Dataset) -> None:
     got = torch.cat([b["index"] for b in tl])
     assert got.tolist() == epoch_order(N_IMAGES, 2, 3).tolist()
     assert tl.loader.epoch == 4
+
+
+def test_torch_loader_gives_a_list_of_tensors_for_variable_size_stores(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    shapes = [(10, 14), (12, 9), (7, 7)]
+    for k, (h, w) in enumerate(shapes):
+        img = np.full((h, w, 3), 20 * k, np.uint8)
+        (src / f"{k}.png").write_bytes(cv2.imencode(".png", img)[1].tobytes())
+    out = tmp_path / "v.zarr"
+    dlpack.build(tmp_path / "src", out, jobs=1, quiet=True)
+    batch = next(iter(torch_loader(out, batch_size=3, shuffle=False, workers=0, prefetch=0)))
+    assert [tuple(t.shape) for t in batch["image"]] == [(3, h, w) for h, w in shapes]
+    assert batch["index"].tolist() == [0, 1, 2]
