@@ -289,11 +289,8 @@ def _resolve(path: str | os.PathLike[str]) -> _Target:
         )
     with open_store(p) as ds:
         m = ds.manifest
-        reader: Any = ds.reader
         files = files_under(p)
-        on_disk = (
-            int(reader.nbytes_on_disk()) if hasattr(reader, "nbytes_on_disk") else sum(f.stat().st_size for f in files)
-        )
+        on_disk = ds.reader.nbytes_on_disk()
         return _Target(
             name=p.resolve().name or str(p),
             path=p.resolve(),

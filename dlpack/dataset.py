@@ -147,7 +147,7 @@ class Dataset:
     def info(self) -> dict[str, Any]:
         """Facts for ``dlpack info``."""
         m = self.manifest
-        nbytes = self._reader.nbytes_on_disk() if hasattr(self._reader, "nbytes_on_disk") else 0
+        nbytes = self._reader.nbytes_on_disk()
         return {
             "path": str(self.path),
             "backend": self.backend,

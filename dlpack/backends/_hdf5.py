@@ -258,9 +258,6 @@ class Hdf5Reader(StoreReader):
             self._f.close()
             self._f = None
 
-    def nbytes_on_disk(self) -> int:
-        return self.path.stat().st_size
-
 
 class Hdf5Backend(Backend):
     name = "hdf5"

@@ -223,9 +223,6 @@ class ZarrReader(StoreReader):
         self._images = None
         self._offsets = None
 
-    def nbytes_on_disk(self) -> int:
-        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
-
 
 def read_manifest(path: Path) -> Manifest:
     """The manifest of a Zarr store, with errors that say what is wrong."""

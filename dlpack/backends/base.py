@@ -92,6 +92,12 @@ class StoreReader(ABC):
         data, off = self._sources
         return data[off[index] : off[index + 1]].decode("utf-8")
 
+    def nbytes_on_disk(self) -> int:
+        """Bytes the store takes on disk (every file of a folder store)."""
+        if self.path.is_file():
+            return self.path.stat().st_size
+        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+
     def warm(self) -> None:
         """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads start)."""
         self.meta("labels")
