@@ -344,12 +344,6 @@ def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
         os.replace(tmp, out)
 
 
-def _disk_bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 # ---------------------------------------------------------------- the pipeline
 
 
@@ -566,6 +560,6 @@ def build(
         skipped=manifest.skipped,
         seconds=time.perf_counter() - t0,
         input_bytes=in_bytes,
-        output_bytes=_disk_bytes(out_path),
+        output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
         conversions=dict(conversions),
     )
