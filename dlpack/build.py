@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 
 from . import __version__
-from .backends import StorePlan, StoreWriter, get_backend
+from .backends import ArraySpec, StoreWriter, get_backend
 from .errors import BadInputsError, DlpackError, InputFileError, StoreExistsError
 from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
@@ -263,7 +263,7 @@ def _process_block(
             block[k] = img
         results.append(replace(meta, pixels=img) if keep_pixels else meta)
     if writer is not None and block is not None:
-        writer.write_block(start, block)
+        writer.write_block("images", start, block)
     return results
 
 
@@ -357,19 +357,15 @@ def _write_store(
 ) -> tuple[list[_Sample | InputFileError], StoreWriter]:
     """Stage 4+5: decode/resize in workers and write into a fresh store at ``tmp``."""
     spec = plan.spec
-    itemsize = np.dtype(spec.dtype).itemsize
-    if spec.shape is not None:
-        img_bytes = int(np.prod(spec.shape)) * itemsize
-        shard_images = max(1, min(len(items), opts.shard_bytes // img_bytes))
-    else:
-        from .backends._zarr import VARIABLE_CHUNK
-
-        shard_images = max(1, opts.shard_bytes // (VARIABLE_CHUNK * itemsize))
-    writer: StoreWriter = backend.create_writer(tmp, StorePlan(len(items), spec, opts.compression, shard_images))
-    writer.create()
+    writer: StoreWriter = backend.open_writer(tmp, "w-", opts.shard_bytes)
+    writer.open()
     fixed = spec.shape is not None
-    in_workers = fixed and writer.parallel_safe
-    step = writer.block_images if fixed else 16
+    if fixed:
+        writer.create_array(ArraySpec("images", spec.dtype, spec.shape, key="image", compression=opts.compression), len(items))
+    else:
+        writer.create_array(ArraySpec("image", spec.dtype, (), ragged=True, compression=opts.compression), len(items))
+    in_workers = fixed and writer.parallel_safe("images")
+    step = writer.block_len("images") if fixed else 16
     from joblib import delayed
 
     pairs = [(it.rel, h) for it, h in zip(items, headers, strict=True)]
@@ -378,6 +374,7 @@ def _write_store(
         for s in range(0, len(pairs), step)
     ]
     results: list[_Sample | InputFileError] = []
+    appended = 0
     with _progress(len(pairs), "packing", opts.quiet) as bar:
         for s, block in zip(range(0, len(pairs), step), _parallel(opts.n_jobs, calls), strict=True):
             if not in_workers:
@@ -386,42 +383,40 @@ def _write_store(
                     for k, r in enumerate(block):
                         if isinstance(r, _Sample) and r.pixels is not None:
                             arr[k] = r.pixels
-                    writer.write_block(s, arr)
+                    writer.write_block("images", s, arr)
                 else:
-                    for r in block:
-                        if isinstance(r, _Sample) and r.pixels is not None:
-                            writer.append(r.pixels)
+                    good = [r.pixels for r in block if isinstance(r, _Sample) and r.pixels is not None]
+                    writer.write_block("image", appended, good)
+                    appended += len(good)
                 block = [replace(r, pixels=None) if isinstance(r, _Sample) else r for r in block]
             results.extend(block)
             bar.update(len(block))
     return results, writer
 
 
-def _meta_arrays(
+def _write_meta(
+    writer: StoreWriter,
     items: Sequence[SourceItem],
     samples: Sequence[_Sample],
     classes: Sequence[str],
     shapes: Sequence[tuple[int, ...]] | None,
-) -> dict[str, np.ndarray]:
+) -> None:
+    """Write the per-sample metadata arrays."""
     class_id = {c: i for i, c in enumerate(classes)}
-    src = [it.rel.encode("utf-8") for it in items]
-    offsets = np.zeros(len(src) + 1, dtype="<i8")
-    offsets[1:] = np.cumsum([len(b) for b in src])
-    arrays = {
-        "labels": np.array([class_id.get(it.label, -1) if it.label else -1 for it in items], dtype="<i4"),
-        "original_size": np.array([s.original_size for s in samples], dtype="<i4").reshape(-1, 2),
-        "transform": np.array([s.transform for s in samples], dtype="<f8").reshape(-1, 4),
-        "checksum": np.array([s.checksum for s in samples], dtype="<u4"),
-        "source_offsets": offsets,
-        "source_data": np.frombuffer(b"".join(src), dtype=np.uint8).copy(),
+    n = len(items)
+    fixed = {
+        "labels": (np.array([class_id.get(it.label, -1) if it.label else -1 for it in items], dtype="<i4"), "label"),
+        "original_size": (np.array([s.original_size for s in samples], dtype="<i4").reshape(-1, 2), None),
+        "transform": (np.array([s.transform for s in samples], dtype="<f8").reshape(-1, 4), None),
+        "checksum": (np.array([s.checksum for s in samples], dtype="<u4"), None),
     }
     if shapes is not None:
-        shp = np.array(shapes, dtype="<i4").reshape(-1, 3)
-        img_off = np.zeros(len(shapes) + 1, dtype="<i8")
-        img_off[1:] = np.cumsum(np.prod(shp, axis=1, dtype=np.int64))
-        arrays["image_shapes"] = shp
-        arrays["image_offsets"] = img_off
-    return arrays
+        fixed["image_shapes"] = (np.array(shapes, dtype="<i4").reshape(-1, 3), None)
+    for name, (arr, key) in fixed.items():
+        writer.create_array(ArraySpec(name, arr.dtype.str, arr.shape[1:], key=key), n)
+        writer.write_block(name, 0, arr)
+    writer.create_array(ArraySpec("source", "|u1", (), ragged=True), n)
+    writer.write_block("source", 0, [np.frombuffer(it.rel.encode("utf-8"), dtype=np.uint8) for it in items])
 
 
 def build(
@@ -522,8 +517,7 @@ def build(
         shapes = None
         if variable:
             shapes = [s.shape for s in samples]
-        arrays = _meta_arrays(use, samples, classes, shapes)
-        writer.write_meta(arrays)
+        _write_meta(writer, use, samples, classes, shapes)
         conversions = Counter(c for s in samples for c in s.conversions)
         resize_info = {
             "mode": opts.resize_mode,
@@ -540,13 +534,12 @@ def build(
             labels="folders" if classes else "none",
             resize=resize_info,
             compression=opts.compression,
-            shard_images=writer.plan.shard_images if not variable else 0,
-            arrays={n: {"shape": list(a.shape), "dtype": a.dtype.str} for n, a in sorted(arrays.items())},
+            shard_images=writer.block_len("images") if not variable else 0,
             skipped=tuple(sorted(errors, key=lambda e: e.path)),
             conversions=dict(sorted(conversions.items())),
             dlpack_version=__version__,
         )
-        writer.finalize(manifest)
+        writer.commit(manifest)
         _publish(tmp, out_path, opts.overwrite)
     except BaseException:
         with contextlib.suppress(Exception):

@@ -1,40 +1,57 @@
-"""``dlpack.open``: random access to a store, whatever its backend."""
+"""``dlpack.open``: random access to a store, whatever its backend; ``dlpack.add_array``."""
 
 from __future__ import annotations
 
+import hashlib
+import operator
 import os
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .backends import StoreReader, detect_backend, get_backend
-from .errors import SampleIndexError
+from .backends import StoreReader, open_reader, open_writer
+from .errors import OptionError, SampleIndexError, StoreExistsError
 from .loader import Loader, LoaderOptions
-from .manifest import Manifest
+from .manifest import ArraySpec, Manifest
 
-__all__ = ["Dataset", "open"]
+__all__ = ["Dataset", "open", "add_array"]
+
+#: Keys every sample has; a stored array's ``key`` may not take them.
+BASE_KEYS = ("image", "label", "index", "source")
+#: Arrays that identify or protect the samples: add_array never replaces them.
+PROTECTED_ARRAYS = frozenset({"images", "image", "image_shapes", "checksum", "source"})
 
 
 class Dataset:
-    """A read-only, random-access view of one store.
+    """A read-only, random-access view of one store; a :class:`~dlpack.loader.BatchSource`.
 
-    Picklable: only the path travels, and each process opens its own handles on first use.
+    A sample is ``{"image", "label", "index", "source"}`` plus every stored array that has a
+    ``key`` (``masks``, ``boxes``, arrays added with :func:`add_array` ...). Picklable: only the
+    path travels, and each process opens its own handles on first use.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        backend = get_backend(detect_backend(self.path).name, random_access=True)
-        self.backend = backend.name
-        self._reader: StoreReader = backend.open_reader(self.path)
-        _ = self._reader.manifest  # fail now, not at the first sample, on incomplete or newer stores
+        self._reader: StoreReader = open_reader(self.path)
+        m = self._reader.manifest  # fail now, not at the first sample, on incomplete or newer stores
+        self.backend = m.backend
+        self._keyed = [
+            (spec.key, spec) for spec in m.arrays.values() if spec.key and spec.name not in ("images", "labels")
+        ]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
 
     @property
     def reader(self) -> StoreReader:
-        """The backend reader (for the loader and benchmarks)."""
+        """The backend reader (for benchmarks and tools that read arrays by name)."""
         return self._reader
 
     @property
@@ -51,7 +68,10 @@ class Dataset:
 
     def _index(self, i: int) -> int:
         n = len(self)
-        j = int(i)
+        try:
+            j = operator.index(i)
+        except TypeError:
+            raise SampleIndexError(f"sample index must be an integer, got {i!r}") from None
         if j < 0:
             j += n
         if not 0 <= j < n:
@@ -59,20 +79,29 @@ class Dataset:
         return j
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        """``{"image": HxWxC, "label": int, "index": i, "source": "relative/path.png"}``."""
+        """``{"image": HxWxC, "label": int, "index": i, "source": "relative/path.png", KEY: ...}``."""
         j = self._index(i)
         r = self._reader
-        return {
+        sample: dict[str, Any] = {
             "image": r.read_image(j),
-            "label": int(r.meta("labels")[j]),
+            "label": int(r.read_all("labels")[j]),
             "index": j,
             "source": r.source(j),
         }
+        for key, spec in self._keyed:
+            sample[key] = r.read(spec.name, j)
+        return sample
 
-    def get_batch(self, indices: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> dict[str, Any]:
-        """Samples ``indices`` stacked: ``image`` is B x H x W x C (a list for variable-size stores)."""
+    # ------------------------------------------------------------------ BatchSource
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+        """Samples ``indices`` stacked: ``image`` is B x H x W x C (a list for variable-size stores);
+        ragged arrays come as lists. A store's samples do not depend on ``epoch``."""
         n = len(self)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = np.asarray(indices).reshape(-1)
+        if idx.dtype.kind not in "iu" and idx.size:
+            raise SampleIndexError(f"sample indices must be integers, got dtype {idx.dtype}")
+        idx = idx.astype(np.int64, copy=False)
         idx = np.where(idx < 0, idx + n, idx)
         bad = (idx < 0) | (idx >= n)
         if bad.any():
@@ -88,13 +117,36 @@ class Dataset:
         else:
             if out is None:
                 out = np.empty((len(idx), *shape), dtype=self.manifest.image.dtype)
-            images = r.read_into(positions, out)
-        return {
+            images = r.read_into("images", positions, out)
+        batch: dict[str, Any] = {
             "image": images,
-            "label": r.meta("labels")[idx],
+            "label": r.read_all("labels")[idx],
             "index": idx,
             "source": [r.source(j) for j in positions],
         }
+        for key, spec in self._keyed:
+            if spec.ragged:
+                batch[key] = [r.read(spec.name, j) for j in positions]
+            else:
+                batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
+        return batch
+
+    def warm(self) -> None:
+        """Open maps and read indexes now (the loader calls it before its threads start)."""
+        self._reader.warm()
+
+    def fingerprint(self) -> str:
+        """An id of the content: the sample count and every image's checksum."""
+        h = hashlib.sha256(str(len(self)).encode())
+        h.update(np.ascontiguousarray(self._reader.read_all("checksum")).tobytes())
+        return h.hexdigest()[:16]
+
+    def image_layout(self) -> tuple[tuple[int, ...], str] | None:
+        """``((H, W, C), dtype)`` of every image, or None for a variable-size store."""
+        shape = self.manifest.image.shape
+        return None if shape is None else (shape, self.manifest.image.dtype)
+
+    # ------------------------------------------------------------------ training
 
     def loader(
         self,
@@ -108,7 +160,7 @@ class Dataset:
         ``ds.loader(batch_size=32, shuffle=True, seed=0, prefetch=4, workers=2, drop_last=True,
         rank=0, world_size=1)``; ``transform(batch) -> batch`` runs on the worker threads.
         """
-        opts = replace(options or LoaderOptions(), **kwargs) if kwargs else (options or LoaderOptions())
+        opts = dataclasses.replace(options or LoaderOptions(), **kwargs) if kwargs else (options or LoaderOptions())
         return Loader(self, opts, transform)
 
     def __iter__(self) -> Any:
@@ -136,7 +188,7 @@ class Dataset:
         Structural damage (a missing or truncated shard) raises :class:`~dlpack.StoreError`.
         """
         r = self._reader
-        expected = r.meta("checksum")
+        expected = r.read_all("checksum")
         bad = []
         for i in range(len(self)):
             img = np.ascontiguousarray(r.read_image(i))
@@ -161,6 +213,7 @@ class Dataset:
             "compression": m.compression,
             "shard_images": m.shard_images,
             "bytes_on_disk": nbytes,
+            "arrays": {name: spec.to_dict() for name, spec in m.arrays.items()},
             "skipped": [{"path": e.path, "reason": e.reason} for e in m.skipped],
             "conversions": m.conversions,
             "resize": m.resize,
@@ -170,3 +223,75 @@ class Dataset:
 def open(path: str | os.PathLike[str]) -> Dataset:  # noqa: A001 - the public name is dlpack.open
     """Open a store (Zarr folder or HDF5 file) for reading."""
     return Dataset(path)
+
+
+def add_array(
+    path: str | os.PathLike[str],
+    name: str,
+    values: np.ndarray | Sequence[np.ndarray],
+    *,
+    key: str | None = None,
+    ragged: bool = False,
+    replace: bool = False,
+    compression: str = "none",
+) -> ArraySpec:
+    """Add a per-sample array to an existing store, whatever its backend.
+
+    Parameters
+    ----------
+    path
+        A complete dlpack store.
+    name
+        The array's name (lower case, digits, ``_``).
+    values
+        ``[N, ...]`` array with one value per sample, or, with ``ragged=True``, a sequence of ``N``
+        arrays of ``[rows_i, ...]`` (boxes, polygons, variable-length data).
+    key
+        The key under which ``ds[i]`` and loader batches carry it; ``None`` means the name.
+    replace
+        Replace an existing array of that name (never the images, sources or checksums).
+
+    Returns
+    -------
+    ArraySpec
+        What was stored.
+    """
+    with open(path) as ds:
+        n, taken = len(ds), {spec.key for spec in ds.manifest.arrays.values() if spec.key}
+        manifest = ds.manifest
+    key = name if key is None else key
+    existing = manifest.arrays.get(name)
+    own_key = existing.key if (replace and existing is not None) else None
+    if key in BASE_KEYS or (key in taken and key != own_key):
+        raise OptionError(f"key {key!r} is already used by every sample or by another array; choose another key")
+    if ragged:
+        parts = [np.asarray(v) for v in values]
+        if len(parts) != n:
+            raise OptionError(f"{name!r} has {len(parts)} samples, the store has {n}")
+        first = next((p for p in parts if p.size), parts[0] if parts else np.empty(0))
+        spec = ArraySpec(name, first.dtype.str, tuple(first.shape[1:]), True, key, compression)
+    else:
+        arr = np.asarray(values)
+        if arr.ndim == 0 or len(arr) != n:
+            raise OptionError(f"{name!r} has {0 if arr.ndim == 0 else len(arr)} samples, the store has {n}")
+        spec = ArraySpec(name, arr.dtype.str, tuple(arr.shape[1:]), False, key, compression)
+    writer = open_writer(path, "r+")
+    try:
+        if name in writer.arrays:
+            if not replace:
+                raise StoreExistsError(f"store {path} already has an array {name!r}; pass replace=True to replace it")
+            if name in PROTECTED_ARRAYS:
+                raise OptionError(f"array {name!r} identifies or protects the samples and cannot be replaced")
+            writer.delete_array(name)
+        writer.create_array(spec, n)
+        if spec.ragged:
+            writer.write_block(name, 0, parts)
+        else:
+            step = writer.block_len(name)
+            for s in range(0, n, step):
+                writer.write_block(name, s, arr[s : s + step])
+        writer.commit(manifest)
+    except BaseException:
+        writer.abort()
+        raise
+    return spec

@@ -6,12 +6,14 @@ batch (25 MB at 32 x 512x512x3), which caps a PyTorch DataLoader near 2.8k image
 (docs/benchmarks.md, "Loader").
 
 The order of an epoch depends only on (seed, epoch, order options, rank, world_size), never on
-worker count or timing, so any worker/prefetch setting yields the same batches.
+worker count or timing, so any worker/prefetch setting yields the same batches. The loader reads
+any :class:`BatchSource` (a store, the bench's folder reader, a view of either) and passes it the
+epoch, so per-epoch views and online augmentation draw their randomness from
+:func:`sample_rng` (seed, epoch, index) without touching the threading here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import threading
@@ -19,16 +21,50 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
 from .errors import OptionError, StateError
 
-if TYPE_CHECKING:
-    from .dataset import Dataset
+__all__ = ["BatchSource", "Loader", "LoaderOptions", "epoch_order", "rank_indices", "sample_rng"]
 
-__all__ = ["Loader", "LoaderOptions", "epoch_order", "rank_indices"]
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """What the loader reads: a store, a folder read on the fly, or a view over either.
+
+    ``get_batch`` receives validated indices (``0 <= i < len``) and the epoch, and returns at least
+    ``{"image": B x H x W x C array (a list for variable sizes), "index": indices}``; when ``out``
+    is given (fixed sizes only) the images are written into it. ``warm`` builds lazy maps and
+    indexes before reader threads start; ``fingerprint`` identifies the content, so a loader state
+    is never restored onto other data; ``image_layout`` is ``((H, W, C), dtype)`` when every image
+    has that shape (the loader then recycles batch arrays), else None.
+    """
+
+    def __len__(self) -> int: ...
+
+    def get_batch(self, indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]: ...
+
+    def warm(self) -> None: ...
+
+    def fingerprint(self) -> str: ...
+
+    def image_layout(self) -> tuple[tuple[int, ...], str] | None: ...
+
+
+#: Tags keep the loader's random streams independent of each other.
+_ORDER_TAG = 0x646C70
+_SAMPLE_TAG = 0x736D70
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The random generator of one sample in one epoch: a pure function of its arguments.
+
+    Never of the worker, thread, batch composition or timing, so online augmentation and
+    per-epoch views give the same result with any number of workers and after a resume.
+    """
+    return np.random.default_rng([int(seed), int(epoch), int(index), _SAMPLE_TAG])
 
 STATE_VERSION = 1
 Order = Literal["random", "sequential", "block"]
@@ -92,7 +128,7 @@ def epoch_order(
     """The global sample order of one epoch: a permutation of ``range(n)``, a pure function of its arguments."""
     if order == "sequential":
         return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng([seed, epoch, 0x646C70])  # a fixed tag keeps other streams independent
+    rng = np.random.default_rng([seed, epoch, _ORDER_TAG])
     if order == "random":
         return rng.permutation(n).astype(np.int64)
     if order != "block":
@@ -155,44 +191,52 @@ class _BufferPool:
 
 
 class Loader:
-    """Iterates batches of a :class:`~dlpack.Dataset`; see :meth:`dlpack.Dataset.loader`.
+    """Iterates batches of a :class:`BatchSource`; see :meth:`dlpack.Dataset.loader`.
 
-    A batch is ``{"image": B x H x W x C, "label": (B,), "index": (B,), "source": [str]}``
-    (``image`` is a list for variable-size stores). Iterating a whole epoch advances to the next;
-    :meth:`set_epoch` jumps to any epoch.
+    A batch of a store is ``{"image": B x H x W x C, "label": (B,), "index": (B,), "source": [str]}``
+    plus its keyed arrays (``image`` is a list for variable-size stores). Iterating a whole epoch
+    advances to the next; :meth:`set_epoch` jumps to any epoch.
     """
 
     def __init__(
         self,
-        dataset: Dataset,
+        source: BatchSource,
         options: LoaderOptions | None = None,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        self.dataset = dataset
+        if not isinstance(source, BatchSource):
+            raise OptionError(
+                f"a Loader reads a BatchSource (len, get_batch, warm, fingerprint, image_layout); got {type(source).__name__}"
+            )
+        self.source = source
         self.options = options or LoaderOptions()
         self.transform = transform
         self.epoch = 0
         self._position = 0  # batches of the current epoch already handed out
         self._threads: tuple[int, ThreadPoolExecutor] | None = None
         self._order_cache: tuple[int, np.ndarray] | None = None
-        # Duck-typed sources (the bench's folder reader) have no manifest and get fresh arrays.
-        manifest = getattr(dataset, "manifest", None)
-        shape = manifest.image.shape if manifest is not None else None
+        layout = source.image_layout()
         # Batches per worker task: enough for about 2 MiB, so small images amortise the handoff.
         self._group = 1
         self._pool = None
-        if manifest is not None and shape is not None:
-            batch_bytes = self.options.batch_size * int(np.prod(shape)) * np.dtype(manifest.image.dtype).itemsize
+        if layout is not None:
+            shape, dtype = layout
+            batch_bytes = self.options.batch_size * int(np.prod(shape)) * np.dtype(dtype).itemsize
             self._group = max(1, min(64, (2 * 2**20) // max(1, batch_bytes)))
             limit = max(self.options.prefetch, self._group) + 2 * self._group
-            self._pool = _BufferPool((self.options.batch_size, *shape), manifest.image.dtype, limit)
+            self._pool = _BufferPool((self.options.batch_size, *shape), dtype, limit)
+
+    @property
+    def dataset(self) -> BatchSource:
+        """The source read (kept under its first name)."""
+        return self.source
 
     # ------------------------------------------------------------------ order
 
     def _indices(self, epoch: int) -> np.ndarray:
         if self._order_cache is None or self._order_cache[0] != epoch:
             o = self.options
-            glob = epoch_order(len(self.dataset), o.seed, epoch, o.effective_order, o.block_size, o.window)
+            glob = epoch_order(len(self.source), o.seed, epoch, o.effective_order, o.block_size, o.window)
             self._order_cache = (epoch, rank_indices(glob, o.rank, o.world_size, o.drop_last))
         return self._order_cache[1]
 
@@ -234,12 +278,12 @@ class Loader:
         if threads is not None:
             threads[1].shutdown(wait=False, cancel_futures=True)
 
-    def _load_group(self, group: list[np.ndarray]) -> list[dict[str, Any]]:
-        return [self._load(indices) for indices in group]
+    def _load_group(self, group: list[np.ndarray], epoch: int) -> list[dict[str, Any]]:
+        return [self._load(indices, epoch) for indices in group]
 
-    def _load(self, indices: np.ndarray) -> dict[str, Any]:
+    def _load(self, indices: np.ndarray, epoch: int) -> dict[str, Any]:
         out = self._pool.take(len(indices)) if self._pool is not None else None
-        batch = self.dataset.get_batch(indices, out=out)
+        batch = self.source.get_batch(indices, epoch, out)
         return self.transform(batch) if self.transform is not None else batch
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -249,10 +293,11 @@ class Loader:
             self.set_epoch(self.epoch + 1)
             batches, start = self.batches(), 0
         o = self.options
-        self.dataset.reader.warm()  # lazy maps/indexes are built before threads race for them
+        epoch = self.epoch
+        self.source.warm()  # lazy maps/indexes are built before threads race for them
         if o.prefetch == 0 or o.workers == 0:
             for k in range(start, len(batches)):
-                batch = self._load(batches[k])
+                batch = self._load(batches[k], epoch)
                 self._position = k + 1
                 yield batch
         else:
@@ -268,7 +313,7 @@ class Loader:
             def top_up() -> None:
                 nonlocal nxt
                 while nxt < len(groups) and len(pending) < ahead:
-                    pending.append(pool.submit(self._load_group, groups[nxt]))
+                    pending.append(pool.submit(self._load_group, groups[nxt], epoch))
                     nxt += 1
 
             top_up()
@@ -292,10 +337,7 @@ class Loader:
     # ------------------------------------------------------------------ resume
 
     def _fingerprint(self) -> str:
-        r = self.dataset.reader
-        h = hashlib.sha256(str(len(self.dataset)).encode())
-        h.update(np.ascontiguousarray(r.meta("checksum")).tobytes())
-        return h.hexdigest()[:16]
+        return self.source.fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable state; :meth:`load_state_dict` resumes after the last batch handed out."""
@@ -303,7 +345,7 @@ class Loader:
         return {
             "version": STATE_VERSION,
             "dataset": self._fingerprint(),
-            "count": len(self.dataset),
+            "count": len(self.source),
             "epoch": self.epoch,
             "position": self._position,
             "options": o,
@@ -317,10 +359,11 @@ class Loader:
             raise StateError("not a dlpack loader state (no 'options' dict)")
         if state["version"] > STATE_VERSION:
             raise StateError(f"loader state version {state['version']} is newer than this dlpack ({STATE_VERSION})")
-        if state.get("dataset") != self._fingerprint() or state.get("count") != len(self.dataset):
+        if state.get("dataset") != self._fingerprint() or state.get("count") != len(self.source):
+            where = getattr(self.source, "path", type(self.source).__name__)
             raise StateError(
                 f"this state was saved for another dataset ({state.get('count')} samples, id {state.get('dataset')}); "
-                f"this one is {self.dataset.path} ({len(self.dataset)} samples, id {self._fingerprint()})"
+                f"this one is {where} ({len(self.source)} samples, id {self._fingerprint()})"
             )
         saved = state["options"]
         mine = asdict(self.options)

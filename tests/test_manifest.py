@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dlpack import FORMAT_VERSION, FormatVersionError, ImageSpec, InputFileError, Manifest, StoreError
+from dlpack.manifest import ArraySpec
 
 text = st.text(max_size=12)
 json_scalar = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | text
@@ -38,13 +39,18 @@ manifests = st.builds(
     resize=st.dictionaries(text, json_value, max_size=4),
     compression=st.sampled_from(["none", "lz4", "zstd"]),
     shard_images=st.integers(0, 10**6),
-    arrays=st.dictionaries(
-        text,
-        st.fixed_dictionaries(
-            {"shape": st.lists(st.integers(0, 10**9), max_size=3), "dtype": st.sampled_from(["<i4", "<f8", "|u1"])}
+    arrays=st.lists(
+        st.builds(
+            ArraySpec,
+            st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True),
+            st.sampled_from(["<i4", "<f8", "|u1", "<u2"]),
+            st.lists(st.integers(1, 10**9), max_size=3).map(tuple),
+            st.booleans(),
+            st.none() | text,
+            st.sampled_from(["none", "lz4", "zstd"]),
         ),
         max_size=3,
-    ),
+    ).map(lambda specs: {a.name: a for a in specs}),
     skipped=st.lists(st.builds(InputFileError, text, text), max_size=3).map(tuple),
     conversions=st.dictionaries(text, st.integers(0, 10**6), max_size=3),
     dlpack_version=text,

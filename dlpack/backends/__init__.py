@@ -1,6 +1,7 @@
 """Store backends behind one interface, and the small registry that picks one.
 
-Capability flags (``supports_write``, ``supports_random_access``) are checked here and only here.
+The registry is the one place that knows the formats: their names, their path suffixes, and
+their capability flags (``supports_write``, ``supports_random_access``), checked here and only here.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from pathlib import Path
 from ..errors import OptionError, StoreError, StoreNotFoundError
 from ._hdf5 import Hdf5Backend
 from ._zarr import ZarrBackend
-from .base import Backend, StorePlan, StoreReader, StoreWriter
+from .base import DEFAULT_SHARD_BYTES, ArraySpec, Backend, Mode, StoreReader, StoreWriter
 
 __all__ = [
+    "ArraySpec",
     "Backend",
-    "StorePlan",
+    "Mode",
     "StoreReader",
     "StoreWriter",
     "ZarrBackend",
@@ -23,10 +25,18 @@ __all__ = [
     "register_backend",
     "get_backend",
     "detect_backend",
+    "backend_for_path",
+    "format_names",
+    "open_reader",
+    "open_writer",
+    "owned_store",
     "BACKENDS",
+    "DEFAULT_FORMAT",
 ]
 
 BACKENDS: dict[str, type[Backend]] = {}
+#: The format of a new store whose path has no registered suffix.
+DEFAULT_FORMAT = "zarr"
 
 
 def register_backend(backend: type[Backend]) -> None:
@@ -38,17 +48,33 @@ register_backend(ZarrBackend)
 register_backend(Hdf5Backend)
 
 
+def format_names() -> tuple[str, ...]:
+    """The registered format names, sorted."""
+    return tuple(sorted(BACKENDS))
+
+
 def get_backend(name: str, *, write: bool = False, random_access: bool = False) -> type[Backend]:
     """The backend called ``name``, checked for the capabilities the caller needs."""
     try:
         backend = BACKENDS[name]
     except KeyError:
-        raise OptionError(f"unknown store format {name!r}; choose one of {', '.join(sorted(BACKENDS))}") from None
+        raise OptionError(f"unknown store format {name!r}; choose one of {', '.join(format_names())}") from None
     if write and not backend.supports_write:
         raise OptionError(f"the {name} backend cannot write stores")
     if random_access and not backend.supports_random_access:
         raise OptionError(f"the {name} backend does not support random access")
     return backend
+
+
+def backend_for_path(path: str | os.PathLike[str], format: str | None = None, *, write: bool = False) -> type[Backend]:
+    """The backend for a new store at ``path``: ``format`` if given, else the one owning its suffix."""
+    if format is not None:
+        return get_backend(format, write=write)
+    suffix = os.path.splitext(os.fspath(path).rstrip("/\\"))[1].lower()
+    for backend in BACKENDS.values():
+        if suffix in backend.suffixes:
+            return get_backend(backend.name, write=write)
+    return get_backend(DEFAULT_FORMAT, write=write)
 
 
 def detect_backend(path: str | os.PathLike[str]) -> type[Backend]:
@@ -59,4 +85,43 @@ def detect_backend(path: str | os.PathLike[str]) -> type[Backend]:
     for backend in BACKENDS.values():
         if backend.detect(p):
             return backend
-    raise StoreError(f"{os.fspath(path)!r} is not a dlpack store (not a Zarr group or HDF5 file)")
+    kinds = ", ".join(f"{b.name} ({'/'.join(b.suffixes) or 'any name'})" for b in BACKENDS.values())
+    raise StoreError(f"{os.fspath(path)!r} is not a dlpack store (none of: {kinds})")
+
+
+def owned_store(path: str | os.PathLike[str]) -> type[Backend] | None:
+    """The backend whose dlpack marker ``path`` carries (a complete or partial dlpack store), else None."""
+    p = Path(path)
+    for backend in BACKENDS.values():
+        if backend.is_own(p):
+            return backend
+    return None
+
+
+def open_reader(path: str | os.PathLike[str], mode: Mode = "r") -> StoreReader:
+    """A reader for the store at ``path``, whatever its backend."""
+    backend = get_backend(detect_backend(path).name, random_access=True)
+    return backend.open_reader(Path(path), mode)
+
+
+def open_writer(
+    path: str | os.PathLike[str],
+    mode: Mode = "r+",
+    *,
+    format: str | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> StoreWriter:
+    """An opened writer for the store at ``path``, whatever its backend.
+
+    ``r+`` and ``a`` open an existing dlpack store to add or replace arrays (``a`` creates it when
+    missing); ``w-`` creates a new one. The backend of an existing store is detected; a new one
+    takes ``format`` or the one owning the path's suffix.
+    """
+    p = Path(path)
+    if mode != "w-" and (p.exists() or p.is_symlink()):
+        backend = get_backend(detect_backend(p).name, write=True)
+    else:
+        backend = backend_for_path(p, format, write=True)
+    writer = backend.open_writer(p, mode, shard_bytes)
+    writer.open()
+    return writer

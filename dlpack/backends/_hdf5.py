@@ -1,8 +1,10 @@
 """HDF5 backend: one file with the same array names as the Zarr store (docs/format.md).
 
-Uncompressed fixed-size images are one contiguous dataset, read through ``np.memmap`` at the
-offset HDF5 reports: the memory-bandwidth ceiling, with a file any HDF5 tool opens.
-Compressed images use one chunk per image and the hdf5plugin filters (extra ``[hdf5plugin]``).
+Uncompressed fixed arrays (images, labels, ...) are contiguous datasets allocated at creation:
+readers memory-map them at the offset HDF5 reports (the memory-bandwidth ceiling, with a file any
+HDF5 tool opens), and worker processes write their blocks there with ``os.pwrite``. Compressed
+arrays use chunks and the hdf5plugin filters (extra ``[hdf5plugin]``); ragged data is chunked and
+grows as it is appended.
 """
 
 from __future__ import annotations
@@ -14,18 +16,19 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IncompleteStoreError, MissingExtraError, StoreError, StoreNotFoundError
-from ..manifest import Manifest
-from .base import Backend, StorePlan, StoreReader, StoreWriter
+from ..errors import IncompleteStoreError, MissingExtraError, StoreError, StoreExistsError, StoreNotFoundError
+from ..manifest import ArraySpec, Manifest
+from .base import DEFAULT_SHARD_BYTES, ArrayAccess, Backend, Mode, StoreReader, StoreWriter, check_mode
 
 __all__ = ["Hdf5Backend", "Hdf5Reader", "Hdf5Writer"]
 
 MANIFEST = "manifest"
-VARIABLE_CHUNK = 2**18
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: Blocks written through h5py travel from workers to the main process by pickling: keep them small.
+_PICKLED_BLOCK = 4 * 2**20
 
 
-def _filter_kwargs(name: str, itemsize: int) -> dict[str, Any]:
+def _filter_kwargs(name: str) -> dict[str, Any]:
     if name == "none":
         return {}
     try:
@@ -44,126 +47,227 @@ def _load_plugins() -> None:
         pass
 
 
+def _has_marker(path: Path) -> bool:
+    """Whether ``path`` is an HDF5 file carrying dlpack's root attribute."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        with open(path, "rb") as f:
+            if f.read(8) != _SIGNATURE:
+                return False
+        import h5py
+
+        with h5py.File(path, "r") as h:
+            return bool(h.attrs.get("dlpack_format") == "dlpack")
+    except OSError:
+        return False
+
+
 class Hdf5Writer(StoreWriter):
     """HDF5 has no safe concurrent writers through the library (two writers corrupt silently).
 
-    Uncompressed fixed-size images are the exception that matters for speed: the ``images``
-    dataset is contiguous and allocated at creation, so after ``create`` closes the file, worker
-    processes write their disjoint blocks of raw pixels straight to its byte range with
-    ``os.pwrite``; no process has the file open through HDF5 meanwhile. Everything else is
-    written by the one main process.
+    Uncompressed fixed arrays are the exception that matters for speed: they are contiguous and
+    allocated at creation, so worker processes write disjoint blocks of raw bytes straight to
+    their byte range with ``os.pwrite``, while this process has the file closed. Everything else
+    goes through h5py in the one main process.
     """
 
-    def __init__(self, path: str | Path, plan: StorePlan, images_offset: int | None = None) -> None:
-        super().__init__(path, plan)
-        self._f: Any = None
-        self.flush_elems = 16 * VARIABLE_CHUNK
-        self._images_offset = images_offset  # byte offset of the contiguous images dataset
-        self.parallel_safe = images_offset is not None
+    def __init__(self, path: str | Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+        super().__init__(path, mode, shard_bytes)
+        #: Stored array -> (byte offset of its contiguous data or None, row bytes, block rows).
+        self._raw: dict[str, tuple[int | None, int, int]] = {}
+        self._reset_handles()
 
-    @property
-    def block_images(self) -> int:
-        if self.parallel_safe:
-            return max(1, self.plan.shard_images)
-        # Blocks travel from workers to this process by pickling: keep them a few MB.
-        return max(1, min(self.plan.shard_images, 16))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "plan": self.plan, "images_offset": self._images_offset}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["plan"], state["images_offset"])  # type: ignore[misc]
+    def _reset_handles(self) -> None:
+        self._h_file: Any = None
 
     def _file(self) -> Any:
-        if self._f is None:
+        if self._h_file is None:
             import h5py
 
-            self._f = h5py.File(self.path, "r+")
-        return self._f
+            _load_plugins()
+            self._h_file = h5py.File(self.path, "r+")
+        return self._h_file
 
-    def create(self) -> None:
+    def _close(self) -> None:
+        if self._h_file is not None:
+            try:
+                self._h_file.close()
+            finally:
+                self._h_file = None
+
+    def open(self) -> None:
         import h5py
 
-        plan, spec = self.plan, self.plan.image
-        dtype = np.dtype(spec.dtype)
-        filt = _filter_kwargs(plan.compression, dtype.itemsize)
-        self._f = f = h5py.File(self.path, "w-")
-        f.attrs["dlpack_format"] = "dlpack"
-        if spec.layout == "fixed":
-            shape = spec.shape
-            assert shape is not None
-            if filt:
-                f.create_dataset("images", shape=(plan.count, *shape), dtype=dtype, chunks=(1, *shape), **filt)
-            else:
-                # Contiguous and allocated now, so readers can memory-map it at a fixed offset.
-                dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-                dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-                dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-                dcpl.set_obj_track_times(False)  # timestamps would make identical builds differ
-                space = h5py.h5s.create_simple((plan.count, *shape))
-                tid = h5py.h5t.py_create(dtype)
-                dset = h5py.h5d.create(f.id, b"images", tid, space, dcpl=dcpl)
-                offset = dset.get_offset()
-                if offset is not None:
-                    f.close()  # workers now write raw blocks; the file reopens for metadata
-                    self._f = None
-                    self._images_offset = int(offset)
-                    self.parallel_safe = True
-        else:
-            f.create_dataset("image_data", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(VARIABLE_CHUNK,), **filt)
-
-    def write_block(self, start: int, images: np.ndarray) -> None:
-        if self._images_offset is None:
-            self._file()["images"][start : start + len(images)] = images
+        exists = self.path.exists() or self.path.is_symlink()
+        if self.mode == "w-" or (self.mode == "a" and not exists):
+            if exists:
+                raise StoreExistsError(f"{self.path} already exists")
+            with h5py.File(self.path, "w-") as f:
+                f.attrs["dlpack_format"] = "dlpack"
             return
-        data = np.ascontiguousarray(images, dtype=np.dtype(self.plan.image.dtype).newbyteorder("<"))
+        if not exists:
+            raise StoreNotFoundError(f"no store at {self.path} to open with mode {self.mode!r}")
+        if not _has_marker(self.path):
+            raise StoreError(f"{self.path} is not a dlpack store; dlpack writes only into its own stores")
+        reader = Hdf5Reader(self.path)
+        try:
+            if MANIFEST in reader._file():
+                self.arrays = dict(reader.manifest.arrays)
+                self.count = reader.manifest.count
+            for name in self._stored_names():
+                ds = reader._file()[name]
+                offset = ds.id.get_offset() if ds.chunks is None and ds.compression is None else None
+                row = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
+                self._raw[name] = (
+                    None if offset is None else int(offset), row, self._block_rows(row, offset is not None, ds.shape[0])
+                )
+        finally:
+            reader.close()
+
+    def _stored_names(self) -> list[str]:
+        return [n for spec in self.arrays.values() for n in spec.stored_names()]
+
+    def _block_rows(self, row_nbytes: int, raw: bool, rows: int) -> int:
+        return max(1, min(max(1, rows), (self.shard_bytes if raw else _PICKLED_BLOCK) // max(1, row_nbytes)))
+
+    def _create_stored(self, name: str, spec: ArraySpec, rows: int, chunk: int, shard_rows: int) -> None:
+        import h5py
+
+        dtype = np.dtype(spec.dtype)
+        f = self._file()
+        filt = _filter_kwargs(spec.compression)
+        offset: int | None = None
+        if rows == 0 or filt:  # growing ragged data, or compressed: chunked
+            maxshape = (None, *spec.shape) if rows == 0 else None
+            f.create_dataset(
+                name, shape=(rows, *spec.shape), maxshape=maxshape, dtype=dtype, chunks=(chunk, *spec.shape),
+                track_times=False, **filt,
+            )  # fmt: skip
+        else:
+            # Contiguous and allocated now, so readers can memory-map it at a fixed offset.
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+            dcpl.set_obj_track_times(False)  # timestamps would make identical builds differ
+            space = h5py.h5s.create_simple((rows, *spec.shape))
+            dset = h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(dtype), space, dcpl=dcpl)
+            got = dset.get_offset()
+            offset = None if got is None else int(got)
+        self._close()  # workers may now write raw blocks; the file reopens for the next h5py call
+        self._raw[name] = (offset, spec.item_nbytes, self._block_rows(spec.item_nbytes, offset is not None, rows))
+
+    def _stored_layout(self, name: str) -> tuple[int, int]:
+        _, _, block = self._raw[name]
+        return 1, block
+
+    def parallel_safe(self, name: str) -> bool:
+        spec = self.arrays.get(name)
+        return spec is not None and not spec.ragged and self._raw.get(name, (None, 0, 0))[0] is not None
+
+    def _write_rows(self, name: str, start: int, rows: np.ndarray) -> None:
+        offset, row_nbytes, _ = self._raw[name]
+        if offset is None:
+            ds = self._file()[name]
+            stop = start + len(rows)
+            if stop > ds.shape[0]:
+                ds.resize((stop, *ds.shape[1:]))
+            ds[start:stop] = rows
+            return
+        self._close()
+        data = np.ascontiguousarray(rows, dtype=rows.dtype.newbyteorder("<"))
         fd = os.open(self.path, os.O_WRONLY)
         try:
-            view, pos = data.data.cast("B"), self._images_offset + start * self.plan.image_nbytes
+            view, pos = data.data.cast("B"), offset + start * row_nbytes
             while view:
                 n = os.pwrite(fd, view, pos)
                 view, pos = view[n:], pos + n
         finally:
             os.close(fd)
 
-    def _write_flat(self, start: int, flat: np.ndarray) -> None:
-        ds = self._file()["image_data"]
-        ds.resize((start + len(flat),))
-        ds[start:] = flat
-
-    def write_meta(self, arrays: dict[str, np.ndarray]) -> None:
+    def _delete_stored(self, name: str) -> None:
         f = self._file()
-        for name, arr in arrays.items():
-            f.create_dataset(name, data=arr)
+        if name in f:
+            del f[name]  # HDF5 does not give the space back; a rebuild compacts the file
+        self._raw.pop(name, None)
 
-    def finalize(self, manifest: Manifest) -> None:
+    def _write_manifest(self, manifest: Manifest) -> None:
         import h5py
 
-        self._flush(final=True)
         f = self._file()
+        if MANIFEST in f:
+            del f[MANIFEST]
         f.create_dataset(MANIFEST, data=manifest.to_json(), dtype=h5py.string_dtype("utf-8"))
         f.attrs["dlpack_format_version"] = manifest.format_version
-        f.close()
-        self._f = None
+        self._close()
 
     def abort(self) -> None:
-        if self._f is not None:
-            try:
-                self._f.close()
-            finally:
-                self._f = None
+        self._close()
+
+
+class _MappedArray:
+    """A contiguous dataset read through a memory map of the file (a plain ndarray view:
+    np.memmap's subclass costs microseconds per index)."""
+
+    def __init__(self, view: np.ndarray, nbytes: int) -> None:
+        self.view = view
+        self.shape = tuple(view.shape)
+        self.dtype = view.dtype
+        self._nbytes = nbytes
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return np.array(self.view[start:stop])
+
+    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
+        mm = self.view
+        for k in sorted(range(len(positions)), key=positions.__getitem__):
+            out[k] = mm[positions[k]]
+        return out
+
+    def warm(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.view = np.empty((0, *self.shape[1:]), dtype=self.dtype)
+
+    def nbytes_on_disk(self) -> int:
+        return self._nbytes
+
+
+class _H5Array:
+    """A chunked (compressed or growing) dataset read through h5py."""
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+        self.shape = tuple(int(d) for d in ds.shape)
+        self.dtype = np.dtype(ds.dtype)
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return np.asarray(self.ds[start:stop])
+
+    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
+        for k, i in enumerate(positions):
+            self.ds.read_direct(out, np.s_[int(i)], np.s_[k])
+        return out
+
+    def warm(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def nbytes_on_disk(self) -> int:
+        return int(self.ds.id.get_storage_size())
 
 
 class Hdf5Reader(StoreReader):
-    """Memory-maps contiguous uncompressed images; other layouts go through h5py."""
+    """Memory-maps contiguous uncompressed arrays; other layouts go through h5py."""
 
-    def __init__(self, path: str | Path) -> None:
-        super().__init__(path)
+    def __init__(self, path: str | Path, mode: Mode = "r") -> None:
+        super().__init__(path, mode)
         self._f: Any = None
         self._manifest: Manifest | None = None
-        self._mm: np.ndarray | None = None
         self._map: mmap.mmap | None = None
-        self._offsets: np.ndarray | None = None
 
     def _file(self) -> Any:
         if self._f is None:
@@ -183,7 +287,7 @@ class Hdf5Reader(StoreReader):
         if self._manifest is None:
             f = self._file()
             if MANIFEST not in f:
-                if "dlpack_format" in f.attrs:
+                if f.attrs.get("dlpack_format") == "dlpack":
                     raise IncompleteStoreError(
                         f"{self.path} is an incomplete dlpack store (no manifest: the build failed or was "
                         "killed); run dlpack build again with --overwrite"
@@ -193,67 +297,32 @@ class Hdf5Reader(StoreReader):
             self._manifest = Manifest.from_json(raw.decode("utf-8") if isinstance(raw, bytes) else raw, str(self.path))
         return self._manifest
 
-    @property
-    def mapped(self) -> np.ndarray | None:
-        """The images as one memory-mapped [N, H, W, C] array, or None when not contiguous."""
-        if self._mm is None and self.manifest.image.layout == "fixed":
-            ds = self._file()["images"]
-            offset = ds.id.get_offset()
-            if ds.chunks is None and offset is not None and ds.size:
-                # A plain ndarray over mmap: np.memmap's subclass costs microseconds per index.
+    def _open_array(self, stored_name: str) -> ArrayAccess:
+        f = self._file()
+        if stored_name not in f:
+            raise StoreError(f"store {self.path} has no array {stored_name!r}")
+        ds = f[stored_name]
+        offset = ds.id.get_offset()
+        if ds.chunks is None and offset is not None and ds.size:
+            if self._map is None:
                 with open(self.path, "rb") as fh:
                     self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-                count = int(np.prod(ds.shape))
-                self._mm = np.frombuffer(self._map, dtype=ds.dtype, count=count, offset=offset).reshape(ds.shape)
-        return self._mm
-
-    def read_image(self, index: int) -> np.ndarray:
-        if self.manifest.image.layout == "fixed":
-            mm = self.mapped
-            if mm is not None:
-                return np.array(mm[index])
-            return np.asarray(self._file()["images"][index])
-        if self._offsets is None:
-            self._offsets = self.meta("image_offsets")
-        shape = tuple(int(v) for v in self.meta("image_shapes")[index])
-        data = self._file()["image_data"][int(self._offsets[index]) : int(self._offsets[index + 1])]
-        return np.asarray(data).reshape(shape)
-
-    def read_into(self, indices: Any, out: np.ndarray) -> np.ndarray:
-        mm = self.mapped
-        if mm is None:
-            ds = self._file()["images"]
-            for k, i in enumerate(indices):
-                ds.read_direct(out, np.s_[int(i)], np.s_[k])
-            return out
-        positions = [int(i) for i in indices]
-        for k in sorted(range(len(positions)), key=positions.__getitem__):
-            out[k] = mm[positions[k]]
-        return out
-
-    def warm(self) -> None:
-        super().warm()
-        _ = self.mapped
-        if self.manifest.image.layout == "variable":
-            self.meta("image_offsets")
-            self.meta("image_shapes")
-
-    def _read_meta(self, name: str) -> np.ndarray:
-        f = self._file()
-        if name not in f:
-            raise StoreError(f"store {self.path} has no array {name!r}")
-        return np.asarray(f[name][()])
+            count = int(np.prod(ds.shape, dtype=np.int64))
+            try:
+                view = np.frombuffer(self._map, dtype=ds.dtype, count=count, offset=int(offset)).reshape(ds.shape)
+            except ValueError as exc:
+                raise StoreError(f"array {stored_name!r} of {self.path} reaches past the end of the file") from exc
+            return _MappedArray(view, count * ds.dtype.itemsize)
+        return _H5Array(ds)
 
     def close(self) -> None:
         super().close()
-        self._mm = None
         if self._map is not None:
             try:
                 self._map.close()
             except BufferError:
                 pass  # a caller still holds an image view; the map goes with it
             self._map = None
-        self._offsets = None
         if self._f is not None:
             self._f.close()
             self._f = None
@@ -271,9 +340,14 @@ class Hdf5Backend(Backend):
             return f.read(8) == _SIGNATURE
 
     @classmethod
-    def open_reader(cls, path: Path) -> StoreReader:
-        return Hdf5Reader(path)
+    def is_own(cls, path: Path) -> bool:
+        return _has_marker(path)
 
     @classmethod
-    def create_writer(cls, path: Path, plan: StorePlan) -> StoreWriter:
-        return Hdf5Writer(path, plan)
+    def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader:
+        check_mode(mode, ("r",))
+        return Hdf5Reader(path, mode)
+
+    @classmethod
+    def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
+        return Hdf5Writer(path, mode, shard_bytes)

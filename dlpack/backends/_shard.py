@@ -77,6 +77,7 @@ class ShardedArray:
         self.chunks_per_shard = int(shard_shape[0]) // self.chunk_len
         self.chunk_shape = (self.chunk_len, *self.shape[1:])
         self.chunk_nbytes = int(np.prod(self.chunk_shape)) * self.dtype.itemsize
+        self.rows_per_shard = self.chunk_len * self.chunks_per_shard
         self.n_chunks = -(-self.shape[0] // self.chunk_len) if self.shape[0] else 0
         self.n_shards = -(-self.n_chunks // self.chunks_per_shard) if self.n_chunks else 0
         self.decoder = _decoder(conf["codecs"], path)
@@ -183,16 +184,42 @@ class ShardedArray:
         end = min(self.chunk_len, self.shape[0] - c * self.chunk_len)
         return out[:end] if end < self.chunk_len else out
 
-    def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Elements ``start:stop`` along axis 0 (used for flat variable-size data)."""
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` along axis 0 as a new array."""
+        if not 0 <= start <= stop <= self.shape[0]:
+            raise StoreError(f"rows {start}:{stop} are outside {self.path} of {self.shape[0]} rows; the store is damaged")
         out = np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
+        views, rps = self.shard_views(), self.rows_per_shard
         pos = start
         while pos < stop:
-            c = pos // self.chunk_len
-            base = c * self.chunk_len
-            take = min(stop, base + self.chunk_len) - pos
-            out[pos - start : pos - start + take] = self.chunk(c)[pos - base : pos - base + take]
+            view = views[pos // rps]
+            if view is not None:
+                base = (pos // rps) * rps
+                take = min(stop, base + rps) - pos
+                out[pos - start : pos - start + take] = view[pos - base : pos - base + take]
+            else:
+                c = pos // self.chunk_len
+                base = c * self.chunk_len
+                take = min(stop, base + self.chunk_len) - pos
+                out[pos - start : pos - start + take] = self.chunk(c)[pos - base : pos - base + take]
             pos += take
+        return out
+
+    read_range = read_rows
+
+    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
+        """Gather rows ``positions`` into ``out[:len(positions)]``; rows must exist (caller-checked)."""
+        views, rps = self.shard_views(), self.rows_per_shard
+        # Sorted reads are sequential within shards when the page cache is cold, and cost nothing warm.
+        for k in sorted(range(len(positions)), key=positions.__getitem__):
+            i = positions[k]
+            view = views[i // rps]
+            if view is not None:
+                out[k] = view[i % rps]
+            elif self.chunk_len == 1:
+                self.chunk_into(i, out[k : k + 1])
+            else:
+                out[k] = self.chunk(i // self.chunk_len)[i % self.chunk_len]
         return out
 
     def close(self) -> None:

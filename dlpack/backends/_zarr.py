@@ -1,22 +1,30 @@
-"""Zarr v3 backend: a group folder with sharded arrays and ``manifest.json`` (docs/format.md)."""
+"""Zarr v3 backend: a group folder of sharded arrays and ``manifest.json`` (docs/format.md).
+
+Every array is sharded along its first axis only. Uncompressed shards are written and read
+directly in the ``sharding_indexed`` format (:mod:`._shard`); zarr-python writes compressed ones
+and creates the metadata, so the store stays standard for zarr-python and tensorstore.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from ..errors import IncompleteStoreError, StoreError, StoreNotFoundError
-from ..manifest import Manifest
+from ..errors import IncompleteStoreError, StoreError, StoreExistsError, StoreNotFoundError
+from ..manifest import ArraySpec, Manifest
 from ._shard import ShardedArray, crc32c
-from .base import Backend, StorePlan, StoreReader, StoreWriter
+from .base import DEFAULT_SHARD_BYTES, ArrayAccess, Backend, Mode, StoreReader, StoreWriter, check_mode
 
 __all__ = ["ZarrBackend", "ZarrReader", "ZarrWriter"]
 
 MANIFEST = "manifest.json"
-#: Inner chunk of the flat variable-size pixel array, in elements.
-VARIABLE_CHUNK = 2**18
+_MISSING = 2**64 - 1
 
 
 def _compressors(name: str, itemsize: int) -> Any:
@@ -32,133 +40,200 @@ def _compressors(name: str, itemsize: int) -> Any:
     raise ValueError(f"unknown compression {name!r}")
 
 
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass
+class _Layout:
+    """What a process needs to write one stored array without asking zarr-python."""
+
+    rows: int
+    trailing: tuple[int, ...]
+    dtype: str
+    chunk: int
+    shard_rows: int
+    compression: str
+
+    @property
+    def row_nbytes(self) -> int:
+        return int(np.prod(self.trailing, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
 class ZarrWriter(StoreWriter):
-    """Writes a Zarr v3 group. Each ``write_block`` is exactly one shard, so worker processes can
-    write disjoint shards concurrently (concurrent writes into one shard lose data)."""
+    """Writes a Zarr v3 group. Aligned blocks are whole shards, so worker processes can write
+    disjoint shards concurrently (concurrent writes into one shard file lose data)."""
 
-    parallel_safe = True
+    def __init__(self, path: str | Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+        super().__init__(path, mode, shard_bytes)
+        self._layout: dict[str, _Layout] = {}
+        self._reset_handles()
 
-    def __init__(self, path: str | Path, plan: StorePlan) -> None:
-        super().__init__(path, plan)
-        self._images: Any = None
-        # Whole shards only, so no shard file is ever written twice.
-        self.flush_elems = VARIABLE_CHUNK * max(1, plan.shard_images)
+    def _reset_handles(self) -> None:
+        self._h_arrays: dict[str, Any] = {}
 
-    def _group(self, mode: Literal["r", "r+", "a", "w", "w-"]) -> Any:
+    def _group(self, mode: str) -> Any:
         import zarr
 
-        return zarr.open_group(str(self.path), mode=mode, zarr_format=3)
+        return zarr.open_group(str(self.path), mode=mode, zarr_format=3)  # type: ignore[arg-type]
 
-    def create(self) -> None:
-        plan, spec = self.plan, self.plan.image
-        g = self._group("w-")
-        g.attrs["dlpack"] = {"format": "dlpack", "complete": False}
+    def open(self) -> None:
+        exists = self.path.exists() or self.path.is_symlink()
+        if self.mode == "w-" or (self.mode == "a" and not exists):
+            if exists:
+                raise StoreExistsError(f"{self.path} already exists")
+            g = self._group("w-")
+            g.attrs["dlpack"] = {"format": "dlpack", "complete": False}
+            return
+        if not exists:
+            raise StoreNotFoundError(f"no store at {self.path} to open with mode {self.mode!r}")
+        if not ZarrBackend.is_own(self.path):
+            raise StoreError(f"{self.path} is not a dlpack store; dlpack writes only into its own stores")
+        if (self.path / MANIFEST).exists():
+            manifest = read_manifest(self.path)
+            self.arrays = dict(manifest.arrays)
+            self.count = manifest.count
+
+    def _create_stored(self, name: str, spec: ArraySpec, rows: int, chunk: int, shard_rows: int) -> None:
         dtype = np.dtype(spec.dtype)
-        cfg = {"write_empty_chunks": True}
-        if spec.layout == "fixed":
-            shape = spec.shape
-            assert shape is not None
-            g.create_array(
-                "images",
-                shape=(plan.count, *shape),
-                dtype=dtype,
-                chunks=(1, *shape),
-                shards=(max(1, plan.shard_images), *shape),
-                compressors=_compressors(plan.compression, dtype.itemsize),
-                fill_value=0,
-                config=cfg,
+        self._group("r+").create_array(
+            name,
+            shape=(rows, *spec.shape),
+            dtype=dtype,
+            chunks=(chunk, *spec.shape),
+            shards=(shard_rows, *spec.shape),
+            compressors=_compressors(spec.compression, dtype.itemsize),
+            fill_value=0,
+            config={"write_empty_chunks": True},
+        )
+        self._layout[name] = _Layout(rows, spec.shape, dtype.str, chunk, shard_rows, spec.compression)
+
+    def _layout_of(self, name: str) -> _Layout:
+        lay = self._layout.get(name)
+        if lay is None:
+            sharded = ShardedArray(self.path / name)
+            lay = self._layout[name] = _Layout(
+                sharded.shape[0],
+                tuple(sharded.shape[1:]),
+                sharded.dtype.str,
+                sharded.chunk_len,
+                sharded.chunk_len * sharded.chunks_per_shard,
+                "none" if sharded.decoder is None else "compressed",
             )
-        else:
-            per_shard = max(1, plan.shard_images)
-            g.create_array(
-                "image_data",
-                shape=(0,),
-                dtype=dtype,
-                chunks=(VARIABLE_CHUNK,),
-                shards=(VARIABLE_CHUNK * per_shard,),
-                compressors=_compressors(plan.compression, dtype.itemsize),
-                fill_value=0,
-                config=cfg,
-            )
+        return lay
+
+    def _stored_layout(self, name: str) -> tuple[int, int]:
+        lay = self._layout_of(name)
+        return lay.chunk, lay.shard_rows
+
+    def parallel_safe(self, name: str) -> bool:
+        spec = self.arrays.get(name)
+        return spec is not None and not spec.ragged
 
     def _array(self, name: str) -> Any:
-        import zarr
+        arr = self._h_arrays.get(name)
+        if arr is None:
+            import zarr
 
-        arr = zarr.open_array(str(self.path / name), mode="r+", zarr_format=3)
-        # The creation-time config is not stored: without this, zarr compares every chunk with the
-        # fill value before writing it (measured: 2-4x slower shard writes).
-        return arr.with_config({"write_empty_chunks": True})  # type: ignore[call-overload]
+            arr = zarr.open_array(str(self.path / name), mode="r+", zarr_format=3)
+            # The creation-time config is not stored: without this, zarr compares every chunk with the
+            # fill value before writing it (measured: 2-4x slower shard writes).
+            arr = self._h_arrays[name] = arr.with_config({"write_empty_chunks": True})
+        return arr
 
-    def write_block(self, start: int, images: np.ndarray) -> None:
-        per = max(1, self.plan.shard_images)
-        if self.plan.compression == "none" and start % per == 0 and len(images) <= per:
-            self._write_raw_shard(start // per, images)
+    def _write_rows(self, name: str, start: int, rows: np.ndarray) -> None:
+        lay = self._layout_of(name)
+        stop = start + len(rows)
+        if stop > lay.rows:  # growing data of a ragged array
+            self._array(name).resize((stop, *lay.trailing))
+            lay.rows = stop
+        per = lay.shard_rows
+        whole = len(rows) % per == 0 or stop == lay.rows
+        if lay.compression == "none" and start % per == 0 and whole:
+            for s in range(0, len(rows), per):
+                self._write_raw_shard(name, lay, (start + s) // per, rows[s : s + per])
             return
-        if self._images is None:
-            self._images = self._array("images")
-        self._images[start : start + len(images)] = images
+        self._array(name)[start:stop] = rows
 
-    def _write_raw_shard(self, s: int, images: np.ndarray) -> None:
-        """Write shard ``s`` of uncompressed images directly in the sharding format: the images in
-        order, then the index of (offset, nbytes) pairs and its CRC-32C. zarr-python's codec
-        pipeline spent a fifth of a build's time on the same bytes."""
-        per = max(1, self.plan.shard_images)
-        data = np.ascontiguousarray(images, dtype=np.dtype(self.plan.image.dtype).newbyteorder("<"))
-        nb = self.plan.image_nbytes
-        index = np.full((per, 2), 2**64 - 1, dtype="<u8")  # chunks past the array's end stay missing
-        index[: len(images), 0] = np.arange(len(images), dtype="<u8") * np.uint64(nb)
-        index[: len(images), 1] = nb
-        path = self.path / "images" / "c" / str(s)
-        for _ in range(len(self.plan.image.shape or ())):
+    def _write_raw_shard(self, name: str, lay: _Layout, s: int, rows: np.ndarray) -> None:
+        """Write shard ``s`` directly in the sharding format: the inner chunks in order (the last
+        padded to a whole chunk with the fill value), then the index of (offset, nbytes) pairs and
+        its CRC-32C. zarr-python's codec pipeline spent a fifth of a build's time on the same bytes."""
+        data = np.ascontiguousarray(rows, dtype=np.dtype(lay.dtype).newbyteorder("<"))
+        n_chunks = -(-len(rows) // lay.chunk)
+        pad = n_chunks * lay.chunk - len(rows)
+        nb = lay.chunk * lay.row_nbytes
+        index = np.full((lay.shard_rows // lay.chunk, 2), _MISSING, dtype="<u8")  # chunks past the end stay missing
+        index[:n_chunks, 0] = np.arange(n_chunks, dtype="<u8") * np.uint64(nb)
+        index[:n_chunks, 1] = nb
+        path = self.path / name / "c" / str(s)
+        for _ in lay.trailing:
             path = path / "0"
         path.parent.mkdir(parents=True, exist_ok=True)
         table = index.tobytes()
         with open(path, "wb") as f:
             f.write(data.data)
+            if pad:
+                f.write(bytes(pad * lay.row_nbytes))
             f.write(table)
             f.write(crc32c(table).to_bytes(4, "little"))
 
-    def _write_flat(self, start: int, flat: np.ndarray) -> None:
-        if self._images is None:
-            self._images = self._array("image_data")
-        self._images.resize((start + len(flat),))
-        self._images[start:] = flat
+    def _delete_stored(self, name: str) -> None:
+        self._h_arrays.pop(name, None)
+        self._layout.pop(name, None)
+        target = self.path / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
 
-    def write_meta(self, arrays: dict[str, np.ndarray]) -> None:
-        g = self._group("r+")
-        for name, arr in arrays.items():
-            chunk0 = max(1, min(len(arr), (16 * 2**20) // max(1, arr[:1].nbytes or 1)))
-            a = g.create_array(
-                name,
-                shape=arr.shape,
-                dtype=arr.dtype,
-                chunks=(chunk0, *arr.shape[1:]),
-                compressors=None,
-                fill_value=0,
-            )
-            if arr.size:
-                a[...] = arr
-
-    def finalize(self, manifest: Manifest) -> None:
-        self._flush(final=True)
+    def _write_manifest(self, manifest: Manifest) -> None:
+        self._h_arrays.clear()
         g = self._group("r+")
         g.attrs["dlpack"] = {"format": "dlpack", "format_version": manifest.format_version, "complete": True}
-        (self.path / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
+        _atomic_write(self.path / MANIFEST, manifest.to_json())
 
-    def __getstate__(self) -> dict[str, Any]:
-        if self._buf:
-            raise RuntimeError("a ZarrWriter with buffered appends cannot be pickled")
-        return super().__getstate__()
+    def abort(self) -> None:
+        self._h_arrays.clear()
+
+
+class _ZarrPythonArray:
+    """A stored array that is not sharded (stores written before named arrays): read by zarr-python."""
+
+    def __init__(self, path: Path) -> None:
+        import zarr
+
+        try:
+            self._arr = zarr.open_array(str(path), mode="r", zarr_format=3)
+        except (FileNotFoundError, KeyError, ValueError) as exc:
+            raise StoreError(f"cannot open array {path}: {exc}") from exc
+        self.shape = tuple(int(d) for d in self._arr.shape)
+        self.dtype = np.dtype(self._arr.dtype)
+        self.path = path
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return np.asarray(self._arr[start:stop])
+
+    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
+        out[: len(positions)] = self._arr.get_orthogonal_selection((np.asarray(positions, dtype=np.int64),))
+        return out
+
+    def warm(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def nbytes_on_disk(self) -> int:
+        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
 
 
 class ZarrReader(StoreReader):
-    """Reads images through :class:`ShardedArray` (direct shard access), metadata through zarr-python."""
+    """Reads every array through :class:`ShardedArray` (direct shard access)."""
 
-    def __init__(self, path: str | Path) -> None:
-        super().__init__(path)
+    def __init__(self, path: str | Path, mode: Mode = "r") -> None:
+        super().__init__(path, mode)
         self._manifest: Manifest | None = None
-        self._images: ShardedArray | None = None
-        self._offsets: np.ndarray | None = None
 
     @property
     def manifest(self) -> Manifest:
@@ -166,69 +241,28 @@ class ZarrReader(StoreReader):
             self._manifest = read_manifest(self.path)
         return self._manifest
 
-    @property
-    def images(self) -> ShardedArray:
-        """The sharded image array (``images`` or ``image_data``), opened on first use."""
-        if self._images is None:
-            name = "images" if self.manifest.image.layout == "fixed" else "image_data"
-            self._images = ShardedArray(self.path / name, strict=True)
-            if self._images.shape[0] < (self.manifest.count if name == "images" else 0):
-                raise StoreError(f"{self.path / name}: fewer images than the manifest's {self.manifest.count}")
-        return self._images
-
-    def read_image(self, index: int) -> np.ndarray:
-        if self.manifest.image.layout == "fixed":
-            img: np.ndarray = self.images.chunk(index)[0]
-            return img
-        if self._offsets is None:
-            self._offsets = self.meta("image_offsets")
-        shape = tuple(int(v) for v in self.meta("image_shapes")[index])
-        return self.images.read_range(int(self._offsets[index]), int(self._offsets[index + 1])).reshape(shape)
-
-    def read_into(self, indices: Any, out: np.ndarray) -> np.ndarray:
-        arr = self.images
-        if arr.chunk_len != 1:
-            return super().read_into(indices, out)
-        views, per = arr.shard_views(), arr.chunks_per_shard
-        positions = [int(i) for i in indices]
-        # Sorted reads are sequential within shards when the page cache is cold, and cost nothing warm.
-        for k in sorted(range(len(positions)), key=positions.__getitem__):
-            i = positions[k]
-            view = views[i // per]
-            if view is not None:
-                out[k] = view[i % per]
-            else:
-                arr.chunk_into(i, out[k : k + 1])
-        return out
-
-    def warm(self) -> None:
-        super().warm()
-        self.images.warm()
-        if self.manifest.image.layout == "variable":
-            self.meta("image_offsets")
-            self.meta("image_shapes")
-
-    def _read_meta(self, name: str) -> np.ndarray:
-        import zarr
-
+    def _open_array(self, stored_name: str) -> ArrayAccess:
+        path = self.path / stored_name
         try:
-            return np.asarray(zarr.open_array(str(self.path / name), mode="r", zarr_format=3)[...])
-        except (FileNotFoundError, KeyError, ValueError) as exc:
-            raise StoreError(f"store {self.path} has no readable array {name!r}: {exc}") from exc
+            meta = json.loads((path / "zarr.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise StoreError(f"store {self.path} has no array {stored_name!r} (missing {path / 'zarr.json'})") from None
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"cannot read array metadata {path / 'zarr.json'}: {exc}") from exc
+        codecs = meta.get("codecs") if isinstance(meta, dict) else None
+        if isinstance(codecs, list) and len(codecs) == 1 and codecs[0].get("name") == "sharding_indexed":
+            return ShardedArray(path, strict=True)
+        return _ZarrPythonArray(path)
 
     def close(self) -> None:
         super().close()
-        if self._images is not None:
-            self._images.close()
-        self._images = None
-        self._offsets = None
 
 
 def read_manifest(path: Path) -> Manifest:
     """The manifest of a Zarr store, with errors that say what is wrong."""
     mpath = path / MANIFEST
     if not mpath.exists():
-        if (path / "zarr.json").exists():
+        if ZarrBackend.is_own(path):
             raise IncompleteStoreError(
                 f"{path} is an incomplete dlpack store (no {MANIFEST}: the build failed or was killed); "
                 "run dlpack build again with --overwrite"
@@ -250,9 +284,21 @@ class ZarrBackend(Backend):
         return path.is_dir() and ((path / "zarr.json").exists() or (path / MANIFEST).exists())
 
     @classmethod
-    def open_reader(cls, path: Path) -> StoreReader:
-        return ZarrReader(path)
+    def is_own(cls, path: Path) -> bool:
+        if not path.is_dir() or path.is_symlink():
+            return False
+        try:
+            attrs = json.loads((path / "zarr.json").read_text(encoding="utf-8")).get("attributes", {})
+        except (OSError, ValueError, AttributeError):
+            return False
+        marker = attrs.get("dlpack") if isinstance(attrs, dict) else None
+        return isinstance(marker, dict) and marker.get("format") == "dlpack"
 
     @classmethod
-    def create_writer(cls, path: Path, plan: StorePlan) -> StoreWriter:
-        return ZarrWriter(path, plan)
+    def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader:
+        check_mode(mode, ("r",))
+        return ZarrReader(path, mode)
+
+    @classmethod
+    def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
+        return ZarrWriter(path, mode, shard_bytes)

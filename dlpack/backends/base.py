@@ -1,8 +1,18 @@
 """The one interface every store backend implements.
 
-A backend is a registry entry (:class:`Backend`) that can recognise a store on disk, open a
-:class:`StoreReader` and create a :class:`StoreWriter`. Capability flags are checked in one place,
-:func:`dlpack.backends.get_backend`; the build pipeline and the loader only see these classes.
+A store is a group of named per-sample arrays (:class:`~dlpack.manifest.ArraySpec`) plus a
+manifest written last. ``images`` is one of those arrays; ``labels``, ``checksum``, masks, boxes and
+augmented variants are others, written and read the same way:
+
+- :class:`StoreWriter` creates arrays and streams them in blocks by sample index
+  (``write_block(name, start, values)``), then ``commit(manifest)`` writes the manifest last.
+- :class:`StoreReader` gathers samples of any array (``read_into(name, indices, out)``,
+  ``read(name, index)``).
+
+Both open with h5py's mode letters: ``r`` read only, ``r+`` read/write an existing store, ``a``
+read/write, creating the store if missing, ``w-`` create, failing if it exists. A
+:class:`Backend` is a registry entry; the registry (:mod:`dlpack.backends`) routes formats by
+name and suffix and checks capability flags in one place.
 """
 
 from __future__ import annotations
@@ -10,87 +20,189 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
-from ..manifest import ImageSpec, Manifest
+from ..errors import OptionError, StoreError
+from ..manifest import ArraySpec, Manifest
 
-__all__ = ["Backend", "StorePlan", "StoreReader", "StoreWriter", "META_ARRAYS"]
+__all__ = ["ArrayAccess", "ArraySpec", "Backend", "Mode", "StoreReader", "StoreWriter", "DEFAULT_SHARD_BYTES"]
 
-#: Per-sample arrays every store has, besides the images: name -> (dtype, trailing shape).
-META_ARRAYS: dict[str, tuple[str, tuple[int, ...]]] = {
-    "labels": ("<i4", ()),
-    "original_size": ("<i4", (2,)),
-    "transform": ("<f8", (4,)),
-    "checksum": ("<u4", ()),
-    "source_offsets": ("<i8", ()),
-    "source_data": ("|u1", ()),
-}
+Mode = Literal["r", "r+", "a", "w-"]
+WRITE_MODES: tuple[str, ...] = ("r+", "a", "w-")
+#: "Tens of MB per shard" keeps a dataset at a few hundred files (docs/format.md).
+DEFAULT_SHARD_BYTES = 32 * 2**20
+#: Arrays whose samples are smaller than this are read whole once and indexed in memory.
+_SMALL_SAMPLE = 4096
+_SMALL_ARRAY = 64 * 2**20
 
 
-@dataclass(frozen=True)
-class StorePlan:
-    """What a writer must lay out: sample count, image spec, codec and shard size."""
+def check_mode(mode: str, allowed: Sequence[str]) -> None:
+    if mode not in allowed:
+        raise OptionError(f"mode must be one of {', '.join(allowed)} (as in h5py), got {mode!r}")
 
-    count: int
-    image: ImageSpec
-    compression: str = "none"
-    shard_images: int = 1
 
-    @property
-    def image_nbytes(self) -> int:
-        shape = self.image.shape
-        if shape is None:
-            raise ValueError("variable-size stores have no fixed image size")
-        return int(np.prod(shape)) * np.dtype(self.image.dtype).itemsize
+def rows_per_shard(item_nbytes: int, count: int, shard_bytes: int, chunk: int = 1) -> int:
+    """Rows per shard: about ``shard_bytes``, a whole number of ``chunk``-row inner chunks, at most the array."""
+    rows = max(1, shard_bytes // max(1, item_nbytes))
+    rows = min(rows, max(1, count))
+    return max(chunk, (rows // chunk) * chunk)
+
+
+class ArrayAccess(Protocol):
+    """Backend-specific read access to one stored (physical) array, N rows first."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray: ...
+
+    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray: ...
+
+    def warm(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def nbytes_on_disk(self) -> int: ...
 
 
 class StoreReader(ABC):
     """Read side of a store. Holds no open handle until first use and drops handles on pickling,
     so a reader can be sent to worker processes, which then open their own."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], mode: Mode = "r") -> None:
+        check_mode(mode, ("r",))
         self.path = Path(path)
-        self._meta: dict[str, np.ndarray] = {}
+        self.mode: Mode = mode
+        self._access: dict[str, ArrayAccess] = {}
+        self._whole: dict[str, np.ndarray] = {}
+        self._offsets: dict[str, list[int]] = {}
         self._sources: tuple[bytes, list[int]] | None = None
+
+    # ------------------------------------------------------------------ backend hooks
 
     @property
     @abstractmethod
     def manifest(self) -> Manifest: ...
 
+    @abstractmethod
+    def _open_array(self, stored_name: str) -> ArrayAccess:
+        """Open one stored array (``NAME``, ``NAME_data`` or ``NAME_offsets``) for reading."""
+
+    # ------------------------------------------------------------------ arrays
+
+    @property
+    def arrays(self) -> dict[str, ArraySpec]:
+        """Every per-sample array of the store, by name."""
+        return self.manifest.arrays
+
+    def spec(self, name: str) -> ArraySpec:
+        try:
+            return self.arrays[name]
+        except KeyError:
+            raise StoreError(
+                f"store {self.path} has no array {name!r} (it has: {', '.join(sorted(self.arrays)) or 'none'})"
+            ) from None
+
+    def _stored(self, stored_name: str) -> ArrayAccess:
+        acc = self._access.get(stored_name)
+        if acc is None:
+            acc = self._access[stored_name] = self._open_array(stored_name)
+        return acc
+
     def __len__(self) -> int:
         return self.manifest.count
 
-    @abstractmethod
-    def read_image(self, index: int) -> np.ndarray:
-        """One image as H x W x C; ``index`` is already validated (0 <= index < len)."""
+    def _fixed(self, name: str) -> ArraySpec:
+        spec = self.spec(name)
+        if spec.ragged:
+            raise StoreError(f"array {name!r} of {self.path} is ragged; read its samples with read(name, index)")
+        return spec
 
-    def read_into(self, indices: Sequence[int], out: np.ndarray) -> np.ndarray:
-        """Gather fixed-size images ``indices`` into ``out[:len(indices)]`` (B x H x W x C)."""
-        for k, i in enumerate(indices):
-            out[k] = self.read_image(int(i))
-        return out
+    def _small(self, spec: ArraySpec) -> bool:
+        return spec.item_nbytes <= _SMALL_SAMPLE and spec.item_nbytes * len(self) <= _SMALL_ARRAY
 
-    @abstractmethod
-    def _read_meta(self, name: str) -> np.ndarray: ...
+    def read_all(self, name: str) -> np.ndarray:
+        """A whole fixed array ``[N, *shape]``, read once and cached (for small per-sample arrays)."""
+        arr = self._whole.get(name)
+        if arr is None:
+            spec = self._fixed(name)
+            acc = self._stored(name)
+            n = len(self)
+            if acc.shape[0] < n or tuple(acc.shape[1:]) != spec.shape:
+                raise StoreError(
+                    f"array {name!r} of {self.path} has shape {list(acc.shape)}, the manifest says "
+                    f"{[n, *spec.shape]}; the store is damaged, rebuild it"
+                )
+            arr = self._whole[name] = acc.read_rows(0, n)
+        return arr
 
     def meta(self, name: str) -> np.ndarray:
-        """A whole per-sample array (labels, original_size, ...), read once and cached."""
-        arr = self._meta.get(name)
-        if arr is None:
-            arr = self._meta[name] = self._read_meta(name)
-        return arr
+        """A whole per-sample array by its stored name (``labels``, ``checksum``, ``source_offsets`` ...)."""
+        if name in self.arrays:
+            return self.read_all(name)
+        for spec in self.arrays.values():
+            if spec.ragged and name in spec.stored_names():
+                if name.endswith("_offsets"):
+                    return np.asarray(self._ragged_offsets(spec.name), dtype=np.int64)
+                acc = self._stored(name)
+                return acc.read_rows(0, acc.shape[0])
+        raise StoreError(f"store {self.path} has no array {name!r}")
+
+    def read_into(self, name: str, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Gather samples ``indices`` of fixed array ``name`` into ``out[:len(indices)]``."""
+        spec = self._fixed(name)
+        if self._small(spec):
+            np.take(self.read_all(name), np.asarray(indices, dtype=np.int64), axis=0, out=out[: len(indices)])
+            return out
+        return self._stored(name).read_into([int(i) for i in indices], out)
+
+    def _ragged_offsets(self, name: str) -> list[int]:
+        off = self._offsets.get(name)
+        if off is None:
+            acc = self._stored(name + "_offsets")
+            raw = acc.read_rows(0, acc.shape[0])
+            n = len(self)
+            if len(raw) != n + 1 or (n and (raw[0] != 0 or np.any(np.diff(raw) < 0))):
+                raise StoreError(f"{name}_offsets of {self.path} is damaged (not {n + 1} rising offsets); rebuild it")
+            if n and int(raw[-1]) > self._stored(name + "_data").shape[0]:
+                raise StoreError(f"{name}_offsets of {self.path} points past {name}_data; rebuild it")
+            off = self._offsets[name] = raw.tolist()  # plain ints: indexing NumPy per item costs microseconds
+        return off
+
+    def read(self, name: str, index: int) -> np.ndarray:
+        """Sample ``index`` of any array: its trailing shape (fixed) or its rows (ragged)."""
+        spec = self.spec(name)
+        if not spec.ragged:
+            if self._small(spec):
+                return np.array(self.read_all(name)[index])
+            out = np.empty((1, *spec.shape), dtype=spec.dtype)
+            return self._stored(name).read_into([int(index)], out)[0]
+        off = self._ragged_offsets(name)
+        return self._stored(name + "_data").read_rows(off[index], off[index + 1])
+
+    # ------------------------------------------------------------------ images and sources
+
+    def read_image(self, index: int) -> np.ndarray:
+        """One image as H x W x C; ``index`` is already validated (0 <= index < len)."""
+        image = self.manifest.image
+        if image.layout == "fixed":
+            return self.read("images", index)
+        shape = tuple(int(v) for v in self.read_all("image_shapes")[index])
+        return self.read("image", index).reshape(shape)
 
     def source(self, index: int) -> str:
         """The relative source path of sample ``index``."""
         if self._sources is None:
-            # Plain bytes and ints: slicing NumPy arrays per batch item costs microseconds each.
-            self._sources = (bytes(self.meta("source_data")), self.meta("source_offsets").tolist())
+            off = self._ragged_offsets("source")
+            acc = self._stored("source_data")
+            self._sources = (acc.read_rows(0, acc.shape[0]).tobytes(), off)
         data, off = self._sources
         return data[off[index] : off[index + 1]].decode("utf-8")
+
+    # ------------------------------------------------------------------ lifecycle
 
     def nbytes_on_disk(self) -> int:
         """Bytes the store takes on disk (every file of a folder store)."""
@@ -100,20 +212,31 @@ class StoreReader(ABC):
 
     def warm(self) -> None:
         """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads start)."""
-        self.meta("labels")
-        self.meta("checksum")
-        self.source(0) if len(self) else None
+        for name, spec in self.arrays.items():
+            if spec.ragged:
+                self._ragged_offsets(name)
+                self._stored(name + "_data").warm()
+            elif self._small(spec):
+                self.read_all(name)
+            else:
+                self._stored(name).warm()
+        if len(self) and "source" in self.arrays:
+            self.source(0)
 
     def close(self) -> None:
         """Release open handles and maps; the reader reopens lazily if used again."""
-        self._meta.clear()
+        for acc in self._access.values():
+            acc.close()
+        self._access.clear()
+        self._whole.clear()
+        self._offsets.clear()
         self._sources = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path}
+        return {"path": self.path, "mode": self.mode}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
+        self.__init__(state["path"], state["mode"])  # type: ignore[misc]
 
     def __enter__(self) -> StoreReader:
         return self
@@ -123,81 +246,198 @@ class StoreReader(ABC):
 
 
 class StoreWriter(ABC):
-    """Write side of a store being built at a temporary path.
+    """Write side of a store: create named arrays, stream them in blocks, commit the manifest last.
 
-    Fixed-size images are written in blocks at their final index (``write_block``); when
-    ``parallel_safe`` is true, worker processes may write disjoint, block-aligned ranges
-    (each block is a whole Zarr shard, so no two processes touch one file). Variable-size images
-    are appended in order by one process (``append``). ``finalize`` writes the manifest last.
+    Fixed arrays are written at their final sample index by ``write_block(name, start, values)``.
+    When ``parallel_safe(name)`` is true, worker processes may write disjoint ranges aligned to
+    ``block_len(name)`` samples concurrently (a block is a whole Zarr shard, so no two processes
+    touch one file); send them the pickled writer after every ``create_array``. Ragged arrays are
+    appended in sample order by one process (``start`` must be the next sample), buffered and
+    written in whole shards. ``commit`` writes everything still buffered, then the manifest.
     """
 
-    #: Whether worker processes may call ``write_block`` concurrently on disjoint blocks
-    #: (valid after ``create``).
-    parallel_safe: bool = False
-
-    def __init__(self, path: str | os.PathLike[str], plan: StorePlan) -> None:
+    def __init__(self, path: str | os.PathLike[str], mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+        check_mode(mode, WRITE_MODES)
+        if not isinstance(shard_bytes, int) or shard_bytes < 2**16:
+            raise OptionError(f"shard_bytes must be at least 65536, got {shard_bytes!r}")
         self.path = Path(path)
-        self.plan = plan
-        self._buf: list[np.ndarray] = []
-        self._buf_len = 0
-        self._written = 0
+        self.mode: Mode = mode
+        self.shard_bytes = shard_bytes
+        #: Arrays of the store as this writer will commit them: name -> (spec, sample count).
+        self.arrays: dict[str, ArraySpec] = {}
+        self.count: int | None = None
+        self._ragged: dict[str, _RaggedBuffer] = {}
 
-    #: Elements per flat write of variable-size data (backends write whole multiples of it).
-    flush_elems: int = 2**22
-
-    @property
-    def block_images(self) -> int:
-        """Images per write block (a whole shard for Zarr)."""
-        return max(1, self.plan.shard_images)
+    # ------------------------------------------------------------------ backend hooks
 
     @abstractmethod
-    def create(self) -> None:
-        """Create the empty store at ``path`` (main process, once)."""
+    def open(self) -> None:
+        """Create or open the store as ``mode`` says (main process, once); loads existing arrays."""
 
     @abstractmethod
-    def write_block(self, start: int, images: np.ndarray) -> None:
-        """Write fixed-size ``images`` at indices ``start .. start + len(images)``."""
+    def _create_stored(self, name: str, spec: ArraySpec, rows: int, chunk: int, shard_rows: int) -> None:
+        """Create one stored array of ``rows`` rows of ``spec.shape`` (``rows`` 0 for growing data)."""
 
-    def append(self, image: np.ndarray) -> None:
-        """Append one variable-size image (main process only); written in ``flush_elems`` runs."""
-        self._buf.append(np.ascontiguousarray(image).reshape(-1))
-        self._buf_len += image.size
-        if self._buf_len >= self.flush_elems:
-            self._flush(final=False)
+    @abstractmethod
+    def _write_rows(self, name: str, start: int, rows: np.ndarray) -> None:
+        """Write ``rows`` at row ``start`` of stored array ``name`` (growing it if needed)."""
 
-    def _flush(self, final: bool) -> None:
-        """Write buffered pixels: whole ``flush_elems`` runs, or everything when ``final``."""
-        if not self._buf:
+    @abstractmethod
+    def _delete_stored(self, name: str) -> None: ...
+
+    @abstractmethod
+    def _write_manifest(self, manifest: Manifest) -> None:
+        """Write the manifest: after this the store is complete."""
+
+    @abstractmethod
+    def _stored_layout(self, name: str) -> tuple[int, int]:
+        """``(chunk, shard_rows)`` of stored array ``name``: rows per inner chunk and per shard."""
+
+    # ------------------------------------------------------------------ arrays
+
+    def chunk_rows(self, spec: ArraySpec, count: int) -> int:
+        """Rows per inner chunk: one sample for images and other per-sample planes (so one sample
+        is read without decoding its neighbours), about 1 MiB of small values otherwise."""
+        if spec.ragged:
+            return max(1, 2**18 * max(1, np.dtype(spec.dtype).itemsize) // max(1, spec.item_nbytes))
+        if len(spec.shape) >= 2 or spec.item_nbytes >= _SMALL_SAMPLE:
+            return 1
+        return max(1, min(max(1, count), 2**20 // max(1, spec.item_nbytes)))
+
+    def create_array(self, spec: ArraySpec, count: int) -> None:
+        """Create array ``spec`` for ``count`` samples (every array of a store has the same count)."""
+        if self.count is not None and count != self.count:
+            raise OptionError(f"array {spec.name!r} has {count} samples, the store has {self.count}")
+        if spec.name in self.arrays:
+            raise OptionError(f"store {self.path} already has an array {spec.name!r}; delete_array it first")
+        for other in self.arrays.values():
+            clash = set(spec.stored_names()) & set(other.stored_names())
+            if clash:
+                raise OptionError(f"array {spec.name!r} would overwrite {sorted(clash)} of array {other.name!r}")
+        self.count = count
+        chunk = self.chunk_rows(spec, count)
+        if spec.ragged:
+            shard_rows = rows_per_shard(spec.item_nbytes, 2**62, self.shard_bytes, chunk)
+            self._create_stored(spec.name + "_data", spec, 0, chunk, shard_rows)
+            off = ArraySpec(spec.name + "_offsets", "<i8")
+            self._create_stored(spec.name + "_offsets", off, count + 1, 2**17, rows_per_shard(8, count + 1, self.shard_bytes, 2**17))
+            self._ragged[spec.name] = _RaggedBuffer(shard_rows)
+        else:
+            self._create_stored(spec.name, spec, count, chunk, rows_per_shard(spec.item_nbytes, count, self.shard_bytes, chunk))
+        self.arrays[spec.name] = spec
+
+    def delete_array(self, name: str) -> None:
+        """Remove array ``name`` (to replace it with ``create_array``)."""
+        spec = self.arrays.pop(name, None)
+        if spec is None:
+            raise StoreError(f"store {self.path} has no array {name!r}")
+        for stored in spec.stored_names():
+            self._delete_stored(stored)
+        self._ragged.pop(name, None)
+
+    def block_len(self, name: str) -> int:
+        """Samples per aligned write block of fixed array ``name`` (a whole shard)."""
+        return self._stored_layout(name)[1]
+
+    def parallel_safe(self, name: str) -> bool:
+        """Whether worker processes may write disjoint ``block_len`` blocks of ``name`` concurrently."""
+        return False
+
+    def write_block(self, name: str, start: int, values: np.ndarray | Sequence[np.ndarray]) -> None:
+        """Write samples ``start .. start + len(values)`` of array ``name``.
+
+        Fixed arrays take an array ``[B, *shape]``; ragged arrays a sequence of ``[rows_i, *shape]``
+        arrays, appended in order (``start`` must be the number of samples written so far).
+        """
+        spec = self.arrays.get(name)
+        if spec is None:
+            raise StoreError(f"store {self.path} has no array {name!r}; create_array it first")
+        assert self.count is not None
+        if not spec.ragged:
+            arr = np.asarray(values)
+            if arr.shape[1:] != spec.shape:
+                raise OptionError(f"array {name!r} holds samples of shape {spec.shape}, got {arr.shape[1:]}")
+            if start < 0 or start + len(arr) > self.count:
+                raise OptionError(f"samples {start}..{start + len(arr)} are outside array {name!r} of {self.count}")
+            self._write_rows(name, start, np.ascontiguousarray(arr, dtype=np.dtype(spec.dtype)))
             return
-        flat = np.concatenate(self._buf)
-        n = len(flat) if final else (len(flat) // self.flush_elems) * self.flush_elems
-        if n:
-            self._write_flat(self._written, flat[:n])
-            self._written += n
-        rest = flat[n:]
-        self._buf = [rest] if len(rest) else []
-        self._buf_len = len(rest)
+        buf = self._ragged[name]
+        if start != buf.samples:
+            raise OptionError(f"ragged array {name!r} is written in order: next sample is {buf.samples}, got {start}")
+        if start + len(values) > self.count:
+            raise OptionError(f"samples {start}..{start + len(values)} are outside array {name!r} of {self.count}")
+        for v in values:
+            a = np.asarray(v, dtype=np.dtype(spec.dtype))
+            if spec.shape == ():
+                a = a.reshape(-1)
+            elif a.shape[1:] != spec.shape:
+                raise OptionError(f"ragged array {name!r} holds rows of shape {spec.shape}, got {a.shape[1:]}")
+            buf.add(a)
+        self._flush_ragged(name, final=False)
 
-    def _write_flat(self, start: int, flat: np.ndarray) -> None:
-        """Grow ``image_data`` and write ``flat`` at ``start``."""
-        raise NotImplementedError(f"{type(self).__name__} does not store variable-size images")
+    def _flush_ragged(self, name: str, final: bool) -> None:
+        buf = self._ragged[name]
+        rows = buf.take(final)
+        if rows is not None:
+            self._write_rows(name + "_data", buf.written, rows)
+            buf.written += len(rows)
 
-    @abstractmethod
-    def write_meta(self, arrays: dict[str, np.ndarray]) -> None:
-        """Write the per-sample arrays."""
+    def commit(self, manifest: Manifest) -> None:
+        """Write buffered data and ragged offsets, then the manifest (listing this writer's arrays)."""
+        from dataclasses import replace
 
-    @abstractmethod
-    def finalize(self, manifest: Manifest) -> None:
-        """Flush everything, then write the manifest: the store is complete after this returns."""
+        for name, buf in self._ragged.items():
+            if buf.samples != self.count:
+                raise StoreError(f"ragged array {name!r} has {buf.samples} of {self.count} samples written")
+            self._flush_ragged(name, final=True)
+            self._write_rows(name + "_offsets", 0, np.asarray(buf.offsets, dtype="<i8"))
+        self._write_manifest(replace(manifest, arrays=dict(sorted(self.arrays.items()))))
 
     def abort(self) -> None:  # noqa: B027 - optional hook
-        """Close handles after a failure (the caller deletes the temporary path)."""
+        """Close handles after a failure (the caller deletes a store it created)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "plan": self.plan}
+        if any(b.pending for b in self._ragged.values()):
+            raise StoreError("a writer with buffered ragged rows cannot be pickled; write ragged arrays in one process")
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_h_")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["plan"])  # type: ignore[misc]
+        self.__dict__.update(state)
+        self._reset_handles()
+
+    def _reset_handles(self) -> None:  # noqa: B027 - optional hook
+        """Set up the (unpickled) handle attributes, named ``_h_*``, of a copy in a worker process."""
+
+
+class _RaggedBuffer:
+    """Rows of a ragged array waiting to be written in whole shards, and its offsets so far."""
+
+    def __init__(self, shard_rows: int) -> None:
+        self.shard_rows = shard_rows
+        self.parts: list[np.ndarray] = []
+        self.pending = 0
+        self.written = 0
+        self.samples = 0
+        self.offsets = [0]
+
+    def add(self, rows: np.ndarray) -> None:
+        self.parts.append(rows)
+        self.pending += len(rows)
+        self.samples += 1
+        self.offsets.append(self.offsets[-1] + len(rows))
+
+    def take(self, final: bool) -> np.ndarray | None:
+        """Whole shards of buffered rows (everything when ``final``), or None."""
+        if not self.parts:
+            return None
+        n = self.pending if final else (self.pending // self.shard_rows) * self.shard_rows
+        if not n:
+            return None
+        flat = np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
+        rows, rest = flat[:n], flat[n:]
+        self.parts = [rest] if len(rest) else []
+        self.pending = len(rest)
+        return rows
 
 
 class Backend(ABC):
@@ -215,8 +455,14 @@ class Backend(ABC):
 
     @classmethod
     @abstractmethod
-    def open_reader(cls, path: Path) -> StoreReader: ...
+    def is_own(cls, path: Path) -> bool:
+        """True when ``path`` carries dlpack's marker (a complete or partial dlpack store of this backend)."""
 
     @classmethod
     @abstractmethod
-    def create_writer(cls, path: Path, plan: StorePlan) -> StoreWriter: ...
+    def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader: ...
+
+    @classmethod
+    @abstractmethod
+    def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
+        """A writer for ``path``; call its ``open()`` once in the main process before writing."""
