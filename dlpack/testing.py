@@ -1,0 +1,313 @@
+"""A conformance suite for store backends: subclass :class:`BackendTests` to test one.
+
+Every backend's tests subclass it and set ``backend``; the suite exercises the reader/writer
+interface directly (named fixed and ragged arrays streamed in blocks, open modes, pickling,
+``abort``, registry routing, capability errors), so a new backend (DLDataset, object storage)
+is held to exactly what the build and the loader rely on. Needs pytest (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from .backends import (
+    BACKENDS,
+    ArraySpec,
+    Backend,
+    StoreReader,
+    StoreWriter,
+    backend_for_path,
+    detect_backend,
+    get_backend,
+    open_reader,
+    open_writer,
+    owned_store,
+    register_backend,
+)
+from .errors import IncompleteStoreError, OptionError, StoreError, StoreExistsError, StoreNotFoundError
+from .manifest import ImageSpec, Manifest
+
+__all__ = ["BackendTests", "sample_arrays"]
+
+N = 23  # samples: a prime, so no block size divides it and the last shard is always partial
+SHARD_BYTES = 2**16  # small shards, so every array spans several
+
+
+def sample_arrays(n: int = N, seed: int = 0) -> dict[str, Any]:
+    """Deterministic per-sample arrays of several shapes and dtypes, two of them ragged."""
+    rng = np.random.default_rng(seed)
+    return {
+        "images": rng.integers(0, 256, (n, 12, 10, 3), dtype=np.uint8),
+        "masks": rng.integers(0, 4, (n, 12, 10), dtype=np.uint8),
+        "depth": rng.integers(0, 65536, (n, 6, 5, 1), dtype=np.uint16),
+        "embedding": rng.standard_normal((n, 7)).astype(np.float32),
+        "weight": rng.standard_normal(n),
+        "labels": rng.integers(-1, 5, n).astype(np.int32),
+        # Ragged: boxes as rows of (x0, y0, x1, y1), some samples with none; bytes of any length.
+        "boxes": [rng.random((int(k), 4)).astype(np.float32) for k in rng.integers(0, 4, n)],
+        "blob": [rng.integers(0, 256, int(k), dtype=np.uint8) for k in rng.integers(0, 9000, n)],
+    }
+
+
+def _spec(name: str, value: Any, compression: str = "none") -> ArraySpec:
+    if isinstance(value, list):
+        first = value[0]
+        return ArraySpec(name, first.dtype.str, tuple(first.shape[1:]), ragged=True, key=name, compression=compression)
+    return ArraySpec(name, value.dtype.str, tuple(value.shape[1:]), key=name, compression=compression)
+
+
+def _manifest(backend: str, n: int) -> Manifest:
+    return Manifest(count=n, image=ImageSpec("fixed", 3, "|u1", 12, 10), backend=backend)
+
+
+class BackendTests:
+    """Subclass with ``backend = "name"`` (a registered backend) to run the suite against it."""
+
+    backend: ClassVar[str]
+    #: Compressions the backend supports besides "none" (tested when listed).
+    compressions: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def cls(self) -> type[Backend]:
+        return get_backend(self.backend)
+
+    def store_path(self, tmp_path: Path, name: str = "store") -> Path:
+        return tmp_path / (name + (self.cls.suffixes[0] if self.cls.suffixes else ""))
+
+    def new_writer(self, path: Path, mode: str = "w-") -> StoreWriter:
+        writer = self.cls.open_writer(path, mode, SHARD_BYTES)  # type: ignore[arg-type]
+        writer.open()
+        return writer
+
+    def write(self, writer: StoreWriter, arrays: dict[str, Any], compression: str = "none") -> None:
+        """Create and stream ``arrays`` in aligned blocks, as the build does."""
+        for name, value in arrays.items():
+            writer.create_array(_spec(name, value, compression), len(value))
+            if isinstance(value, list):
+                for s in range(0, len(value), 5):  # ragged: appended in order, a few at a time
+                    writer.write_block(name, s, value[s : s + 5])
+            else:
+                step = writer.block_len(name)
+                for s in range(0, len(value), step):
+                    writer.write_block(name, s, value[s : s + step])
+
+    def build_store(self, tmp_path: Path, arrays: dict[str, Any] | None = None, compression: str = "none") -> Path:
+        arrays = sample_arrays() if arrays is None else arrays
+        path = self.store_path(tmp_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer = self.new_writer(path)
+        self.write(writer, arrays, compression)
+        writer.commit(_manifest(self.backend, N))
+        return path
+
+    def assert_reads_back(self, reader: StoreReader, arrays: dict[str, Any]) -> None:
+        order = [N - 1, 0, 7, 7, 3, 22, 11]
+        for name, value in arrays.items():
+            spec = reader.spec(name)
+            if isinstance(value, list):
+                assert spec.ragged
+                for i in range(N):
+                    got = reader.read(name, i)
+                    assert got.dtype == value[i].dtype and np.array_equal(got, value[i]), (name, i)
+            else:
+                assert not spec.ragged and spec.shape == value.shape[1:] and np.dtype(spec.dtype) == value.dtype
+                out = np.empty((len(order), *value.shape[1:]), dtype=value.dtype)
+                assert np.array_equal(reader.read_into(name, order, out), value[order]), name
+                assert np.array_equal(reader.read(name, 5), value[5]), name
+                assert np.array_equal(reader.read_all(name), value), name
+
+    # ------------------------------------------------------------------ named arrays
+
+    def test_fixed_and_ragged_arrays_round_trip(self, tmp_path: Path) -> None:
+        arrays = sample_arrays()
+        path = self.build_store(tmp_path, arrays)
+        with open_reader(path) as reader:
+            assert reader.manifest.count == N
+            assert set(reader.arrays) == set(arrays)
+            self.assert_reads_back(reader, arrays)
+
+    def test_compressed_arrays_round_trip(self, tmp_path: Path) -> None:
+        if not self.compressions:
+            pytest.skip(f"{self.backend} lists no compression")
+        for codec in self.compressions:
+            arrays = sample_arrays(seed=1)
+            path = self.build_store(tmp_path / codec, arrays, codec)
+            with open_reader(path) as reader:
+                assert all(s.compression == codec for s in reader.arrays.values())
+                self.assert_reads_back(reader, arrays)
+
+    def test_empty_ragged_array_round_trips(self, tmp_path: Path) -> None:
+        arrays = {"boxes": [np.zeros((0, 4), np.float32) for _ in range(N)]}
+        path = self.build_store(tmp_path, arrays)
+        with open_reader(path) as reader:
+            assert all(reader.read("boxes", i).shape == (0, 4) for i in range(N))
+
+    def test_manifest_lists_every_array_with_its_spec(self, tmp_path: Path) -> None:
+        arrays = sample_arrays()
+        path = self.build_store(tmp_path, arrays)
+        with open_reader(path) as reader:
+            specs = reader.manifest.arrays
+        assert specs["boxes"] == ArraySpec("boxes", "<f4", (4,), ragged=True, key="boxes")
+        assert specs["masks"] == ArraySpec("masks", "|u1", (12, 10), key="masks")
+        assert specs["weight"] == ArraySpec("weight", "<f8", (), key="weight")
+
+    def test_write_errors_are_clear(self, tmp_path: Path) -> None:
+        writer = self.new_writer(self.store_path(tmp_path))
+        writer.create_array(ArraySpec("masks", "|u1", (4, 4)), 10)
+        with pytest.raises(OptionError, match="shape"):
+            writer.write_block("masks", 0, np.zeros((2, 4, 5), np.uint8))
+        with pytest.raises(OptionError, match="outside"):
+            writer.write_block("masks", 9, np.zeros((2, 4, 4), np.uint8))
+        with pytest.raises(StoreError, match="no array 'nope'"):
+            writer.write_block("nope", 0, np.zeros((1,), np.uint8))
+        with pytest.raises(OptionError, match="samples"):
+            writer.create_array(ArraySpec("other", "<i4"), 11)
+        with pytest.raises(OptionError, match="already has"):
+            writer.create_array(ArraySpec("masks", "<i4"), 10)
+        writer.create_array(ArraySpec("boxes", "<f4", (4,), ragged=True), 10)
+        with pytest.raises(OptionError, match="overwrite"):
+            writer.create_array(ArraySpec("boxes_data", "<f4"), 10)
+        with pytest.raises(OptionError, match="in order"):
+            writer.write_block("boxes", 3, [np.zeros((1, 4), np.float32)])
+        with pytest.raises(StoreError, match="0 of 10"):
+            writer.commit(_manifest(self.backend, 10))
+        writer.abort()
+
+    def test_array_names_and_dtypes_are_validated(self) -> None:
+        for bad in ("", "Images", "1x", "a/b", "../x", "x" * 65):
+            with pytest.raises(OptionError, match="array name"):
+                ArraySpec(bad, "<i4")
+        with pytest.raises(OptionError, match="dtype"):
+            ArraySpec("x", "O")
+        with pytest.raises(OptionError, match="shape"):
+            ArraySpec("x", "<i4", (0,))
+
+    # ------------------------------------------------------------------ modes
+
+    def test_create_mode_refuses_an_existing_store(self, tmp_path: Path) -> None:
+        path = self.build_store(tmp_path)
+        with pytest.raises(StoreExistsError):
+            self.new_writer(path, "w-")
+
+    def test_update_mode_needs_an_existing_store(self, tmp_path: Path) -> None:
+        with pytest.raises(StoreNotFoundError):
+            self.new_writer(self.store_path(tmp_path), "r+")
+
+    def test_append_mode_creates_then_reopens(self, tmp_path: Path) -> None:
+        path = self.store_path(tmp_path)
+        arrays = sample_arrays()
+        writer = self.new_writer(path, "a")
+        self.write(writer, {"labels": arrays["labels"]})
+        writer.commit(_manifest(self.backend, N))
+        writer = self.new_writer(path, "a")
+        assert set(writer.arrays) == {"labels"} and writer.count == N
+        self.write(writer, {"boxes": arrays["boxes"]})
+        writer.commit(_manifest(self.backend, N))
+        with open_reader(path) as reader:
+            assert set(reader.arrays) == {"labels", "boxes"}
+            self.assert_reads_back(reader, {"labels": arrays["labels"], "boxes": arrays["boxes"]})
+
+    def test_reopened_store_adds_and_replaces_arrays(self, tmp_path: Path) -> None:
+        arrays = sample_arrays()
+        path = self.build_store(tmp_path, arrays)
+        writer = open_writer(path, "r+")
+        new_weight = np.arange(N, dtype=np.float64)
+        writer.delete_array("weight")
+        extra = {"weight": new_weight, "score": np.arange(N, dtype=np.int16)}
+        self.write(writer, extra)
+        writer.commit(_manifest(self.backend, N))
+        with open_reader(path) as reader:
+            assert set(reader.arrays) == set(arrays) | {"score"}
+            self.assert_reads_back(reader, {**arrays, **extra})
+
+    def test_reopening_a_foreign_path_is_refused(self, tmp_path: Path) -> None:
+        path = self.store_path(tmp_path)
+        path.write_bytes(b"someone else's file")
+        for mode in ("r+", "a"):
+            with pytest.raises(StoreError, match="not a dlpack store"):
+                self.new_writer(path, mode)
+        assert owned_store(path) is None
+        assert path.read_bytes() == b"someone else's file"
+
+    def test_reader_accepts_only_read_mode(self, tmp_path: Path) -> None:
+        path = self.build_store(tmp_path)
+        with pytest.raises(OptionError, match="mode"):
+            self.cls.open_reader(path, "r+")  # type: ignore[arg-type]
+        with pytest.raises(OptionError, match="mode"):
+            self.cls.open_writer(path, "w")  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def test_abort_leaves_an_incomplete_store(self, tmp_path: Path) -> None:
+        path = self.store_path(tmp_path)
+        writer = self.new_writer(path)
+        self.write(writer, {"labels": sample_arrays()["labels"]})
+        writer.abort()
+        assert owned_store(path) is self.cls  # recognisably dlpack's own partial store
+        with pytest.raises(IncompleteStoreError):
+            _ = open_reader(path).manifest
+
+    def test_reader_pickles_without_handles(self, tmp_path: Path) -> None:
+        arrays = sample_arrays()
+        path = self.build_store(tmp_path, arrays)
+        with open_reader(path) as reader:
+            reader.warm()
+            copy = pickle.loads(pickle.dumps(reader))
+        with copy:
+            self.assert_reads_back(copy, arrays)
+
+    def test_pickled_writer_writes_blocks_like_a_worker(self, tmp_path: Path) -> None:
+        arrays = sample_arrays()
+        path = self.store_path(tmp_path)
+        writer = self.new_writer(path)
+        fixed = {k: v for k, v in arrays.items() if not isinstance(v, list)}
+        for name, value in fixed.items():
+            writer.create_array(_spec(name, value), N)
+        for name, value in fixed.items():
+            step = writer.block_len(name)
+            for s in range(0, N, step):
+                # Each block through its own pickled copy, as joblib sends it to a worker process.
+                target = pickle.loads(pickle.dumps(writer)) if writer.parallel_safe(name) else writer
+                target.write_block(name, s, value[s : s + step])
+        writer.commit(_manifest(self.backend, N))
+        with open_reader(path) as reader:
+            self.assert_reads_back(reader, fixed)
+
+    def test_writer_with_buffered_ragged_rows_refuses_pickling(self, tmp_path: Path) -> None:
+        writer = self.new_writer(self.store_path(tmp_path))
+        writer.create_array(ArraySpec("blob", "|u1", (), ragged=True), 3)
+        writer.write_block("blob", 0, [np.zeros(10, np.uint8)])
+        with pytest.raises(StoreError, match="pickled"):
+            pickle.dumps(writer)
+        writer.abort()
+
+    # ------------------------------------------------------------------ registry
+
+    def test_registry_routes_by_name_suffix_and_content(self, tmp_path: Path) -> None:
+        assert BACKENDS[self.backend] is self.cls
+        for suffix in self.cls.suffixes:
+            assert backend_for_path(tmp_path / f"x{suffix}") is self.cls
+            assert backend_for_path(tmp_path / f"x{suffix.upper()}") is self.cls
+        path = self.build_store(tmp_path)
+        assert detect_backend(path) is self.cls
+        assert owned_store(path) is self.cls
+        assert backend_for_path(tmp_path / "x.anything", self.backend) is self.cls
+        with pytest.raises(OptionError, match="unknown store format"):
+            get_backend("no-such-format")
+
+    def test_capability_flags_are_checked_in_the_registry(self) -> None:
+        read_only = type(f"ReadOnly{self.cls.__name__}", (self.cls,), {"name": "test-read-only", "supports_write": False})
+        register_backend(read_only)
+        try:
+            with pytest.raises(OptionError, match="cannot write"):
+                get_backend("test-read-only", write=True)
+            assert get_backend("test-read-only") is read_only
+        finally:
+            del BACKENDS["test-read-only"]
