@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from . import __version__
-from ._machine import load_average, machine_info, mount_of
-from ._pagecache import evict, files_under, prime, resident_fraction
-from .errors import DlpackError, MissingExtraError, OptionError, StoreError, StoreNotFoundError
-from .loader import Loader, LoaderOptions
-from .options import parse_size
+from .. import __version__
+from ..errors import DlpackError, MissingExtraError, OptionError, StoreError, StoreNotFoundError
+from ..loader import Loader, LoaderOptions
+from ..options import parse_size
+from .machine import load_average, machine_info, mount_of
+from .pagecache import evict, files_under, prime, resident_fraction
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
+    from ..dataset import Dataset
 
 __all__ = [
     "BenchOptions",
@@ -191,8 +191,8 @@ class _FolderData:
         """Nothing held open."""
 
     def _load(self, i: int) -> np.ndarray:
-        from .sources.folder import DecodeError, decode_image, read_source_file
-        from .transforms.functional import convert_channels, convert_depth, plan_geometry, resize_image
+        from ..sources.folder import DecodeError, decode_image, read_source_file
+        from ..transforms.functional import convert_channels, convert_depth, plan_geometry, resize_image
 
         path = self.root / self.rels[i]
         try:
@@ -255,8 +255,8 @@ class _Target:
 
 
 def _resolve(path: str | os.PathLike[str]) -> _Target:
-    from .backends import detect_backend
-    from .dataset import open as open_store
+    from ..backends import detect_backend
+    from ..dataset import open as open_store
 
     p = Path(path)
     if not p.exists():
@@ -272,7 +272,7 @@ def _resolve(path: str | os.PathLike[str]) -> _Target:
             ) from None
         backend = None
     if backend is None:
-        from .sources.folder import scan_folder
+        from ..sources.folder import scan_folder
 
         items, _classes, _errors = scan_folder(p, labels="none")
         rels = [it.rel for it in items]
@@ -541,7 +541,7 @@ def _open(target: _Target, spec: _Spec | None) -> Any:
     if target.is_folder:
         assert spec is not None
         return _FolderData(target.path, target.rels, spec)
-    from .dataset import open as open_store
+    from ..dataset import open as open_store
 
     return open_store(target.path)
 
