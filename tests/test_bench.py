@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import dlpack
-from dlpack._machine import machine_info, mount_of
-from dlpack._pagecache import evict, files_under, prime, resident_fraction
 from dlpack.bench import BenchCell, BenchOptions, BenchReport, check_outputs, run_bench
+from dlpack.bench.machine import machine_info, mount_of
+from dlpack.bench.pagecache import evict, files_under, prime, resident_fraction
 from dlpack.cli import main
 from dlpack.errors import MissingExtraError, OptionError
 

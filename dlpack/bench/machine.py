@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,8 @@ def cpu_model() -> str:
     except OSError:
         pass
     if sys.platform == "darwin":
+        import subprocess
+
         try:
             out = subprocess.run(
                 ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5, check=False
@@ -134,6 +134,8 @@ def disk_info(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str | None]:
+    from importlib import metadata  # costs ~30 ms: only when a report is made
+
     out: dict[str, str | None] = {}
     for name in _LIBRARIES:
         try:

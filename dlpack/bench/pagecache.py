@@ -6,13 +6,15 @@ some process still maps: close readers (unmap) before evicting. Residency is mea
 ``mincore(2)`` on a fresh read-only mapping, which looks at the cache without faulting pages in.
 Neither sees a cache below this kernel (a VM host's page cache, a SAN or disk cache): see
 docs/bench.md.
+
+Both are POSIX: ``ctypes`` and ``mmap`` are imported only where residency is measured, and on a
+platform without ``posix_fadvise`` or ``mincore`` (Windows) :func:`evict` returns False and
+:func:`resident_fraction` None, and the report says that cold runs were not cold or not verified.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import mmap
+import functools
 import os
 import sys
 from collections.abc import Iterable
@@ -81,9 +83,14 @@ def prime(paths: Iterable[str | os.PathLike[str]]) -> int:
     return total
 
 
+@functools.cache  # find_library runs ldconfig; once per process is enough
 def _libc() -> Any:
+    """The C library with ``mmap``, ``munmap`` and ``mincore`` typed, or None where there is none."""
     if not (sys.platform.startswith("linux") or sys.platform == "darwin" or "bsd" in sys.platform):
         return None
+    import ctypes
+    import ctypes.util
+
     try:
         lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
@@ -99,6 +106,9 @@ def _libc() -> Any:
 
 def _resident_pages(lib: Any, path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """(resident pages, total pages) of one file, or None when it cannot be measured."""
+    import ctypes
+    import mmap
+
     try:
         size = os.path.getsize(path)
         if size == 0:

@@ -1,0 +1,303 @@
+"""The result of ``run_bench``: :class:`BenchReport` with its terminal table, JSON document and notes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import OptionError
+from .machine import mount_of
+from .options import BenchOptions
+from .results import WARM_MIN, BenchCell
+from .targets import Target
+
+__all__ = ["BenchReport", "SCHEMA", "check_outputs", "format_ratio", "report_notes"]
+
+SCHEMA = "dlpack-bench/1"
+
+
+def check_outputs(
+    json_path: str | os.PathLike[str] | None = None, plot_path: str | os.PathLike[str] | None = None
+) -> None:
+    """Fail before a long run, not after: the output folders exist and matplotlib is there for a plot."""
+    for p in (json_path, plot_path):
+        if p is not None:
+            parent = Path(p).resolve().parent
+            if not parent.is_dir():
+                raise OptionError(f"cannot write {os.fspath(p)!r}: the folder {str(parent)!r} does not exist")
+    if plot_path is not None:
+        from .plot import require_matplotlib
+
+        require_matplotlib()
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """Everything one ``run_bench`` measured, with the machine and the exact options.
+
+    :meth:`to_dict`/:meth:`to_json` give every figure; :meth:`table` the terminal table;
+    :meth:`plot` a PNG bar chart (extra ``[plot]``).
+    """
+
+    options: BenchOptions
+    targets: tuple[dict[str, Any], ...]
+    cells: tuple[BenchCell, ...]
+    machine: dict[str, Any]
+    load_average_before: list[float] | None
+    load_average_after: list[float] | None
+    started: str
+    seconds: float
+    notes: tuple[str, ...] = ()
+    peak_rss_scope: str = "cell"
+    dlpack_version: str = __version__
+
+    def cell(self, target: str, order: str, cache: str) -> BenchCell | None:
+        """The cell of ``target`` (its name, as in the table), ``order`` and ``cache``, if measured."""
+        for c in self.cells:
+            if (c.target, c.order, c.cache) == (target, order, cache):
+                return c
+        return None
+
+    def ratios(self) -> list[dict[str, Any]]:
+        """The comparisons the table's ratio columns show, one entry each."""
+        out: list[dict[str, Any]] = []
+        for c in self.cells:
+            if c.vs_sequential is not None:
+                out.append(
+                    {"name": f"{c.order}/sequential", "target": c.target, "cache": c.cache, "value": c.vs_sequential}
+                )
+        for c in self.cells:
+            if c.vs_folder is not None:
+                out.append(
+                    {
+                        "name": "store/folder",
+                        "target": c.target,
+                        "order": c.order,
+                        "cache": c.cache,
+                        "value": c.vs_folder,
+                    }
+                )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "dlpack_version": self.dlpack_version,
+            "started": self.started,
+            "seconds": self.seconds,
+            "options": asdict(self.options),
+            "machine": self.machine,
+            "load_average": {"before": self.load_average_before, "after": self.load_average_after},
+            "peak_rss_scope": self.peak_rss_scope,
+            "targets": list(self.targets),
+            "cells": [c.to_dict() for c in self.cells],
+            "ratios": self.ratios(),
+            "notes": list(self.notes),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(_finite(self.to_dict()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+    def write_json(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+    def machine_line(self) -> str:
+        m = self.machine
+        mem = f", {m['memory_gb']:.0f} GB RAM" if m.get("memory_gb") else ""
+        disk = (m.get("disks") or [{}])[0]
+        fs = f", {disk['fstype']} on {disk['device']}" if disk.get("fstype") else ""
+        vm = " (VM)" if m.get("virtualized") else ""
+        return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores{mem}{fs}{vm}; Python {m.get('python', '?')}"
+
+    def table(self) -> str:
+        """An aligned text table: one row per cell, then ratios and notes."""
+        o = self.options
+        step = any(c.busy_fraction is not None for c in self.cells)
+        head = [
+            "target",
+            "kind",
+            "order",
+            "cache",
+            "images/s",
+            "spread",
+            "MB/s decoded",
+            "MB/s disk",
+            "batch p50 ms",
+            "p99 ms",
+            "vs seq",
+            "vs folder",
+            "peak RSS MB",
+            "evicted",
+        ]
+        if step:
+            head += [f"busy @ {o.step_ms:g} ms"]
+        rows = [head]
+        for c in self.cells:
+            row = [
+                c.target,
+                c.kind,
+                c.order,
+                c.cache,
+                _num(c.images_per_s),
+                f"{c.spread:.0%}",
+                _num(c.decoded_mb_per_s),
+                _num(c.disk_mb_per_s),
+                _ms(c.latency_ms_p50),
+                _ms(c.latency_ms_p99),
+                format_ratio(c.vs_sequential),
+                format_ratio(c.vs_folder),
+                "-" if c.peak_rss_mb is None else f"{c.peak_rss_mb:,.0f}",
+                _eviction(c),
+            ]
+            if step:
+                row.append("-" if c.busy_fraction is None else f"{c.busy_fraction:.0%}")
+            rows.append(row)
+        left = {0, 1, 2, 3, head.index("evicted")}
+        widths = [max(len(r[k]) for r in rows) for k in range(len(head))]
+        lines = []
+        for n, r in enumerate(rows):
+            cells = [r[k].ljust(widths[k]) if k in left else r[k].rjust(widths[k]) for k in range(len(head))]
+            lines.append("  ".join(cells))
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        title = (
+            f"dlpack bench: batch {o.batch_size}, {o.workers} workers, prefetch {o.prefetch}, "
+            f"median of {o.repeat} run(s); spread = (max-min)/median"
+        )
+        out = [title, f"machine: {self.machine_line()}", ""] + lines
+        if self.notes:
+            out.append("")
+            out += [f"note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+    def plot(self, path: str | os.PathLike[str]) -> None:
+        """Write a PNG bar chart of images/s per target, grouped by target, one bar per cache and order."""
+        from .plot import plot_report
+
+        plot_report(self, Path(path))
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no NaN or infinity: map them to null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _num(v: float) -> str:
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def _ms(v: float) -> str:
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def format_ratio(v: float | None) -> str:
+    """A quotient as the table shows it: ``-``, ``0.93x``, ``41x``."""
+    if v is None:
+        return "-"
+    return f"{v:,.0f}x" if v >= 10 else f"{v:.2f}x"
+
+
+def _eviction(c: BenchCell) -> str:
+    if c.cache != "cold":
+        return (
+            "-"
+            if c.resident_at_start is None or c.resident_at_start >= WARM_MIN
+            else f"only {c.resident_at_start:.0%} cached"
+        )
+    if not c.evicted:
+        return "NO (advice refused)" if hasattr(os, "posix_fadvise") else "NO (no fadvise)"
+    if c.resident_at_start is None:
+        return "unverified"
+    if c.eviction_verified:
+        return "verified"
+    return f"NO: {c.resident_at_start:.0%} left"
+
+
+def report_notes(
+    report_cells: list[BenchCell],
+    targets: list[Target],
+    options: BenchOptions,
+    machine: dict[str, Any],
+    before: list[float] | None,
+    after: list[float] | None,
+    scoped: bool,
+) -> list[str]:
+    """What the figures cannot show by themselves: unverified eviction, a busy machine, a VM."""
+    notes: list[str] = []
+    for t in targets:
+        cold = [c for c in report_cells if c.target == t.name and c.cache == "cold"]
+        warm = [c for c in report_cells if c.target == t.name and c.cache == "warm"]
+        if cold:
+            if not all(c.evicted for c in cold):
+                if hasattr(os, "posix_fadvise"):
+                    notes.append(
+                        f"{t.name}: cold runs were NOT cold: some of its files could not be opened or advised "
+                        "out of the page cache - check their permissions, or drop caches by hand"
+                    )
+                else:
+                    notes.append(
+                        f"{t.name}: cold runs were NOT cold: a cold cache is not supported on this platform "
+                        "(no posix_fadvise) - drop caches by hand or reboot between runs"
+                    )
+            elif any(c.resident_at_start is None for c in cold):
+                notes.append(
+                    f"{t.name}: eviction could not be verified (no mincore here); cold figures may include cached data"
+                )
+            elif not all(c.eviction_verified for c in cold):
+                worst = max(c.resident_at_start or 0.0 for c in cold)
+                m = mount_of(t.path)
+                why = (
+                    f"its file system ({m['fstype']}) keeps files in memory"
+                    if m and m["fstype"] in ("tmpfs", "ramfs")
+                    else "another process maps or locks its files, or the file system ignores the advice"
+                )
+                notes.append(
+                    f"{t.name}: {worst:.0%} of its pages stayed cached after eviction ({why}); cold figures are partly warm"
+                )
+        if warm:
+            low = [
+                c.resident_at_start for c in warm if c.resident_at_start is not None and c.resident_at_start < WARM_MIN
+            ]
+            if low:
+                notes.append(
+                    f"{t.name}: only {min(low):.0%} of its bytes stayed in the page cache (larger than free memory?); "
+                    "warm figures are partly cold"
+                )
+        if cold and options.samples is not None and options.samples > t.count:
+            notes.append(
+                f"{t.name}: cold runs read one epoch ({t.count} images), not {options.samples}: after that the data is cached"
+            )
+    if any(c.cache == "cold" for c in report_cells) and machine.get("virtualized"):
+        notes.append(
+            "this OS runs in a VM: a page cache on the host is invisible from here, so 'cold' means not in this "
+            "OS's cache; a truly cold disk may be slower"
+        )
+    cores = machine.get("cores") or 1
+    busy = [la[0] for la in (before, after) if la]
+    if busy and max(busy) > 0.5 * cores:
+        notes.append(
+            f"the machine was busy (load average {before[0] if before else '?'} before, {after[0] if after else '?'} after, "
+            f"on {cores} cores): absolute figures are low and noisy, compare ratios"
+        )
+    if not scoped:
+        notes.append("peak RSS is this process's peak so far (per-cell reset needs Linux)")
+    if any(c.kind == "folder" for c in report_cells):
+        notes.append(
+            "folder targets are decoded and resized on the fly, as a training script would; stores are read as stored"
+        )
+    return notes

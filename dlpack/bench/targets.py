@@ -1,0 +1,155 @@
+"""What is measured: each bench target (a store or a folder of images) resolved to its files and shape."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import OptionError, StoreError, StoreNotFoundError
+from .folder import FolderReader, FolderSpec
+from .options import BenchOptions
+from .pagecache import files_under
+
+if TYPE_CHECKING:
+    from .store import StoreSource
+
+__all__ = ["Target", "resolve_target", "reference_spec", "unique_names"]
+
+
+@dataclass
+class Target:
+    """One bench target: its files (what eviction drops) and the facts the report shows."""
+
+    name: str
+    path: Path
+    kind: str  # a backend name, or "folder"
+    count: int
+    files: list[Path]
+    bytes_on_disk: int
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    resize_mode: str | None = None
+    rels: list[str] = field(default_factory=list)
+    sizes: np.ndarray | None = None  # folders: bytes of each file
+
+    @property
+    def is_folder(self) -> bool:
+        return self.kind == "folder"
+
+    def disk_bytes(self, indices: np.ndarray) -> float:
+        """Bytes on disk behind the samples ``indices``: their files, or a store's mean per image."""
+        if self.sizes is not None:
+            return float(self.sizes[indices].sum())
+        return len(indices) * self.bytes_on_disk / max(1, self.count)
+
+    def open(self, spec: FolderSpec | None) -> FolderReader | StoreSource:
+        """A fresh reader of the target; a folder needs the ``spec`` its images are decoded to."""
+        if not self.is_folder:
+            from .store import StoreSource
+
+            return StoreSource(self.path)
+        if spec is None:
+            raise OptionError(f"folder target {str(self.path)!r} needs a resolution to resize to (--size WxH)")
+        return FolderReader(self.path, self.rels, spec)
+
+    def info(self, spec: FolderSpec | None) -> dict[str, Any]:
+        """The target's entry in the report's ``targets`` list."""
+        shape = list(self.shape) if self.shape else None
+        if self.is_folder and spec is not None:
+            shape = [spec.size[1], spec.size[0], spec.channels]
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "kind": self.kind,
+            "count": self.count,
+            "files": len(self.files),
+            "bytes_on_disk": self.bytes_on_disk,
+            "disk_bytes_per_image": self.bytes_on_disk / max(1, self.count),
+            "image_shape": shape,
+            "dtype": (spec.dtype if spec else None) if self.is_folder else self.dtype,
+            "decoded_on_the_fly": self.is_folder,
+        }
+
+
+def resolve_target(path: str | os.PathLike[str]) -> Target:
+    """Classify ``path`` as a dlpack store or a folder of images and list its files."""
+    from ..backends import detect_backend
+    from ..dataset import open as open_store
+
+    p = Path(path)
+    if not p.exists():
+        raise StoreNotFoundError(
+            f"bench target {os.fspath(path)!r} does not exist; give a dlpack store (DIR.zarr, FILE.h5) or a folder of images"
+        )
+    try:
+        backend = detect_backend(p)
+    except StoreError:
+        if not p.is_dir():
+            raise StoreError(
+                f"bench target {os.fspath(path)!r} is neither a dlpack store (Zarr folder, HDF5 file) nor a folder of images"
+            ) from None
+        backend = None
+    if backend is None:
+        from ..sources.folder import scan_folder
+
+        items, _classes, _errors = scan_folder(p, labels="none")
+        rels = [it.rel for it in items]
+        sizes = np.array([os.path.getsize(p / r) for r in rels], dtype=np.int64)
+        return Target(
+            name=p.resolve().name or str(p),
+            path=p.resolve(),
+            kind="folder",
+            count=len(rels),
+            files=[p / r for r in rels],
+            bytes_on_disk=int(sizes.sum()),
+            rels=rels,
+            sizes=sizes,
+        )
+    with open_store(p) as ds:
+        m = ds.manifest
+        # The store's own size on disk (shards, index, manifest), as the backend counts it.
+        on_disk = ds.reader.nbytes_on_disk()
+        return Target(
+            name=p.resolve().name or str(p),
+            path=p.resolve(),
+            kind=ds.backend,
+            count=m.count,
+            files=files_under(p),
+            bytes_on_disk=on_disk,
+            shape=m.image.shape,
+            dtype=m.image.dtype,
+            resize_mode=str(m.resize.get("mode")) if m.resize else None,
+        )
+
+
+def reference_spec(targets: Sequence[Target], options: BenchOptions) -> FolderSpec | None:
+    """The batch shape folder targets are decoded to: the first fixed-size store's, or --size."""
+    store = next((t for t in targets if not t.is_folder and t.shape is not None and t.dtype is not None), None)
+    channels, dtype, mode = 3, "|u1", "stretch"
+    size = options.size
+    if store is not None and store.shape is not None and store.dtype is not None:
+        h, w, channels = store.shape
+        dtype = store.dtype
+        mode = store.resize_mode if store.resize_mode in ("stretch", "fit") else "stretch"
+        size = size or (w, h)
+    if size is None:
+        if any(t.is_folder for t in targets):
+            raise OptionError(
+                "a folder target needs a resolution to resize to, as training would: pass --size WxH "
+                "(size=(W, H)) or also bench a fixed-size store, whose resolution is then used"
+            )
+        return None
+    return FolderSpec(size=size, channels=channels, dtype=dtype, mode=mode)
+
+
+def unique_names(targets: list[Target]) -> None:
+    """Name targets by their full path where two share a folder or file name."""
+    names = [t.name for t in targets]
+    for t in targets:
+        if names.count(t.name) > 1:
+            t.name = str(t.path)
