@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import operator
 import os
 import zlib
 from collections.abc import Callable, Sequence
-import dataclasses
 from pathlib import Path
 from typing import Any
 

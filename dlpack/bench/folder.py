@@ -103,8 +103,3 @@ class FolderReader:
 
     def close(self) -> None:
         """Nothing is held open."""
-
-    @property
-    def reader(self) -> FolderReader:
-        """Itself: the Loader calls ``dataset.reader.warm()`` before its reader threads start."""
-        return self

@@ -23,7 +23,7 @@ from .results import BenchCell, BenchRun, summarise_cell
 from .targets import Target
 
 if TYPE_CHECKING:
-    from .store import StoreSource
+    from ..dataset import Dataset
 
 __all__ = ["measure_cell", "reset_peak_rss"]
 
@@ -95,14 +95,14 @@ def _nbytes(images: Any) -> int:
     return int(sum(np.asarray(i).nbytes for i in images))
 
 
-def _loader(source: FolderReader | StoreSource, lopts: LoaderOptions) -> Loader:
+def _loader(source: FolderReader | Dataset, lopts: LoaderOptions) -> Loader:
     """The training Loader over a store or a folder."""
-    return Loader(source, lopts)  # type: ignore[arg-type]  # the Loader is typed for Dataset only
+    return Loader(source, lopts)
 
 
 def _timed_run(
     target: Target,
-    source: FolderReader | StoreSource,
+    source: FolderReader | Dataset,
     lopts: LoaderOptions,
     first_epoch: int,
     budget: _Budget,
@@ -169,7 +169,7 @@ def _timed_run(
     return run, epoch
 
 
-def _close(source: FolderReader | StoreSource) -> None:
+def _close(source: FolderReader | Dataset) -> None:
     source.close()
     gc.collect()  # drop memory maps now: the kernel keeps mapped pages cached whatever we advise
 

@@ -16,7 +16,7 @@ from .options import BenchOptions
 from .pagecache import files_under
 
 if TYPE_CHECKING:
-    from .store import StoreSource
+    from ..dataset import Dataset
 
 __all__ = ["Target", "resolve_target", "reference_spec", "unique_names"]
 
@@ -47,12 +47,12 @@ class Target:
             return float(self.sizes[indices].sum())
         return len(indices) * self.bytes_on_disk / max(1, self.count)
 
-    def open(self, spec: FolderSpec | None) -> FolderReader | StoreSource:
+    def open(self, spec: FolderSpec | None) -> FolderReader | Dataset:
         """A fresh reader of the target; a folder needs the ``spec`` its images are decoded to."""
         if not self.is_folder:
-            from .store import StoreSource
+            from ..dataset import Dataset
 
-            return StoreSource(self.path)
+            return Dataset(self.path)
         if spec is None:
             raise OptionError(f"folder target {str(self.path)!r} needs a resolution to resize to (--size WxH)")
         return FolderReader(self.path, self.rels, spec)

@@ -11,7 +11,7 @@ import zarr
 
 from dlpack.backends import open_writer
 from dlpack.errors import StoreError
-from dlpack.testing import N, BackendTests, sample_arrays
+from dlpack.testing import BackendTests, N, sample_arrays
 
 
 class TestZarr(BackendTests):

@@ -6,7 +6,6 @@ import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pytest
@@ -14,22 +13,7 @@ import pytest
 import dlpack
 from dlpack.bench.folder import FolderReader, FolderSpec
 from dlpack.errors import DlpackError, SourceError
-
-
-@runtime_checkable
-class BatchSource(Protocol):
-    """A copy of ``dlpack.loader.BatchSource``: what the Loader reads, method for method."""
-
-    def __len__(self) -> int: ...
-
-    def get_batch(self, indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]: ...
-
-    def warm(self) -> None: ...
-
-    def fingerprint(self) -> str: ...
-
-    def image_layout(self) -> tuple[tuple[int, ...], str] | None: ...
-
+from dlpack.loader import BatchSource
 
 TREE = {"a/0.png": "rgb", "a/1.jpg": "rgb", "b/2.png": "gray", "b/3.png": "rgba", "b/4.png": "palette"}
 RELS = sorted(TREE)
