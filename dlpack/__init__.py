@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 from .bench import BenchOptions, BenchReport, run_bench
 from .build import BuildResult, build
-from .dataset import Dataset, open
+from .dataset import Dataset, add_array, open
 from .errors import (
     BadInputsError,
     DlpackError,
@@ -34,6 +34,7 @@ __all__ = [
     "BenchOptions",
     "BenchReport",
     "open",
+    "add_array",
     "Dataset",
     "Loader",
     "LoaderOptions",

@@ -261,7 +261,11 @@ def add_array(
         manifest = ds.manifest
     key = name if key is None else key
     existing = manifest.arrays.get(name)
-    own_key = existing.key if (replace and existing is not None) else None
+    if existing is not None and not replace:
+        raise StoreExistsError(f"store {path} already has an array {name!r}; pass replace=True to replace it")
+    if existing is not None and name in PROTECTED_ARRAYS:
+        raise OptionError(f"array {name!r} identifies or protects the samples and cannot be replaced")
+    own_key = existing.key if existing is not None else None
     if key in BASE_KEYS or (key in taken and key != own_key):
         raise OptionError(f"key {key!r} is already used by every sample or by another array; choose another key")
     if ragged:
@@ -278,10 +282,6 @@ def add_array(
     writer = open_writer(path, "r+")
     try:
         if name in writer.arrays:
-            if not replace:
-                raise StoreExistsError(f"store {path} already has an array {name!r}; pass replace=True to replace it")
-            if name in PROTECTED_ARRAYS:
-                raise OptionError(f"array {name!r} identifies or protects the samples and cannot be replaced")
             writer.delete_array(name)
         writer.create_array(spec, n)
         if spec.ragged:
