@@ -6,10 +6,13 @@ No pyplot: a ``Figure`` on the Agg canvas needs no display and leaves no global 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import MissingExtraError
-from .report import BenchReport, format_ratio
+from .results import format_ratio
+
+if TYPE_CHECKING:
+    from .report import BenchReport
 
 __all__ = ["plot_report", "require_matplotlib"]
 

@@ -13,10 +13,10 @@ from .. import __version__
 from ..errors import OptionError
 from .machine import mount_of
 from .options import BenchOptions
-from .results import WARM_MIN, BenchCell
+from .results import WARM_MIN, BenchCell, format_ratio
 from .targets import Target
 
-__all__ = ["BenchReport", "SCHEMA", "check_outputs", "format_ratio", "report_notes"]
+__all__ = ["BenchReport", "SCHEMA", "check_outputs", "report_notes"]
 
 SCHEMA = "dlpack-bench/1"
 
@@ -203,13 +203,6 @@ def _num(v: float) -> str:
 
 def _ms(v: float) -> str:
     return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
-
-
-def format_ratio(v: float | None) -> str:
-    """A quotient as the table shows it: ``-``, ``0.93x``, ``41x``."""
-    if v is None:
-        return "-"
-    return f"{v:,.0f}x" if v >= 10 else f"{v:.2f}x"
 
 
 def _eviction(c: BenchCell) -> str:

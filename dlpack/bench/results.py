@@ -10,7 +10,7 @@ import numpy as np
 
 from .targets import Target
 
-__all__ = ["BenchRun", "BenchCell", "EVICTED_MAX", "WARM_MIN", "summarise_cell", "with_ratios"]
+__all__ = ["BenchRun", "BenchCell", "EVICTED_MAX", "WARM_MIN", "format_ratio", "summarise_cell", "with_ratios"]
 
 #: A cold run counts as verified when at most this fraction of the target's pages is still cached.
 EVICTED_MAX = 0.02
@@ -180,3 +180,10 @@ def with_ratios(cells: list[BenchCell], targets: list[Target]) -> list[BenchCell
         vs_folder = c.images_per_s / base.images_per_s if base and base.images_per_s > 0 else None
         out.append(replace(c, vs_sequential=vs_seq, vs_folder=vs_folder))
     return out
+
+
+def format_ratio(v: float | None) -> str:
+    """A quotient as the table shows it: ``-``, ``0.93x``, ``41x``."""
+    if v is None:
+        return "-"
+    return f"{v:,.0f}x" if v >= 10 else f"{v:.2f}x"
