@@ -105,7 +105,9 @@ def parse(path: Path) -> list[Block]:
             raise AssertionError(f"{doc}:{start + 1}: code block never closed")
         above = _NOT_RUN.match(lines[start - 1].strip()) if start else None
         out.append(
-            Block(doc, start + 1, m.group(1).lower(), "\n".join(lines[start + 1 : i]), above.group(1) if above else None)
+            Block(
+                doc, start + 1, m.group(1).lower(), "\n".join(lines[start + 1 : i]), above.group(1) if above else None
+            )
         )
         i += 1
     return out

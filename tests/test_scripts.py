@@ -94,7 +94,10 @@ RUNS: dict[str, list[Run]] = {
         )
     ],
     "benchmarks/compression.py": [
-        Run(("raw", "--size", "32x32", "--repeat", "1", "--work", "work", "--json", "compression.json"), _check_compression)
+        Run(
+            ("raw", "--size", "32x32", "--repeat", "1", "--work", "work", "--json", "compression.json"),
+            _check_compression,
+        )
     ],
     "benchmarks/loader.py": [
         Run(

@@ -74,7 +74,13 @@ def test_same_depth_is_returned_unchanged(dtype: Any) -> None:
 
 @pytest.mark.parametrize(
     ("source", "target"),
-    [(np.float32, np.uint8), (np.int16, np.uint8), (np.uint32, np.uint16), (np.uint8, np.float32), (np.uint16, np.int8)],
+    [
+        (np.float32, np.uint8),
+        (np.int16, np.uint8),
+        (np.uint32, np.uint16),
+        (np.uint8, np.float32),
+        (np.uint16, np.int8),
+    ],
 )
 def test_other_depths_are_refused(source: Any, target: Any) -> None:
     with pytest.raises(ValueError, match="cannot convert"):
@@ -470,10 +476,9 @@ def test_tiff_with_each_orientation_tag_decodes_upright(orientation: int, kind: 
     if kind == "rgb8":
         upright = UPRIGHT
     else:
-        upright = (UPRIGHT[:, :, :1].astype(np.uint16) * 257 + np.arange(24, dtype=np.uint16)[None, :, None]).astype(np.uint16)
+        upright = UPRIGHT[:, :, :1].astype(np.uint16) * 257 + np.arange(24, dtype=np.uint16)[None, :, None]
     data = _tiff(stored_for(upright, orientation), orientation)
     header = probe_header(data)
     assert header is not None and header.format == "tiff" and header.orientation == orientation
     img = decode_image(data)
     assert img.dtype == upright.dtype and np.array_equal(img, upright)
-
