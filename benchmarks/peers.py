@@ -566,7 +566,7 @@ def print_table(size: int, res: dict[str, Any]) -> None:
 
 
 def targets(res: dict[str, Any]) -> dict[str, Any]:
-    """PRODUCT.md: faster than WebDataset and Mosaic, at least 0.8x FFCV raw (per store, size, order)."""
+    """The targets: faster than WebDataset and Mosaic, at least 0.8x FFCV raw (per store, size, order)."""
 
     def rate(name: str, order: str) -> float | None:
         v = res.get(name, {}).get(order, {}).get("images_per_s")

@@ -1,0 +1,170 @@
+"""Smoke runs of every script in examples/ and benchmarks/ on tiny inputs, as a user would start them.
+
+The figures they print are not checked (speed is measured by hand); only that each script runs to
+the end and reports what it measured. Every script must have an entry in ``RUNS``, so a new one
+cannot slip past.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import dlpack
+from dlpack.sample import make_sample
+
+ROOT = Path(__file__).resolve().parents[1]
+#: A hang guard, not a speed check: each run takes a few seconds.
+TIMEOUT_S = 300
+#: Peers that benchmarks/peers.py compares against, by the module each one imports.
+PEER_MODULES = ("webdataset", "litdata", "streaming", "ffcv")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One smoke run: the arguments and what the output must show."""
+
+    args: tuple[str, ...]
+    check: Callable[[str, Path], None]
+    needs: tuple[str, ...] = ()
+
+
+def _check_build(out: str, work: Path) -> None:
+    assert "variant  median img/s" in out
+    doc = json.loads((work / "build.json").read_text())
+    assert {name: [r["images"] for r in runs] for name, runs in doc["runs"].items()} == {
+        "bare": [8],
+        "zarr-j1": [8],
+        "hdf5-j1": [8],
+    }
+
+
+def _check_compression(out: str, work: Path) -> None:
+    assert out.splitlines()[0].split()[:3] == ["format", "codec", "MB"]
+    rows = json.loads((work / "compression.json").read_text())["rows"]
+    assert sorted((r["format"], r["codec"]) for r in rows) == sorted(
+        (f, c) for f in ("zarr", "hdf5") for c in ("none", "lz4", "zstd")
+    )
+    assert all(r["count"] == 8 and r["read_images_per_s"] > 0 for r in rows)
+
+
+def _check_loader(out: str, work: Path) -> None:
+    assert "16 images of 512x512x3" in out and "ratios (targets:" in out
+    res = json.loads((work / "loader.json").read_text())
+    for backend in ("zarr", "hdf5"):
+        for order in ("random", "sequential", "block"):
+            assert res[f"dlpack {backend} {order} w2 p4"]["median_images_per_s"] > 0
+    assert res["step_ms"] == [1.0]
+
+
+def _check_peers(out: str, work: Path) -> None:
+    size = json.loads((work / "peers.json").read_text())["sizes"]["32"]
+    for name in ("dlpack Zarr (threads)", "dlpack HDF5 (threads)"):
+        for order in ("random", "sequential"):
+            assert size[name][order]["coverage"] == 1.0 and size[name][order]["images_per_s"] > 0
+    missing = [m for m in PEER_MODULES if importlib.util.find_spec(m) is None]
+    for module in missing:
+        assert f"No module named '{module}'" in out
+    assert out.count("skipped: format not written") == len(missing)
+
+
+def _check_train(out: str, work: Path) -> None:
+    assert "training on cpu from dlpack store" in out
+    assert "epoch 0: 8 images in" in out and "waiting for data" in out
+
+
+def _check_train_folder(out: str, work: Path) -> None:
+    assert "training on cpu from folder" in out and "epoch 0: 8 images in" in out
+
+
+RUNS: dict[str, list[Run]] = {
+    "benchmarks/build.py": [
+        Run(
+            ("--count", "8", "--image-size", "64", "--size", "32x32", "--repeat", "1", "--jobs", "1")
+            + ("--max-tries", "1", "--workdir", "work", "--json", "build.json"),
+            _check_build,
+        )
+    ],
+    "benchmarks/compression.py": [
+        Run(
+            ("raw", "--size", "32x32", "--repeat", "1", "--work", "work", "--json", "compression.json"),
+            _check_compression,
+        )
+    ],
+    "benchmarks/loader.py": [
+        Run(
+            ("--work", "work", "--count", "16", "--batch-size", "8", "--repeat", "1", "--folder-samples", "8")
+            + ("--step-ms", "1", "--json", "loader.json"),
+            _check_loader,
+        )
+    ],
+    "benchmarks/peers.py": [
+        Run(
+            ("--work", "work", "--count", "64", "--sizes", "32", "--repeat", "1", "--min-seconds", "0.01")
+            + ("--max-other", "1", "--max-tries", "1", "--json", "peers.json"),
+            _check_peers,
+        )
+    ],
+    "examples/train_torch.py": [
+        Run(
+            ("train.zarr", "--epochs", "1", "--batch-size", "4", "--workers", "0", "--max-steps", "2")
+            + ("--device", "cpu"),
+            _check_train,
+            needs=("torch",),
+        ),
+        Run(
+            ("raw", "--folder", "--size", "32x32", "--epochs", "1", "--batch-size", "4", "--workers", "0")
+            + ("--max-steps", "2", "--device", "cpu"),
+            _check_train_folder,
+            needs=("torch",),
+        ),
+    ],
+}
+
+
+def _scripts() -> list[str]:
+    return sorted(
+        p.relative_to(ROOT).as_posix()
+        for folder in ("examples", "benchmarks")
+        for p in (ROOT / folder).glob("*.py")
+        if not p.name.startswith("_")
+    )
+
+
+def test_every_script_has_a_smoke_run() -> None:
+    assert _scripts() == sorted(RUNS)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A folder with ``raw/`` (8 sample images in class folders) and ``train.zarr`` built from it."""
+    make_sample(tmp_path / "raw", 8, size=64, seed=0)
+    dlpack.build(tmp_path / "raw", tmp_path / "train.zarr", size=(32, 32), quiet=True, jobs=1)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("script", "run"), [pytest.param(s, r, id=f"{s}-{i}") for s, runs in RUNS.items() for i, r in enumerate(runs)]
+)
+def test_script_runs_on_tiny_inputs(script: str, run: Run, work: Path) -> None:
+    for module in run.needs:
+        pytest.importorskip(module)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / script), *run.args],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    run.check(proc.stdout + proc.stderr, work)
