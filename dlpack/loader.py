@@ -75,7 +75,7 @@ class LoaderOptions:
     """How a :class:`Loader` walks a store.
 
     ``order=None`` means ``"random"`` when ``shuffle`` else ``"sequential"``. ``prefetch`` is the
-    number of batches read ahead (4 by default: PROBLEM.md found depth 3-6 keeps a GPU fed;
+    number of batches read ahead (4 by default: a read-ahead 3-6 batches deep keeps a GPU fed;
     0 reads each batch when asked). ``workers`` threads share that read-ahead.
     """
 

@@ -1,6 +1,6 @@
 """Direct reads of Zarr v3 sharded arrays through the shard index.
 
-zarr-python costs 0.4-1 ms per ``array[i]`` call (../docs/benchmarks.md); reading the shard file
+zarr-python costs 0.4-1 ms per ``array[i]`` call (docs/benchmarks.md); reading the shard file
 ourselves through its index (the ``sharding_indexed`` codec: a table of little-endian uint64
 ``(offset, nbytes)`` pairs per inner chunk, at the end of each shard file, followed by a CRC32C)
 costs one memory copy. The store stays standard: zarr-python and tensorstore read it too.
