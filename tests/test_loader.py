@@ -34,7 +34,7 @@ from dlpack import (
     StateError,
     StoreError,
 )
-from dlpack.loader import epoch_order, rank_indices
+from dlpack.loader import BatchSource, epoch_order, rank_indices, sample_rng
 
 N_IMAGES = 50
 SIZE = (16, 12)  # width, height
@@ -862,3 +862,73 @@ def test_dropped_batches_are_recycled(tmp_path: Path) -> None:
         for batch in loader:
             del batch
     assert len(loader._pool._bufs) == size <= loader._pool.limit  # reused, not grown
+
+
+# ---------------------------------------------------------------- BatchSource and per-sample randomness
+
+
+class _Jitter:
+    """A view over a BatchSource adding per-sample noise drawn from ``sample_rng``: the shape of an
+    online augmentation, written without touching the loader's threading."""
+
+    def __init__(self, inner: dlpack.Dataset, seed: int) -> None:
+        self.inner, self.seed = inner, seed
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def get_batch(self, indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+        batch = self.inner.get_batch(indices, epoch, out)
+        noise = [sample_rng(self.seed, epoch, int(i)).integers(0, 8, size=3) for i in batch["index"]]
+        batch["noise"] = np.stack(noise) if noise else np.zeros((0, 3), np.int64)
+        return batch
+
+    def warm(self) -> None:
+        self.inner.warm()
+
+    def fingerprint(self) -> str:
+        return f"jitter-{self.seed}-{self.inner.fingerprint()}"
+
+    def image_layout(self) -> tuple[tuple[int, ...], str] | None:
+        return self.inner.image_layout()
+
+
+def test_sample_rng_is_a_pure_function_of_seed_epoch_and_index() -> None:
+    draw = [sample_rng(s, e, i).integers(0, 2**31) for s, e, i in [(0, 0, 0), (0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]]
+    assert draw[0] == draw[1]
+    assert len(set(draw[1:])) == 4
+
+
+def test_per_sample_randomness_ignores_workers_and_resume(ds: dlpack.Dataset) -> None:
+    view = _Jitter(ds, seed=5)
+    assert isinstance(ds, BatchSource) and isinstance(view, BatchSource)
+
+    def run(workers: int, prefetch: int) -> list[dict[str, Any]]:
+        loader = dlpack.Loader(view, LoaderOptions(batch_size=7, seed=3, workers=workers, prefetch=prefetch))
+        loader.set_epoch(2)
+        return [{k: (list(v) if k == "source" else np.array(v)) for k, v in b.items()} for b in loader]
+
+    def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+        return same_batches(a, b) and all(np.array_equal(x["noise"], y["noise"]) for x, y in zip(a, b, strict=True))
+
+    serial, threaded = run(0, 0), run(2, 3)
+    assert same(serial, threaded)
+    loader = dlpack.Loader(view, LoaderOptions(batch_size=7, seed=3, workers=2, prefetch=3))
+    loader.set_epoch(2)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    resumed = dlpack.Loader(view, LoaderOptions(batch_size=7, seed=3, workers=1, prefetch=1))
+    resumed.load_state_dict(state)
+    rest = [{k: (list(v) if k == "source" else np.array(v)) for k, v in b.items()} for b in resumed]
+    assert same(serial[2:], rest)
+    other_epoch = dlpack.Loader(view, LoaderOptions(batch_size=7, seed=3, workers=0))
+    other_epoch.set_epoch(3)
+    by_index = {int(i): n for b in serial for i, n in zip(b["index"], b["noise"], strict=True)}
+    later = {int(i): n for b in other_epoch for i, n in zip(b["index"], b["noise"], strict=True)}
+    assert any(not np.array_equal(by_index[i], later[i]) for i in by_index)
+
+
+def test_loader_refuses_what_is_not_a_batch_source() -> None:
+    with pytest.raises(OptionError, match="BatchSource"):
+        dlpack.Loader([1, 2, 3], LoaderOptions())  # type: ignore[arg-type]
