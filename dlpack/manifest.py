@@ -42,7 +42,12 @@ class ImageSpec:
 
 @dataclass(frozen=True)
 class Manifest:
-    """Versioned description of a store; ``arrays`` maps array names to their shape and dtype."""
+    """Versioned description of a store; ``arrays`` maps array names to their shape and dtype.
+
+    ``plan`` is the build plan the store was written under (``dlpack.build.BuildPlan.to_dict()``),
+    so a later resume or update can check that it continues the same plan; empty for stores
+    written before it was recorded.
+    """
 
     count: int
     image: ImageSpec
@@ -55,6 +60,7 @@ class Manifest:
     arrays: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: tuple[InputFileError, ...] = ()
     conversions: dict[str, int] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)
     checksum: str = "crc32"
     dlpack_version: str = ""
     format_version: int = FORMAT_VERSION
@@ -91,6 +97,8 @@ class Manifest:
             kwargs["image"] = ImageSpec(**kwargs["image"])
             kwargs["classes"] = tuple(kwargs.get("classes", ()))
             kwargs["skipped"] = tuple(InputFileError(**e) for e in kwargs.get("skipped", ()))
+            if not isinstance(kwargs.get("plan", {}), dict):
+                raise TypeError(f"plan must be an object, got {type(kwargs['plan']).__name__}")
             return cls(**kwargs)
         except (KeyError, TypeError) as exc:
             raise StoreError(f"manifest{where} is malformed: {exc}") from exc
