@@ -91,7 +91,7 @@ def _describe_holder(path: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         # The holder took the lock a moment ago and has not written its name yet.
         return "another process (it has not recorded its name yet)"
-    return f"pid {pid} on host {host} since {since} ({command})"
+    return f"pid {pid} on host {host} since {since} (command: {command})"
 
 
 class BuildLock:
