@@ -687,23 +687,38 @@ def _not_ours(path: Path) -> str | None:
     if path.is_symlink():
         return "it is a symbolic link"
     if path.is_dir():
-        if not any(path.iterdir()):
-            return None  # a build killed between creating the folder and its first file
+        entries = [p.name for p in path.iterdir()]
         try:
-            attrs = json.loads((path / "zarr.json").read_text(encoding="utf-8")).get("attributes", {})
-        except (OSError, ValueError, AttributeError):
-            return "it is a folder without a readable zarr.json"
+            meta = json.loads((path / "zarr.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = None
+        attrs = meta.get("attributes") if isinstance(meta, dict) else None
         marker = attrs.get("dlpack") if isinstance(attrs, dict) else None
         if isinstance(marker, dict) and marker.get("format") == "dlpack":
             return None
+        # A build killed while creating the group leaves no folder entry but its zarr.json (being
+        # written, or before the marker was added): an empty group, holding no data.
+        if not entries or (entries == ["zarr.json"] and (meta is None or meta.get("node_type") == "group")):
+            return None
+        if meta is None:
+            return "it is a folder without a readable zarr.json"
         return "it is a folder whose zarr.json has no dlpack attribute"
     if path.is_file():
         with open(path, "rb") as f:
-            head = f.read(HEADER_BYTES)
-        # The attribute is written right after the file is created, so it sits in the root group's header.
-        if head.startswith(_HDF5_SIGNATURE) and b"dlpack_format" in head:
+            head = f.read(len(_HDF5_SIGNATURE))
+        if not head:
+            return None  # a build killed before the first byte
+        if head != _HDF5_SIGNATURE:
+            return "it is a file but not an HDF5 file"
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                return None if "dlpack_format" in f.attrs else "it is an HDF5 file without the dlpack_format attribute"
+        except OSError:
+            # HDF5 writes its metadata when the file is flushed: a build killed before that leaves a
+            # superblock pointing past the end of the file, and no object anyone could read.
             return None
-        return "it is a file but not an HDF5 file with the dlpack_format attribute"
     return "it is neither a file nor a folder"
 
 

@@ -150,6 +150,8 @@ def test_foreign_partial_is_refused_and_left_untouched(make_tree: MakeTree, tmp_
     elif kind == "zarr-group":
         partial.mkdir()
         (partial / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+        (partial / "x").mkdir()
+        (partial / "x" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "array"}')
     elif kind == "file":
         partial.write_bytes(b"not a store")
     else:
@@ -165,10 +167,42 @@ def test_foreign_partial_is_refused_and_left_untouched(make_tree: MakeTree, tmp_
     assert after == before
 
 
-def test_empty_partial_folder_is_removed(make_tree: MakeTree, tmp_path: Path) -> None:
-    partial_path(tmp_path / "o.zarr").mkdir()
+@pytest.mark.parametrize("zarr_json", [None, "", '{"zarr_format": 3, "node_type": "group", "attributes": {}}'])
+def test_partial_killed_while_creating_its_group_is_removed(
+    make_tree: MakeTree, tmp_path: Path, zarr_json: str | None
+) -> None:
+    partial = partial_path(tmp_path / "o.zarr")
+    partial.mkdir()
+    if zarr_json is not None:
+        (partial / "zarr.json").write_text(zarr_json)
     dlpack.build(make_tree({"a/0.png": "rgb"}), tmp_path / "o.zarr", quiet=True, jobs=1)
     assert siblings(tmp_path) == ["o.zarr"]
+
+
+# Creates an HDF5 file with the dlpack marker and dies before HDF5 writes any metadata.
+KILLED_HDF5 = """
+import os, sys
+import h5py
+f = h5py.File(sys.argv[1], "w-")
+f.attrs["dlpack_format"] = "dlpack"
+f.create_dataset("images", shape=(4, 8, 8, 3), dtype="u1")
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("content", ["never-flushed", "empty"])
+def test_hdf5_partial_killed_before_its_metadata_is_removed(make_tree: MakeTree, tmp_path: Path, content: str) -> None:
+    import h5py
+
+    partial = partial_path(tmp_path / "o.h5")
+    if content == "empty":
+        partial.write_bytes(b"")
+    else:
+        subprocess.run([sys.executable, "-c", KILLED_HDF5, str(partial)], check=True)
+        with pytest.raises(OSError):  # nothing in it can be read
+            h5py.File(partial, "r")
+    dlpack.build(make_tree({"a/0.png": "rgb"}), tmp_path / "o.h5", quiet=True, jobs=1)
+    assert siblings(tmp_path) == ["o.h5"]
 
 
 @pytest.mark.parametrize("name", ["run [1].zarr", "set[a]*.h5"])
