@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-import cv2
 import numpy as np
 
 from ..errors import OptionError
@@ -128,6 +127,8 @@ def incomplete_reason(data: bytes, fmt: str | None, whole: bool = True) -> str |
 @functools.lru_cache(maxsize=1)
 def _cv2_orients_tiff() -> bool:
     """Whether this OpenCV applies the TIFF orientation tag itself (5.x does, even with IMREAD_UNCHANGED)."""
+    import cv2
+
     entries = [  # tag, type (3 = SHORT, 4 = LONG), value: a 2x1 gray image with orientation 6
         (256, 3, 2), (257, 3, 1), (258, 3, 8), (259, 3, 1), (262, 3, 1),
         (273, 4, 8 + 2 + 10 * 12 + 4), (274, 3, 6), (277, 3, 1), (278, 3, 1), (279, 4, 2),
@@ -150,6 +151,8 @@ def decode_image(
     Alpha is dropped (not composited); palettes are expanded to RGB; JPEG EXIF orientation is
     applied (also TIFF's orientation tag).
     """
+    import cv2  # on first use: ``import dlpack`` stays light
+
     if header is None:
         header = probe_header(data[:65536]) or probe_header(data)
         if header is not None:
@@ -315,6 +318,8 @@ def prepare_image(data: bytes, target: TargetSpec, header: ImageHeader | None = 
         The bytes are not a usable image (empty, truncated, corrupt, too many pixels, an unsupported
         pixel type), or the image would be enlarged and ``target.allow_upscale`` is false.
     """
+    import cv2
+
     if not data:
         raise DecodeError("empty file (0 bytes)")
     # Colour order is swapped after resizing: the same result on fewer pixels.
