@@ -30,7 +30,7 @@ import numpy as np
 
 from . import __version__
 from ._lock import BuildLock, old_path, partial_path
-from .backends import StorePlan, StoreWriter, get_backend
+from .backends import Backend, StorePlan, StoreWriter, get_backend
 from .errors import BadInputsError, DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreExistsError
 from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
@@ -505,7 +505,7 @@ def _write_block_worker(
 
 
 def write_images(
-    backend: Any,
+    backend: type[Backend],
     tmp: Path,
     plan: BuildPlan,
     root: str,
@@ -578,7 +578,7 @@ def abort_store(writer: StoreWriter, tmp: Path) -> None:
 
 
 def pack_stage(
-    backend: Any,
+    backend: type[Backend],
     tmp: Path,
     root: Path,
     scan: SourceScan,
