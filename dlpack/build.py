@@ -1,53 +1,133 @@
-"""The build pipeline: scan -> probe -> plan -> decode/resize (workers) -> write -> manifest -> publish.
+"""The build pipeline: scan -> probe -> plan -> decode/resize -> write -> manifest -> publish.
 
-Each stage is a function of its inputs. Workers receive paths, indices and frozen option objects,
-never open handles; they open what they need themselves (STYLE.md, rule 4).
+Each stage is a module-level function of its inputs that returns new values; nothing is shared
+between stages but what one returns and the next takes. The plan is a frozen :class:`BuildPlan`,
+recorded in the manifest. Workers receive paths, indices and frozen plans, never open handles; they
+open what they need themselves. Every call into the store writer lives in the write stage.
+
+A build holds the lock on its output path (:mod:`dlpack._lock`) from before it looks at any earlier
+partial until the store is published, so two builds never write the same partial, and a partial
+found while holding the lock is a dead build's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from . import __version__
-from .backends import ArraySpec, StoreWriter, get_backend
-from .errors import BadInputsError, DlpackError, InputFileError, StoreExistsError
+from ._lock import BuildLock, old_path, partial_path
+from .backends import ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
+from .errors import BadInputsError, DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreExistsError
 from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
-from .sources.folder import (
-    DecodeError,
-    SourceItem,
-    check_header,
-    decode_image,
-    incomplete_reason,
-    normalise_header,
-    scan_folder,
-)
+from .sources.base import Source, SourceItem, SourceScan
+from .sources.decode import DecodeError, TargetSpec, check_header, incomplete_reason, normalise_header, prepare_image
+from .sources.folder import FolderSource
 from .sources.probe import HEADER_BYTES, ImageHeader, probe_header
-from .transforms.functional import (
-    UpscaleError,
-    convert_channels,
-    convert_depth,
-    plan_geometry,
-    resize_image,
-)
+from .transforms.functional import UpscaleError
 
-__all__ = ["build", "BuildResult"]
+__all__ = ["build", "BuildResult", "BuildPlan"]
 
-_PARTIAL = ".dlpack-partial-"
-_OLD = ".dlpack-old-"
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything decided before any pixel is written; recorded in the manifest as ``plan``.
+
+    A later resume or update of the store compares its own plan (or :meth:`fingerprint`) with the
+    recorded one to know that it continues the same build.
+
+    Attributes
+    ----------
+    target : TargetSpec
+        Geometry (resize mode, size, max side, upscaling), channels, dtype and pixel limit.
+    image : ImageSpec
+        The stored layout: fixed ``height x width`` or variable, channels, dtype.
+    backend, compression : str
+        Store format and codec.
+    shard_bytes : int
+        The shard size asked for.
+    shard_images : int
+        Images per shard (fixed layout), or inner chunks per shard of the flat pixel array (variable).
+    count : int
+        Number of samples.
+    order : str
+        SHA-256 (hex) of the stored samples' relative paths in sample order, as a compact JSON list.
+    source : str
+        SHA-256 (hex) of what the source listed: every item's path, label, split, annotations and
+        file size, the class names and the inputs the scan refused.
+    """
+
+    target: TargetSpec
+    image: ImageSpec
+    backend: str
+    compression: str
+    shard_bytes: int
+    shard_images: int
+    count: int
+    order: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if (self.target.channels, self.target.dtype) != (self.image.channels, self.image.dtype):
+            raise ValueError(
+                f"plan target is {self.target.channels} channels {self.target.dtype} but the stored image "
+                f"is {self.image.channels} channels {self.image.dtype}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; :meth:`from_dict` inverts it."""
+        return {
+            "target": self.target.to_dict(),
+            "image": asdict(self.image),
+            "backend": self.backend,
+            "compression": self.compression,
+            "shard_bytes": self.shard_bytes,
+            "shard_images": self.shard_images,
+            "count": self.count,
+            "order": self.order,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> BuildPlan:
+        """Rebuild a plan from :meth:`to_dict` output (e.g. ``Manifest.plan``).
+
+        Raises
+        ------
+        StoreError
+            ``d`` is not a complete plan.
+        """
+        try:
+            fields = {k: d[k] for k in ("backend", "compression", "shard_bytes", "shard_images", "count")}
+            return cls(
+                target=TargetSpec.from_dict(dict(d["target"])),
+                image=ImageSpec(**d["image"]),
+                order=d["order"],
+                source=d["source"],
+                **fields,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreError(f"the recorded build plan is malformed: {exc!r}") from exc
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of the plan's canonical JSON: equal plans, equal fingerprints, across runs and machines."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -61,6 +141,7 @@ class BuildResult:
     input_bytes: int
     output_bytes: int
     conversions: dict[str, int] = field(default_factory=dict)
+    plan: BuildPlan | None = None
 
     @property
     def images_per_s(self) -> float:
@@ -74,6 +155,61 @@ class BuildResult:
             f"{self.output_bytes / 1e6:.1f} MB out in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s) "
             f"-> {self.path}"
         )
+
+
+@dataclass(frozen=True)
+class _Selection:
+    """Which scanned items are still in (positions in ``SourceScan.items``, in order), and every input error so far."""
+
+    keep: tuple[int, ...]
+    errors: tuple[InputFileError, ...]
+
+    def drop(self, failed: Mapping[int, InputFileError]) -> _Selection:
+        """A selection without the positions in ``failed``, whose errors are added."""
+        return _Selection(tuple(k for k in self.keep if k not in failed), self.errors + tuple(failed.values()))
+
+
+def _bad_inputs(errors: Sequence[InputFileError], root: Path) -> BadInputsError:
+    return BadInputsError(sorted(errors, key=lambda e: e.path), os.fspath(root))
+
+
+# ---------------------------------------------------------------- stage 1: scan
+
+
+def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Source:
+    """The source a build reads: a path means a :class:`FolderSource` with the options' labels and symlink rule."""
+    if isinstance(src, (str, os.PathLike)):
+        return FolderSource(src, opts.labels, opts.follow_symlinks)
+    if isinstance(src, Source):
+        return src
+    raise OptionError(f"src must be a folder path or a dlpack.sources.Source, got {type(src).__name__}")
+
+
+def scan_stage(source: Source) -> SourceScan:
+    """1. List the source's items, and refuse a listing a store cannot hold."""
+    scan = source.scan()
+    where = os.fspath(source.root)
+    if not scan.items and not scan.errors:
+        raise SourceError(f"the source {where!r} lists no items")
+    classes = set(scan.classes)
+    if len(classes) != len(scan.classes):
+        raise SourceError(f"the source {where!r} lists a class name twice: {list(scan.classes)}")
+    seen: set[str] = set()
+    for item in scan.items:
+        rel = item.rel
+        if not rel or rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+            raise SourceError(
+                f"the source {where!r} lists {rel!r}; item paths are relative to the source root, "
+                "with '/' separators and no empty, '.' or '..' parts"
+            )
+        if rel in seen:
+            raise SourceError(f"the source {where!r} lists {rel!r} twice")
+        seen.add(rel)
+        if item.label is not None and item.label not in classes:
+            raise SourceError(
+                f"the source {where!r} labels {rel!r} {item.label!r}, which is not one of its classes {list(scan.classes)}"
+            )
+    return scan
 
 
 # ---------------------------------------------------------------- stage 2: probe (workers)
@@ -131,20 +267,31 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[_Probe
     return out
 
 
+def probe_stage(root: Path, items: Sequence[SourceItem], opts: BuildOptions) -> tuple[_Probe, ...]:
+    """2. Read every file's header (in workers): size, channels, depth, and why a file is unusable."""
+    from joblib import delayed
+
+    rels = [it.rel for it in items]
+    step = 256
+    calls = [
+        delayed(_probe_files)(os.fspath(root), rels[s : s + step], opts.max_pixels) for s in range(0, len(rels), step)
+    ]
+    probes: list[_Probe] = []
+    with _progress(len(rels), "checking", opts.quiet) as bar:
+        for block in _parallel(min(opts.n_jobs, max(1, len(calls))), calls):
+            probes.extend(block)
+            bar.update(len(block))
+    return tuple(probes)
+
+
+def _probed(scan: SourceScan, probes: Sequence[_Probe]) -> _Selection:
+    """The first selection: every item whose probe passed; the scan's and the probe's errors."""
+    bad = [InputFileError(scan.items[k].rel, p.error) for k, p in enumerate(probes) if p.error is not None]
+    keep = tuple(k for k, p in enumerate(probes) if p.error is None)
+    return _Selection(keep, scan.errors + tuple(bad))
+
+
 # ---------------------------------------------------------------- stage 3: plan
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Everything a worker needs to turn a file into a stored image."""
-
-    root: str
-    spec: ImageSpec
-    mode: str
-    size: tuple[int, int] | None
-    max_side: int | None
-    allow_upscale: bool
-    max_pixels: int
 
 
 def _majority(values: Sequence[int], default: int) -> int:
@@ -156,30 +303,89 @@ def _majority(values: Sequence[int], default: int) -> int:
     return max(v for v, n in counts if n == best)
 
 
-def _make_plan(root: str, headers: Sequence[ImageHeader], opts: BuildOptions) -> tuple[_Plan, dict[int, str]]:
-    """Choose channels, dtype and layout; returns the plan and upscale errors by position."""
+def _order_digest(items: Sequence[SourceItem]) -> str:
+    text = json.dumps([it.rel for it in items], separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _json_default(value: Any) -> Any:
+    """JSON for NumPy values in annotations (arrays by content digest)."""
+    if isinstance(value, np.ndarray):
+        data = np.ascontiguousarray(value)
+        return {"dtype": data.dtype.str, "shape": list(data.shape), "sha256": hashlib.sha256(data.data).hexdigest()}
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def _source_digest(scan: SourceScan, probes: Sequence[_Probe]) -> str:
+    h = hashlib.sha256()
+    head = {"classes": list(scan.classes), "labels": scan.labels, "refused": sorted(e.path for e in scan.errors)}
+    h.update(json.dumps(head, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+    for item, probe in zip(scan.items, probes, strict=True):
+        record = [item.rel, item.label, item.split, probe.nbytes, item.annotations]
+        try:
+            line = json.dumps(record, sort_keys=True, ensure_ascii=False, default=_json_default)
+        except (TypeError, ValueError) as exc:
+            raise SourceError(f"the annotations of {item.rel!r} are not JSON-serialisable: {exc}") from exc
+        h.update(b"\n" + line.encode("utf-8"))
+    return h.hexdigest()
+
+
+def plan_stage(
+    scan: SourceScan, probes: Sequence[_Probe], sel: _Selection, opts: BuildOptions, backend: str
+) -> tuple[BuildPlan, _Selection]:
+    """3. Choose channels, dtype, geometry, layout and shard size from the items still in.
+
+    Items the target would have to enlarge (without ``allow_upscale``) leave the selection as input
+    errors. The same inputs always give the same plan.
+    """
+    headers: list[ImageHeader] = []
+    for k in sel.keep:
+        header = probes[k].header
+        if header is None:
+            raise ValueError(f"item {scan.items[k].rel!r} is selected but has no probed header")
+        headers.append(header)
     channels = opts.channels if opts.channels != "keep" else _majority([h.channels for h in headers], 3)
     depth = _majority([h.bit_depth for h in headers], 8)
-    dtype = "|u1" if depth == 8 else "<u2"
-    mode = opts.resize_mode
-    errors: dict[int, str] = {}
+    target = TargetSpec(
+        mode=opts.resize_mode,
+        size=opts.size,
+        max_side=opts.max_side,
+        allow_upscale=opts.allow_upscale,
+        channels=int(channels),
+        dtype="|u1" if depth == 8 else "<u2",
+        max_pixels=opts.max_pixels,
+    )
+    upscale: dict[int, InputFileError] = {}
     sizes: set[tuple[int, int]] = set()
-    for k, h in enumerate(headers):
+    for k, h in zip(sel.keep, headers, strict=True):
         w, hh = h.oriented_size
         try:
-            g = plan_geometry(hh, w, mode, opts.size, opts.max_side, opts.allow_upscale)
+            g = target.geometry(hh, w)
         except UpscaleError as exc:
-            errors[k] = str(exc)
+            upscale[k] = InputFileError(scan.items[k].rel, str(exc))
             continue
         sizes.add((g.out_h, g.out_w))
-    assert isinstance(channels, int)
+    sel = sel.drop(upscale)
     if len(sizes) == 1:
         ((oh, ow),) = sizes
-        spec = ImageSpec("fixed", channels, dtype, oh, ow)
+        spec = ImageSpec("fixed", target.channels, target.dtype, oh, ow)
     else:
-        spec = ImageSpec("variable", channels, dtype)
-    plan = _Plan(root, spec, mode, opts.size, opts.max_side, opts.allow_upscale, opts.max_pixels)
-    return plan, errors
+        spec = ImageSpec("variable", target.channels, target.dtype)
+    kept = [scan.items[k] for k in sel.keep]
+    plan = BuildPlan(
+        target=target,
+        image=spec,
+        backend=backend,
+        compression=opts.compression,
+        shard_bytes=opts.shard_bytes,
+        shard_images=get_backend(backend).block_rows(_image_array(spec, opts.compression), len(kept), opts.shard_bytes),
+        count=len(kept),
+        order=_order_digest(kept),
+        source=_source_digest(scan, probes),
+    )
+    return plan, sel
 
 
 # ---------------------------------------------------------------- stage 4: decode, resize (workers)
@@ -197,88 +403,358 @@ class _Sample:
     pixels: np.ndarray | None = None
 
 
-def process_file(plan: _Plan, rel: str, header: ImageHeader | None) -> tuple[np.ndarray, _Sample]:
-    """Read, decode, convert and resize one file into its stored form."""
-    with open(Path(plan.root, rel), "rb") as f:
+def prepare_file(root: str, plan: BuildPlan, rel: str, header: ImageHeader | None) -> tuple[np.ndarray, _Sample]:
+    """Read one file and turn it into its stored form with :func:`~dlpack.sources.decode.prepare_image`."""
+    with open(Path(root, rel), "rb") as f:
         data = f.read()
-    if not data:
-        raise DecodeError("empty file (0 bytes)")
-    # Colour order is swapped after resizing: the same result on fewer pixels.
-    img = decode_image(data, header, plan.max_pixels, rgb=False)
-    h, w = img.shape[:2]
-    try:
-        g = plan_geometry(h, w, plan.mode, plan.size, plan.max_side, plan.allow_upscale)
-    except UpscaleError as exc:
-        raise DecodeError(str(exc)) from exc
-    img = resize_image(img, g)
-    if img.shape[2] == 3:
-        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    spec = plan.spec
-    conversions: list[str] = []
-    if img.shape[2] != spec.channels:
-        conversions.append(f"{'gray' if img.shape[2] == 1 else 'rgb'}->{'rgb' if spec.channels == 3 else 'gray'}")
-        img = convert_channels(img, spec.channels)
-    if img.dtype != np.dtype(spec.dtype):
-        conversions.append(f"{img.dtype.itemsize * 8}bit->{np.dtype(spec.dtype).itemsize * 8}bit")
-        img = convert_depth(img, spec.dtype)
+    prepared = prepare_image(data, plan.target, header)
+    img, g = prepared.pixels, prepared.geometry
+    spec = plan.image
     if spec.shape is not None and img.shape != spec.shape:
+        h, w = prepared.original_size
         raise DecodeError(
             f"image is {w}x{h} and would be stored as {img.shape[1]}x{img.shape[0]}, but this store holds "
             f"{spec.width}x{spec.height} images (its header said otherwise); pass --size or --resize fit"
         )
-    img = np.ascontiguousarray(img)
     meta = _Sample(
-        (h, w),
-        img.shape,
+        prepared.original_size,
+        (img.shape[0], img.shape[1], img.shape[2]),
         (g.scale_y, g.scale_x, float(g.off_y), float(g.off_x)),
         zlib.crc32(img.data),
-        tuple(conversions),
+        prepared.conversions,
     )
     return img, meta
 
 
-def _process_block(
-    plan: _Plan,
-    writer: StoreWriter | None,
-    start: int,
-    items: Sequence[tuple[str, ImageHeader | None]],
-    keep_pixels: bool,
+def decode_block(
+    root: str,
+    plan: BuildPlan,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    out: np.ndarray | None = None,
+    keep_pixels: bool = False,
 ) -> list[_Sample | InputFileError]:
-    """Process a block of samples; if ``writer`` is given, write them here as one block."""
+    """Prepare a run of files: their metadata or why each failed.
+
+    Pixels go into ``out[k]`` when given (a fixed-size block; failed slots keep their zeros), and
+    onto the returned samples when ``keep_pixels``.
+    """
     results: list[_Sample | InputFileError] = []
-    block = None
-    if writer is not None and plan.spec.shape is not None:
-        # Slots of files that fail stay unset: a store with failures is never published as is.
-        block = np.empty((len(items), *plan.spec.shape), dtype=plan.spec.dtype)
-    for k, (rel, header) in enumerate(items):
+    for k, (rel, header) in enumerate(pairs):
         try:
-            img, meta = process_file(plan, rel, header)
+            img, meta = prepare_file(root, plan, rel, header)
         except DecodeError as exc:
             results.append(InputFileError(rel, str(exc)))
             continue
         except OSError as exc:
             results.append(InputFileError(rel, f"cannot read: {exc.strerror or exc}"))
             continue
-        if block is not None:
-            block[k] = img
+        if out is not None:
+            out[k] = img
         results.append(replace(meta, pixels=img) if keep_pixels else meta)
-    if writer is not None and block is not None:
-        writer.write_block("images", start, block)
     return results
 
 
-def _validate(plan: _Plan, pairs: Sequence[tuple[str, ImageHeader | None]], opts: BuildOptions) -> list[InputFileError]:
-    """Decode every file without writing; the failures."""
+def validate_stage(
+    root: str, plan: BuildPlan, pairs: Sequence[tuple[str, ImageHeader | None]], opts: BuildOptions
+) -> list[InputFileError]:
+    """Decode every file without writing; the failures (so one error can list every bad file)."""
     from joblib import delayed
 
     step = 16
-    calls = [delayed(_process_block)(plan, None, s, pairs[s : s + step], False) for s in range(0, len(pairs), step)]
+    calls = [delayed(decode_block)(root, plan, pairs[s : s + step]) for s in range(0, len(pairs), step)]
     found: list[InputFileError] = []
     with _progress(len(pairs), "checking pixels", opts.quiet) as bar:
         for block in _parallel(opts.n_jobs, calls):
             found.extend(r for r in block if isinstance(r, InputFileError))
             bar.update(len(block))
     return found
+
+
+# ---------------------------------------------------------------- stage 5: write (every store-writer call is here)
+
+
+def _fixed_block(plan: BuildPlan, n: int) -> np.ndarray:
+    shape = plan.image.shape
+    if shape is None:
+        raise ValueError("a variable-size store has no fixed block")
+    return np.zeros((n, *shape), dtype=plan.image.dtype)
+
+
+def _write_block_worker(
+    writer: StoreWriter, root: str, plan: BuildPlan, start: int, pairs: Sequence[tuple[str, ImageHeader | None]]
+) -> list[_Sample | InputFileError]:
+    """Decode a block and write it as one block (in a worker, for writers that allow it)."""
+    block = _fixed_block(plan, len(pairs))
+    results = decode_block(root, plan, pairs, out=block)
+    # A block with a failure is not written: the store is then discarded (or rebuilt) anyway.
+    if not any(isinstance(r, InputFileError) for r in results):
+        writer.write_block("images", start, block)
+    return results
+
+
+def write_images(
+    backend: type[Backend],
+    tmp: Path,
+    plan: BuildPlan,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    opts: BuildOptions,
+) -> tuple[list[_Sample | InputFileError], StoreWriter | None]:
+    """5. Create the store at ``tmp`` and write every image, decoded by workers.
+
+    Returns the per-sample results and the open writer; when any file failed to decode, the
+    writer is aborted, ``tmp`` removed, and None returned in its place.
+    """
+    writer: StoreWriter = backend.open_writer(tmp, "w-", plan.shard_bytes)
+    try:
+        writer.open()
+        images = _image_array(plan.image, plan.compression)
+        writer.create_array(images, plan.count)
+        fixed = not images.ragged
+        in_workers = fixed and writer.parallel_safe(images.name)
+        step = writer.block_len(images.name) if fixed else 16
+        appended = 0
+        from joblib import delayed
+
+        starts = range(0, len(pairs), step)
+        if in_workers:
+            calls = [delayed(_write_block_worker)(writer, root, plan, s, pairs[s : s + step]) for s in starts]
+        else:
+            calls = [delayed(decode_block)(root, plan, pairs[s : s + step], None, True) for s in starts]
+        results: list[_Sample | InputFileError] = []
+        failed = False
+        with _progress(len(pairs), "packing", opts.quiet) as bar:
+            for s, block in zip(starts, _parallel(opts.n_jobs, calls), strict=True):
+                failed = failed or any(isinstance(r, InputFileError) for r in block)
+                if not in_workers:
+                    if not failed and fixed:
+                        arr = _fixed_block(plan, len(block))
+                        for k, r in enumerate(block):
+                            if isinstance(r, _Sample) and r.pixels is not None:
+                                arr[k] = r.pixels
+                        writer.write_block(images.name, s, arr)
+                    elif not failed:
+                        pixels = [r.pixels for r in block if isinstance(r, _Sample) and r.pixels is not None]
+                        writer.write_block(images.name, appended, pixels)
+                        appended += len(pixels)
+                    block = [replace(r, pixels=None) if isinstance(r, _Sample) else r for r in block]
+                results.extend(block)
+                bar.update(len(block))
+    except BaseException:
+        abort_store(writer, tmp)
+        raise
+    if failed:
+        abort_store(writer, tmp)
+        return results, None
+    return results, writer
+
+
+def commit_store(
+    writer: StoreWriter, tmp: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest
+) -> None:
+    """Write the per-sample arrays, then the manifest: the store at ``tmp`` is complete after this."""
+    try:
+        for spec, values in arrays.values():
+            writer.create_array(spec, manifest.count)
+            writer.write_block(spec.name, 0, values)
+        writer.commit(manifest)
+    except BaseException:
+        abort_store(writer, tmp)
+        raise
+
+
+def abort_store(writer: StoreWriter, tmp: Path) -> None:
+    """Close the writer after a failure and remove its partial store."""
+    with contextlib.suppress(Exception):
+        writer.abort()
+    _remove(tmp)
+
+
+def pack_stage(
+    backend: type[Backend],
+    tmp: Path,
+    root: Path,
+    scan: SourceScan,
+    probes: Sequence[_Probe],
+    plan: BuildPlan,
+    sel: _Selection,
+    opts: BuildOptions,
+) -> tuple[BuildPlan, _Selection, list[_Sample], StoreWriter]:
+    """4-5. Decode and write the selected items under ``plan``.
+
+    Files that pass the probe but fail to decode (damage inside the compressed data) are rare:
+    under ``on_error="skip"`` they leave the selection and the store is planned and written again
+    without them, so the result is byte-identical to a build of the good files alone.
+    """
+    for _attempt in range(3):
+        if not sel.keep:
+            raise _bad_inputs(sel.errors, root)
+        pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
+        results, writer = write_images(backend, tmp, plan, os.fspath(root), pairs, opts)
+        if writer is not None:
+            return plan, sel, [r for r in results if isinstance(r, _Sample)], writer
+        sel = sel.drop({k: r for k, r in zip(sel.keep, results, strict=True) if isinstance(r, InputFileError)})
+        if opts.on_error == "fail":
+            raise _bad_inputs(sel.errors, root)
+        plan, sel = plan_stage(scan, probes, sel, opts, backend.name)
+    # Decoding is deterministic: a second pass finds nothing new.
+    raise DlpackError("files kept failing to decode; rerun with --on-error fail to see them")  # pragma: no cover
+
+
+# ---------------------------------------------------------------- stage 6: manifest
+
+
+def _image_array(image: ImageSpec, compression: str) -> ArraySpec:
+    """The array holding the pixels: ``images`` [N, H, W, C], or ragged flat ``image`` for variable sizes."""
+    if image.shape is not None:
+        return ArraySpec("images", image.dtype, image.shape, key="image", compression=compression)
+    return ArraySpec("image", image.dtype, (), ragged=True, compression=compression)
+
+
+def _meta_arrays(
+    items: Sequence[SourceItem],
+    samples: Sequence[_Sample],
+    classes: Sequence[str],
+    shapes: Sequence[tuple[int, ...]] | None,
+) -> dict[str, tuple[ArraySpec, Any]]:
+    """The per-sample metadata arrays, by name: their specs and values."""
+    class_id = {c: i for i, c in enumerate(classes)}
+    fixed: dict[str, tuple[np.ndarray, str | None]] = {
+        "labels": (np.array([class_id[it.label] if it.label is not None else -1 for it in items], dtype="<i4"), "label"),
+        "original_size": (np.array([s.original_size for s in samples], dtype="<i4").reshape(-1, 2), None),
+        "transform": (np.array([s.transform for s in samples], dtype="<f8").reshape(-1, 4), None),
+        "checksum": (np.array([s.checksum for s in samples], dtype="<u4"), None),
+    }
+    if shapes is not None:
+        fixed["image_shapes"] = (np.array(shapes, dtype="<i4").reshape(-1, 3), None)
+    arrays: dict[str, tuple[ArraySpec, Any]] = {
+        name: (ArraySpec(name, arr.dtype.str, arr.shape[1:], key=key), arr) for name, (arr, key) in fixed.items()
+    }
+    sources = [np.frombuffer(it.rel.encode("utf-8"), dtype=np.uint8) for it in items]
+    arrays["source"] = (ArraySpec("source", "|u1", (), ragged=True), sources)
+    return arrays
+
+
+def manifest_stage(
+    plan: BuildPlan, scan: SourceScan, sel: _Selection, samples: Sequence[_Sample]
+) -> tuple[dict[str, tuple[ArraySpec, Any]], Manifest]:
+    """6. The per-sample arrays and the manifest of the written samples (the writer lists the arrays)."""
+    items = [scan.items[k] for k in sel.keep]
+    variable = plan.image.layout == "variable"
+    arrays = _meta_arrays(items, samples, scan.classes, [s.shape for s in samples] if variable else None)
+    conversions = Counter(c for s in samples for c in s.conversions)
+    target = plan.target
+    manifest = Manifest(
+        count=plan.count,
+        image=plan.image,
+        backend=plan.backend,
+        classes=scan.classes,
+        labels=scan.labels,
+        resize={
+            "mode": target.mode,
+            "size": list(target.size) if target.size else None,
+            "max_side": target.max_side,
+            "allow_upscale": target.allow_upscale,
+            "interpolation": "area (shrink), linear (enlarge)",
+        },
+        compression=plan.compression,
+        shard_images=0 if variable else plan.shard_images,
+        skipped=tuple(sorted(sel.errors, key=lambda e: e.path)),
+        conversions=dict(sorted(conversions.items())),
+        plan=plan.to_dict(),
+        dlpack_version=__version__,
+    )
+    return arrays, manifest
+
+
+# ---------------------------------------------------------------- stage 7: publish
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _not_ours(path: Path) -> str | None:
+    """Why ``path`` cannot be proven to be a dlpack partial store, or None when it is one."""
+    if path.is_symlink():
+        return "it is a symbolic link"
+    if owned_store(path) is not None:
+        return None
+    if path.is_dir():
+        # A build killed while creating its group leaves an empty folder or a bare zarr.json.
+        entries = [p.name for p in path.iterdir()]
+        if not entries or (entries == ["zarr.json"] and _bare_group(path / "zarr.json")):
+            return None
+        return "it is a folder without dlpack's marker"
+    if path.is_file():
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if not head:
+            return None  # a build killed before the first byte
+        if head == b"\x89HDF\r\n\x1a\n" and not _hdf5_readable(path):
+            # HDF5 writes its metadata when the file is flushed: a build killed before that leaves a
+            # superblock pointing past the end of the file, and no object anyone could read.
+            return None
+        return "it is a file without dlpack's marker"
+    return "it is neither a file nor a folder"
+
+
+def _bare_group(meta_path: Path) -> bool:
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    return isinstance(meta, dict) and meta.get("node_type") == "group" and not meta.get("attributes")
+
+
+def _hdf5_readable(path: Path) -> bool:
+    import h5py
+
+    try:
+        with h5py.File(path, "r"):
+            return True
+    except OSError:
+        return False
+
+
+def clear_leftovers(out: Path) -> None:
+    """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
+
+    An overwritten store that was waiting for its replacement comes back to ``out`` (or is removed
+    when the replacement made it), and a stale partial is removed once it is proven to be dlpack's.
+    """
+    old = old_path(out)
+    if old.exists() or old.is_symlink():
+        if out.exists() or out.is_symlink():
+            _remove(old)
+        else:
+            os.replace(old, out)
+    tmp = partial_path(out)
+    if tmp.exists() or tmp.is_symlink():
+        reason = _not_ours(tmp)
+        if reason is not None:
+            raise StoreError(
+                f"{tmp} is where this build writes, but it is not a dlpack partial store ({reason}); "
+                "remove or rename it, then build again"
+            )
+        _remove(tmp)
+
+
+def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
+    """7. Move the finished store into place; an old store is replaced only after the new one is complete."""
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise StoreExistsError(f"{out} appeared while building; pass --overwrite to replace it")
+        old = old_path(out)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        _remove(old)
+    else:
+        os.replace(tmp, out)
 
 
 # ---------------------------------------------------------------- helpers
@@ -301,136 +777,23 @@ def _progress(total: int, desc: str, quiet: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="img", disable=quiet or not sys.stderr.isatty(), leave=False)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-
-def _clean_stale(out: Path) -> None:
-    """Remove temporaries of earlier builds of ``out`` that were killed (their process is gone)."""
-    prefix = f".{out.name}{_PARTIAL}"
-    for p in out.parent.iterdir():
-        if not p.name.startswith(prefix):
-            continue
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            _remove(p)
-
-
-def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Move the finished store into place; an old store is replaced only after the new one is complete."""
-    if out.exists() or out.is_symlink():
-        if not overwrite:
-            _remove(tmp)
-            raise StoreExistsError(f"{out} appeared while building; pass --overwrite to replace it")
-        old = out.parent / f".{out.name}{_OLD}{os.getpid()}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        _remove(old)
-    else:
-        os.replace(tmp, out)
-
-
 # ---------------------------------------------------------------- the pipeline
 
 
-def _write_store(
-    backend: Any,
-    tmp: Path,
-    plan: _Plan,
-    items: Sequence[SourceItem],
-    headers: Sequence[ImageHeader | None],
-    opts: BuildOptions,
-) -> tuple[list[_Sample | InputFileError], StoreWriter]:
-    """Stage 4+5: decode/resize in workers and write into a fresh store at ``tmp``."""
-    spec = plan.spec
-    writer: StoreWriter = backend.open_writer(tmp, "w-", opts.shard_bytes)
-    writer.open()
-    fixed = spec.shape is not None
-    if fixed:
-        writer.create_array(ArraySpec("images", spec.dtype, spec.shape, key="image", compression=opts.compression), len(items))
-    else:
-        writer.create_array(ArraySpec("image", spec.dtype, (), ragged=True, compression=opts.compression), len(items))
-    in_workers = fixed and writer.parallel_safe("images")
-    step = writer.block_len("images") if fixed else 16
-    from joblib import delayed
-
-    pairs = [(it.rel, h) for it, h in zip(items, headers, strict=True)]
-    calls = [
-        delayed(_process_block)(plan, writer if in_workers else None, s, pairs[s : s + step], not in_workers)
-        for s in range(0, len(pairs), step)
-    ]
-    results: list[_Sample | InputFileError] = []
-    appended = 0
-    with _progress(len(pairs), "packing", opts.quiet) as bar:
-        for s, block in zip(range(0, len(pairs), step), _parallel(opts.n_jobs, calls), strict=True):
-            if not in_workers:
-                if fixed:
-                    arr = np.zeros((len(block), *spec.shape), dtype=spec.dtype)  # type: ignore[misc]
-                    for k, r in enumerate(block):
-                        if isinstance(r, _Sample) and r.pixels is not None:
-                            arr[k] = r.pixels
-                    writer.write_block("images", s, arr)
-                else:
-                    good = [r.pixels for r in block if isinstance(r, _Sample) and r.pixels is not None]
-                    writer.write_block("image", appended, good)
-                    appended += len(good)
-                block = [replace(r, pixels=None) if isinstance(r, _Sample) else r for r in block]
-            results.extend(block)
-            bar.update(len(block))
-    return results, writer
-
-
-def _write_meta(
-    writer: StoreWriter,
-    items: Sequence[SourceItem],
-    samples: Sequence[_Sample],
-    classes: Sequence[str],
-    shapes: Sequence[tuple[int, ...]] | None,
-) -> None:
-    """Write the per-sample metadata arrays."""
-    class_id = {c: i for i, c in enumerate(classes)}
-    n = len(items)
-    fixed = {
-        "labels": (np.array([class_id.get(it.label, -1) if it.label else -1 for it in items], dtype="<i4"), "label"),
-        "original_size": (np.array([s.original_size for s in samples], dtype="<i4").reshape(-1, 2), None),
-        "transform": (np.array([s.transform for s in samples], dtype="<f8").reshape(-1, 4), None),
-        "checksum": (np.array([s.checksum for s in samples], dtype="<u4"), None),
-    }
-    if shapes is not None:
-        fixed["image_shapes"] = (np.array(shapes, dtype="<i4").reshape(-1, 3), None)
-    for name, (arr, key) in fixed.items():
-        writer.create_array(ArraySpec(name, arr.dtype.str, arr.shape[1:], key=key), n)
-        writer.write_block(name, 0, arr)
-    writer.create_array(ArraySpec("source", "|u1", (), ragged=True), n)
-    writer.write_block("source", 0, [np.frombuffer(it.rel.encode("utf-8"), dtype=np.uint8) for it in items])
-
-
 def build(
-    src: str | os.PathLike[str],
+    src: Source | str | os.PathLike[str],
     out: str | os.PathLike[str],
     options: BuildOptions | None = None,
     **kwargs: Any,
 ) -> BuildResult:
-    """Pack the images under ``src`` into one store at ``out``.
+    """Pack the images a source lists into one store at ``out``.
 
     Parameters
     ----------
     src
-        Folder tree of images; class sub-folders become labels (``labels="auto"``).
+        A folder tree of images (class sub-folders become labels with ``labels="auto"``), or any
+        :class:`~dlpack.sources.Source`; for a Source, the ``labels`` and ``follow_symlinks``
+        options do not apply (the source decides).
     out
         Store path: a ``.zarr`` folder (default) or a ``.h5``/``.hdf5`` file.
     options
@@ -440,7 +803,7 @@ def build(
     Returns
     -------
     BuildResult
-        With ``skipped`` listing inputs left out under ``on_error="skip"``.
+        With ``skipped`` listing inputs left out under ``on_error="skip"``, and the ``plan``.
 
     Raises
     ------
@@ -448,111 +811,46 @@ def build(
         Unreadable inputs under ``on_error="fail"`` (every one found is listed).
     StoreExistsError
         ``out`` exists and ``overwrite`` is false.
+    StoreLockedError
+        Another build into ``out`` is running (the message names it).
     """
     opts = replace(options or BuildOptions(), **kwargs) if kwargs else (options or BuildOptions())
     t0 = time.perf_counter()
     out_path = Path(out)
-    backend = get_backend(opts.format_for(out_path), write=True)
-    if (out_path.exists() or out_path.is_symlink()) and not opts.overwrite:
-        raise StoreExistsError(f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it")
+    backend = backend_for_path(out_path, opts.format, write=True)
+    source = as_source(src, opts)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale(out_path)
-    root = os.fspath(src)
-
-    # 1. scan, 2. probe
-    items, classes, errors = scan_folder(root, opts.labels, opts.follow_symlinks)
-    rels = [it.rel for it in items]
-    from joblib import delayed
-
-    step = 256
-    probe_calls = [delayed(_probe_files)(root, rels[s : s + step], opts.max_pixels) for s in range(0, len(rels), step)]
-    probes: list[_Probe] = []
-    with _progress(len(rels), "checking", opts.quiet) as bar:
-        for block in _parallel(min(opts.n_jobs, max(1, len(probe_calls))), probe_calls):
-            probes.extend(block)
-            bar.update(len(block))
-    good = [k for k, p in enumerate(probes) if p.error is None]
-    errors += [InputFileError(items[k].rel, p.error) for k, p in enumerate(probes) if p.error is not None]
-
-    def plan_for(keep: list[int]) -> tuple[_Plan, list[int]]:
-        """3. plan from the files still in; upscale refusals become input errors."""
-        plan, upscale = _make_plan(root, [probes[k].header for k in keep], opts)  # type: ignore[misc]
-        errors.extend(InputFileError(items[keep[j]].rel, msg) for j, msg in upscale.items())
-        return plan, [k for j, k in enumerate(keep) if j not in upscale]
-
-    def fail(extra: Sequence[InputFileError] = ()) -> BadInputsError:
-        return BadInputsError(sorted([*errors, *extra], key=lambda e: e.path), root)
-
-    plan, good = plan_for(good)
-    if errors and opts.on_error == "fail":
-        # Decode the rest too (without writing), so the one error lists every bad file.
-        raise fail(_validate(plan, [(items[k].rel, probes[k].header) for k in good], opts))
-
-    tmp = out_path.parent / f".{out_path.name}{_PARTIAL}{os.getpid()}"
-    # 4-5. decode and write. Files that pass the probe but fail to decode (damage inside the
-    # compressed data) are rare: under on_error=skip the store is planned and built again without
-    # them, so the result is byte-identical to a build of the good files alone.
-    try:
-        for attempt in range(3):
+    with BuildLock(out_path):
+        clear_leftovers(out_path)
+        if (out_path.exists() or out_path.is_symlink()) and not opts.overwrite:
+            raise StoreExistsError(f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it")
+        root = source.root
+        scan = scan_stage(source)
+        probes = probe_stage(root, scan.items, opts)
+        plan, sel = plan_stage(scan, probes, _probed(scan, probes), opts, backend.name)
+        if sel.errors and opts.on_error == "fail":
+            pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
+            raise _bad_inputs([*sel.errors, *validate_stage(os.fspath(root), plan, pairs, opts)], root)
+        tmp = partial_path(out_path)
+        plan, sel, samples, writer = pack_stage(backend, tmp, root, scan, probes, plan, sel, opts)
+        try:
+            arrays, manifest = manifest_stage(plan, scan, sel, samples)
+        except BaseException:
+            abort_store(writer, tmp)
+            raise
+        commit_store(writer, tmp, arrays, manifest)
+        try:
+            publish_stage(tmp, out_path, opts.overwrite)
+        except BaseException:
             _remove(tmp)
-            if attempt:
-                plan, good = plan_for(good)
-            use = [items[k] for k in good]
-            if not use:
-                raise fail()
-            results, writer = _write_store(backend, tmp, plan, use, [probes[k].header for k in good], opts)
-            failed = {j: r for j, r in enumerate(results) if isinstance(r, InputFileError)}
-            if not failed:
-                break
-            writer.abort()
-            errors.extend(failed.values())
-            if opts.on_error == "fail":
-                raise fail()
-            good = [k for j, k in enumerate(good) if j not in failed]
-        else:  # pragma: no cover - decoding is deterministic, a second pass finds nothing new
-            raise DlpackError("files kept failing to decode; rerun with --on-error fail to see them")
-
-        samples = [r for r in results if isinstance(r, _Sample)]
-        variable = plan.spec.layout == "variable"
-        shapes = None
-        if variable:
-            shapes = [s.shape for s in samples]
-        _write_meta(writer, use, samples, classes, shapes)
-        conversions = Counter(c for s in samples for c in s.conversions)
-        resize_info = {
-            "mode": opts.resize_mode,
-            "size": list(opts.size) if opts.size else None,
-            "max_side": opts.max_side,
-            "allow_upscale": opts.allow_upscale,
-            "interpolation": "area (shrink), linear (enlarge)",
-        }
-        manifest = Manifest(
-            count=len(use),
-            image=plan.spec,
-            backend=backend.name,
-            classes=tuple(classes),
-            labels="folders" if classes else "none",
-            resize=resize_info,
-            compression=opts.compression,
-            shard_images=writer.block_len("images") if not variable else 0,
-            skipped=tuple(sorted(errors, key=lambda e: e.path)),
-            conversions=dict(sorted(conversions.items())),
-            dlpack_version=__version__,
-        )
-        writer.commit(manifest)
-        _publish(tmp, out_path, opts.overwrite)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            writer.abort()
-        _remove(tmp)
-        raise
-    in_bytes = sum(probes[k].nbytes for k in good)
+            raise
     return BuildResult(
         path=out_path,
-        count=len(use),
+        count=plan.count,
         skipped=manifest.skipped,
         seconds=time.perf_counter() - t0,
-        input_bytes=in_bytes,
+        input_bytes=sum(probes[k].nbytes for k in sel.keep),
         output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
-        conversions=dict(conversions),
+        conversions=dict(manifest.conversions),
+        plan=plan,
     )

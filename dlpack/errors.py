@@ -14,6 +14,7 @@ __all__ = [
     "StoreExistsError",
     "StoreNotFoundError",
     "StoreError",
+    "StoreLockedError",
     "IncompleteStoreError",
     "FormatVersionError",
     "StateError",
@@ -69,6 +70,10 @@ class StoreNotFoundError(DlpackError, FileNotFoundError):
 
 class StoreError(DlpackError, OSError):
     """A store exists but cannot be read: corrupt, truncated, or not a dlpack store."""
+
+
+class StoreLockedError(StoreError):
+    """Another build holds the lock on the output path; the message names the holder and the lock file."""
 
 
 class IncompleteStoreError(StoreError):

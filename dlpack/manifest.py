@@ -140,7 +140,12 @@ def _legacy_arrays(arrays: dict[str, Any], image: ImageSpec, compression: str) -
 
 @dataclass(frozen=True)
 class Manifest:
-    """Versioned description of a store; ``arrays`` maps each per-sample array's name to its spec."""
+    """Versioned description of a store; ``arrays`` maps each per-sample array's name to its spec.
+
+    ``plan`` is the build plan the store was written under (``dlpack.build.BuildPlan.to_dict()``),
+    so a later resume or update can check that it continues the same plan; empty for stores
+    written before it was recorded.
+    """
 
     count: int
     image: ImageSpec
@@ -153,6 +158,7 @@ class Manifest:
     arrays: dict[str, ArraySpec] = field(default_factory=dict)
     skipped: tuple[InputFileError, ...] = ()
     conversions: dict[str, int] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)
     checksum: str = "crc32"
     dlpack_version: str = ""
     format_version: int = FORMAT_VERSION
@@ -197,6 +203,8 @@ class Manifest:
                 kwargs["arrays"] = _legacy_arrays(arrays, kwargs["image"], kwargs.get("compression", "none"))
             kwargs["classes"] = tuple(kwargs.get("classes", ()))
             kwargs["skipped"] = tuple(InputFileError(**e) for e in kwargs.get("skipped", ()))
+            if not isinstance(kwargs.get("plan", {}), dict):
+                raise TypeError(f"plan must be an object, got {type(kwargs['plan']).__name__}")
             return cls(**kwargs)
         except (KeyError, TypeError, IndexError, OptionError) as exc:
             raise StoreError(f"manifest{where} is malformed: {exc}") from exc

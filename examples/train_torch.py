@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -36,30 +35,23 @@ class FolderDataset(torch.utils.data.Dataset):  # type: ignore[misc]
     """What most training scripts do today: decode and resize every file, every epoch."""
 
     def __init__(self, root: str, size: tuple[int, int]) -> None:
-        from dlpack.sources.folder import scan_folder
+        from dlpack.sources import FolderSource, TargetSpec
 
-        self.root, self.size = root, size
-        self.items, self.classes, _ = scan_folder(root)
+        scan = FolderSource(root).scan()
+        self.root, self.items, self.classes = root, scan.items, scan.classes
+        # The same decode -> resize -> convert rules as a dlpack build (RGB, 8-bit).
+        self.target = TargetSpec(mode="stretch", size=size, allow_upscale=True, channels=3, dtype="|u1")
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        import cv2
-
-        from dlpack.sources.folder import decode_image
+        from dlpack.sources import prepare_image
 
         item = self.items[i]
-        img = decode_image(Path(self.root, item.rel).read_bytes())
-        img = cv2.resize(img, self.size, interpolation=cv2.INTER_AREA)
-        if img.ndim == 2:
-            img = img[:, :, None]
-        if img.shape[2] == 1:
-            img = np.repeat(img, 3, axis=2)
-        if img.dtype == np.uint16:
-            img = (img >> 8).astype(np.uint8)
+        img = prepare_image(Path(self.root, item.rel).read_bytes(), self.target).pixels
         label = self.classes.index(item.label) if item.label else 0
-        return {"image": torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1), "label": label}
+        return {"image": torch.from_numpy(img).permute(2, 0, 1), "label": label}
 
 
 def main(argv: list[str] | None = None) -> int:

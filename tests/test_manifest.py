@@ -53,6 +53,7 @@ manifests = st.builds(
     ).map(lambda specs: {a.name: a for a in specs}),
     skipped=st.lists(st.builds(InputFileError, text, text), max_size=3).map(tuple),
     conversions=st.dictionaries(text, st.integers(0, 10**6), max_size=3),
+    plan=st.dictionaries(text, json_value, max_size=4),
     dlpack_version=text,
 )
 
@@ -89,6 +90,7 @@ def test_current_format_version_is_accepted() -> None:
         (_json(format="other"), "not a dlpack manifest"),
         (_json(format_version="1"), "no integer format_version"),
         (_json(image={"layout": "fixed"}), "malformed"),
+        (_json(plan=[1, 2]), "malformed"),
     ],
 )
 def test_broken_manifest_is_a_store_error(text: str, match: str) -> None:

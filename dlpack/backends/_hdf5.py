@@ -47,6 +47,11 @@ def _load_plugins() -> None:
         pass
 
 
+def _block_rows(row_nbytes: int, raw: bool, rows: int, shard_bytes: int) -> int:
+    """Rows per write block: a shard's worth for raw (pwrite) arrays, a few MB for h5py-written ones."""
+    return max(1, min(max(1, rows), (shard_bytes if raw else _PICKLED_BLOCK) // max(1, row_nbytes)))
+
+
 def _has_marker(path: Path) -> bool:
     """Whether ``path`` is an HDF5 file carrying dlpack's root attribute."""
     if not path.is_file() or path.is_symlink():
@@ -120,16 +125,13 @@ class Hdf5Writer(StoreWriter):
                 offset = ds.id.get_offset() if ds.chunks is None and ds.compression is None else None
                 row = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
                 self._raw[name] = (
-                    None if offset is None else int(offset), row, self._block_rows(row, offset is not None, ds.shape[0])
+                    None if offset is None else int(offset), row, _block_rows(row, offset is not None, ds.shape[0], self.shard_bytes)
                 )
         finally:
             reader.close()
 
     def _stored_names(self) -> list[str]:
         return [n for spec in self.arrays.values() for n in spec.stored_names()]
-
-    def _block_rows(self, row_nbytes: int, raw: bool, rows: int) -> int:
-        return max(1, min(max(1, rows), (self.shard_bytes if raw else _PICKLED_BLOCK) // max(1, row_nbytes)))
 
     def _create_stored(self, name: str, spec: ArraySpec, rows: int, chunk: int, shard_rows: int) -> None:
         import h5py
@@ -155,7 +157,7 @@ class Hdf5Writer(StoreWriter):
             got = dset.get_offset()
             offset = None if got is None else int(got)
         self._close()  # workers may now write raw blocks; the file reopens for the next h5py call
-        self._raw[name] = (offset, spec.item_nbytes, self._block_rows(spec.item_nbytes, offset is not None, rows))
+        self._raw[name] = (offset, spec.item_nbytes, _block_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes))
 
     def _stored_layout(self, name: str) -> tuple[int, int]:
         _, _, block = self._raw[name]
@@ -342,6 +344,12 @@ class Hdf5Backend(Backend):
     @classmethod
     def is_own(cls, path: Path) -> bool:
         return _has_marker(path)
+
+    @classmethod
+    def block_rows(cls, spec: ArraySpec, count: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
+        # Uncompressed fixed arrays are contiguous (raw blocks); others are written through h5py.
+        raw = spec.compression == "none" and not spec.ragged and count > 0
+        return _block_rows(spec.item_nbytes, raw, count, shard_bytes)
 
     @classmethod
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader:

@@ -51,6 +51,22 @@ def rows_per_shard(item_nbytes: int, count: int, shard_bytes: int, chunk: int = 
     return max(chunk, (rows // chunk) * chunk)
 
 
+def chunk_rows(spec: ArraySpec, count: int) -> int:
+    """Rows per inner chunk: one sample for images and other per-sample planes (so one sample
+    is read without decoding its neighbours), about 1 MiB of small values otherwise."""
+    if spec.ragged:
+        return max(1, 2**18 * max(1, np.dtype(spec.dtype).itemsize) // max(1, spec.item_nbytes))
+    if len(spec.shape) >= 2 or spec.item_nbytes >= _SMALL_SAMPLE:
+        return 1
+    return max(1, min(max(1, count), 2**20 // max(1, spec.item_nbytes)))
+
+
+def shard_rows(spec: ArraySpec, count: int, shard_bytes: int) -> int:
+    """Rows per shard of an array (of its data, for a ragged one): a whole number of inner chunks."""
+    rows = 2**62 if spec.ragged else count
+    return rows_per_shard(spec.item_nbytes, rows, shard_bytes, chunk_rows(spec, count))
+
+
 class ArrayAccess(Protocol):
     """Backend-specific read access to one stored (physical) array, N rows first."""
 
@@ -295,15 +311,6 @@ class StoreWriter(ABC):
 
     # ------------------------------------------------------------------ arrays
 
-    def chunk_rows(self, spec: ArraySpec, count: int) -> int:
-        """Rows per inner chunk: one sample for images and other per-sample planes (so one sample
-        is read without decoding its neighbours), about 1 MiB of small values otherwise."""
-        if spec.ragged:
-            return max(1, 2**18 * max(1, np.dtype(spec.dtype).itemsize) // max(1, spec.item_nbytes))
-        if len(spec.shape) >= 2 or spec.item_nbytes >= _SMALL_SAMPLE:
-            return 1
-        return max(1, min(max(1, count), 2**20 // max(1, spec.item_nbytes)))
-
     def create_array(self, spec: ArraySpec, count: int) -> None:
         """Create array ``spec`` for ``count`` samples (every array of a store has the same count)."""
         if self.count is not None and count != self.count:
@@ -315,15 +322,14 @@ class StoreWriter(ABC):
             if clash:
                 raise OptionError(f"array {spec.name!r} would overwrite {sorted(clash)} of array {other.name!r}")
         self.count = count
-        chunk = self.chunk_rows(spec, count)
+        chunk, rows = chunk_rows(spec, count), shard_rows(spec, count, self.shard_bytes)
         if spec.ragged:
-            shard_rows = rows_per_shard(spec.item_nbytes, 2**62, self.shard_bytes, chunk)
-            self._create_stored(spec.name + "_data", spec, 0, chunk, shard_rows)
+            self._create_stored(spec.name + "_data", spec, 0, chunk, rows)
             off = ArraySpec(spec.name + "_offsets", "<i8")
-            self._create_stored(spec.name + "_offsets", off, count + 1, 2**17, rows_per_shard(8, count + 1, self.shard_bytes, 2**17))
-            self._ragged[spec.name] = _RaggedBuffer(shard_rows)
+            self._create_stored(spec.name + "_offsets", off, count + 1, *_offsets_layout(count, self.shard_bytes))
+            self._ragged[spec.name] = _RaggedBuffer(rows)
         else:
-            self._create_stored(spec.name, spec, count, chunk, rows_per_shard(spec.item_nbytes, count, self.shard_bytes, chunk))
+            self._create_stored(spec.name, spec, count, chunk, rows)
         self.arrays[spec.name] = spec
 
     def delete_array(self, name: str) -> None:
@@ -409,6 +415,11 @@ class StoreWriter(ABC):
         """Set up the (unpickled) handle attributes, named ``_h_*``, of a copy in a worker process."""
 
 
+def _offsets_layout(count: int, shard_bytes: int) -> tuple[int, int]:
+    chunk = min(2**17, count + 1)
+    return chunk, rows_per_shard(8, count + 1, shard_bytes, chunk)
+
+
 class _RaggedBuffer:
     """Rows of a ragged array waiting to be written in whole shards, and its offsets so far."""
 
@@ -457,6 +468,12 @@ class Backend(ABC):
     @abstractmethod
     def is_own(cls, path: Path) -> bool:
         """True when ``path`` carries dlpack's marker (a complete or partial dlpack store of this backend)."""
+
+    @classmethod
+    def block_rows(cls, spec: ArraySpec, count: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
+        """Samples per aligned write block of a fixed array (rows of data per shard for a ragged
+        one): what its writer's ``block_len`` will be, known before any store exists (for plans)."""
+        return shard_rows(spec, count, shard_bytes)
 
     @classmethod
     @abstractmethod

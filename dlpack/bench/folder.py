@@ -12,11 +12,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import DlpackError, SourceError
+
+if TYPE_CHECKING:
+    from ..sources.decode import TargetSpec
 
 __all__ = ["FolderSpec", "FolderReader"]
 
@@ -32,18 +35,23 @@ class FolderSpec:
     allow_upscale: bool = True  # the training resolution is fixed, so small images are enlarged
 
 
-def _load_image(path: Path, spec: FolderSpec) -> np.ndarray:
-    """Read, decode, resize and convert one image to ``spec`` (H x W x C)."""
-    from ..sources.folder import DecodeError, decode_image, read_source_file
-    from ..transforms.functional import convert_channels, convert_depth, plan_geometry, resize_image
+    def target(self) -> TargetSpec:
+        """The same target as a build: one decode -> resize -> convert path for both."""
+        from ..sources.decode import TargetSpec
+
+        return TargetSpec(
+            mode=self.mode, size=self.size, allow_upscale=self.allow_upscale, channels=self.channels, dtype=self.dtype
+        )
+
+
+def _load_image(path: Path, target: TargetSpec) -> np.ndarray:
+    """Read, decode, resize and convert one image to ``target`` (H x W x C)."""
+    from ..sources.decode import DecodeError, prepare_image, read_source_file
 
     try:
-        img = decode_image(read_source_file(path))
+        return prepare_image(read_source_file(path), target).pixels
     except DecodeError as exc:
         raise DlpackError(f"folder target: cannot decode {path}: {exc}; remove or fix the file") from exc
-    g = plan_geometry(img.shape[0], img.shape[1], spec.mode, spec.size, allow_upscale=spec.allow_upscale)
-    img = resize_image(img, g)
-    return convert_depth(convert_channels(img, spec.channels), spec.dtype)
 
 
 class FolderReader:
@@ -63,6 +71,7 @@ class FolderReader:
         self.root = Path(root)
         self.rels = list(rels)
         self.spec = spec
+        self._target = spec.target()
         self._fingerprint: str | None = None
 
     def __len__(self) -> int:
@@ -75,7 +84,7 @@ class FolderReader:
             w, h = self.spec.size
             out = np.empty((len(idx), h, w, self.spec.channels), dtype=self.spec.dtype)
         for k, i in enumerate(idx.tolist()):
-            out[k] = _load_image(self.root / self.rels[i], self.spec)
+            out[k] = _load_image(self.root / self.rels[i], self._target)
         return {"image": out, "index": idx}
 
     def warm(self) -> None:

@@ -1,5 +1,23 @@
-"""Sources: readers that turn a user's raw data into an ordered list of samples."""
+"""Sources: readers that turn a user's raw data into an ordered list of samples.
 
-from .folder import SourceItem, decode_image, read_source_file, scan_folder
+:class:`Source` is what a build reads; :class:`FolderSource` is the folder-tree implementation.
+:func:`prepare_image` is the one decode -> orient -> resize -> convert function.
+"""
 
-__all__ = ["SourceItem", "scan_folder", "decode_image", "read_source_file"]
+from .base import Source, SourceItem, SourceScan
+from .decode import DecodeError, PreparedImage, TargetSpec, decode_image, prepare_image, read_source_file
+from .folder import FolderSource, scan_folder
+
+__all__ = [
+    "Source",
+    "SourceItem",
+    "SourceScan",
+    "FolderSource",
+    "scan_folder",
+    "TargetSpec",
+    "PreparedImage",
+    "prepare_image",
+    "decode_image",
+    "read_source_file",
+    "DecodeError",
+]

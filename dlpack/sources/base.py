@@ -1,0 +1,78 @@
+"""What a build reads: the :class:`Source` protocol and the items a source lists.
+
+A source turns the user's input (a folder tree, later a COCO file, a CSV, a mask folder or a
+DLDataset) into an ordered list of :class:`SourceItem`. The build decodes each item's file at
+``source.root / item.rel`` and stores the samples in the order the source gives; it knows nothing
+else about where the items came from, so a new source plugs in without touching ``build.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import InputFileError
+
+__all__ = ["Source", "SourceItem", "SourceScan"]
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One input sample.
+
+    Attributes
+    ----------
+    rel : str
+        The image file's path relative to the source root, with ``/`` separators.
+    label : str or None
+        The sample's class name (one of :attr:`SourceScan.classes`), or None when unlabelled.
+    annotations : Mapping or None
+        Per-sample annotations of label sources (boxes, mask paths, ...); None for folders.
+    split : str or None
+        The split the source assigns (``"train"``, ``"test"``, ...), or None.
+    """
+
+    rel: str
+    label: str | None = None
+    # Excluded from hashing: a mapping is not hashable, and items are compared, not hashed.
+    annotations: Mapping[str, Any] | None = field(default=None, hash=False)
+    split: str | None = None
+
+
+@dataclass(frozen=True)
+class SourceScan:
+    """The result of :meth:`Source.scan`.
+
+    Attributes
+    ----------
+    items : tuple of SourceItem
+        Every usable input, in sample order.
+    classes : tuple of str
+        Class names; a stored label ``k`` means ``classes[k]``. Empty when unlabelled.
+    errors : tuple of InputFileError
+        Inputs the scan found but cannot use (the build fails on them or skips them, per ``on_error``).
+    labels : str
+        Where the labels come from, as recorded in the manifest: ``"folders"``, ``"none"``, ...
+    """
+
+    items: tuple[SourceItem, ...]
+    classes: tuple[str, ...] = ()
+    errors: tuple[InputFileError, ...] = ()
+    labels: str = "none"
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What :func:`dlpack.build` reads.
+
+    ``root`` is the folder that item paths are relative to; ``scan()`` lists the items. A scan
+    raises :class:`~dlpack.errors.SourceError` when the input is unusable as a whole (missing,
+    empty), and reports single unusable inputs in :attr:`SourceScan.errors`.
+    """
+
+    @property
+    def root(self) -> Path: ...
+
+    def scan(self) -> SourceScan: ...
