@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 import sys
 from importlib import metadata
+from pathlib import Path
 
 
 def main(path: str) -> int:
     wrong = []
-    for line in open(path, encoding="utf-8"):
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
