@@ -82,7 +82,7 @@ def _int(name: str, value: object, minimum: int) -> None:
 
 @dataclass(frozen=True)
 class BenchOptions:
-    """What ``dlpack bench`` measures; the CLI flags map one to one.
+    """What ``dlpack bench`` measures; its flags are generated from these fields.
 
     ``orders`` and ``caches`` accept tuples or comma-separated strings (``"sequential,random"``).
     ``samples`` (images per run) and ``seconds`` (per run) are exclusive; with neither, a run
@@ -94,18 +94,42 @@ class BenchOptions:
     ``batch_size``, ``workers`` and ``prefetch`` are the loader's (defaults as in LoaderOptions).
     """
 
-    orders: tuple[str, ...] = ("sequential", "random")
-    caches: tuple[str, ...] = ("warm", "cold")
-    batch_size: int = 32
-    workers: int = 2
-    prefetch: int = 4
-    samples: int | None = None
-    seconds: float | None = None
-    repeat: int = 3
-    step_ms: float | None = None
-    size: tuple[int, int] | None = None
-    seed: int = 0
-    quiet: bool = False
+    # Field metadata: the `dlpack bench` flag (see dlpack.cli.add_option_arguments).
+    orders: tuple[str, ...] = field(
+        default=("sequential", "random"),
+        metadata={"help": "comma list of sequential, random, block", "flag": "--order", "metavar": "ORDERS"},
+    )
+    caches: tuple[str, ...] = field(
+        default=("warm", "cold"),
+        metadata={
+            "help": "comma list of warm, cold (cold evicts the target first)",
+            "flag": "--cache",
+            "metavar": "CACHES",
+        },
+    )
+    batch_size: int = field(default=32, metadata={"help": "images per batch", "metavar": "B"})
+    workers: int = field(default=2, metadata={"help": "loader threads", "metavar": "W"})
+    prefetch: int = field(default=4, metadata={"help": "batches read ahead", "metavar": "P"})
+    samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "images per run (without it or --seconds: one epoch, 1-10 s; not with --seconds)",
+            "metavar": "N",
+        },
+    )
+    seconds: float | None = field(
+        default=None, metadata={"help": "seconds per run (not with --samples)", "metavar": "T"}
+    )
+    repeat: int = field(default=3, metadata={"help": "runs per cell; the median is reported", "metavar": "R"})
+    step_ms: float | None = field(
+        default=None, metadata={"help": "simulate a training step of MS per batch", "metavar": "MS"}
+    )
+    size: tuple[int, int] | None = field(
+        default=None,
+        metadata={"help": "resolution for folder targets (without it: the first store's)", "metavar": "WxH"},
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the random order"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bar"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "orders", _choices("order", "--order", self.orders, ORDERS))
