@@ -92,10 +92,7 @@ def test_every_exception_defined_in_errors_is_in_its_all() -> None:
 
 
 def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
-    code = (
-        "import json, dlpack\n"
-        "print(json.dumps({n: getattr(dlpack, n) is not None for n in dlpack.__all__}))\n"
-    )
+    code = "import json, dlpack\nprint(json.dumps({n: getattr(dlpack, n) is not None for n in dlpack.__all__}))\n"
     resolved = json.loads(_fresh_python(code))
     assert resolved == {name: True for name in dlpack.__all__}
 
