@@ -96,7 +96,7 @@ class BuildOptions:
         ):
             raise OptionError(f"max_side must be a positive integer, got {self.max_side!r}")
         if self.size is not None and self.max_side is not None:
-            raise OptionError("give either size (--size WxH) or max_side (--max-side N), not both")
+            raise OptionError("give either size (WxH) or max_side, not both")
         if self.resize is not None:
             _choice("resize", self.resize, ("stretch", "fit", "none"))
         if self.resize in ("stretch", "fit") and self.size is None and self.max_side is None:
