@@ -1,10 +1,15 @@
 # Quick start targets. `make demo` packs the built-in sample; `make test` runs the test suite.
+# `make test-min` runs the tests against the lowest supported dependency versions in a separate venv.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO ?= demo
+MIN_VENV ?= .venv-min
+MIN_CONSTRAINTS ?= .ci/constraints-min.txt
+# Extra pytest arguments, e.g. PYTEST_ARGS="-k cli".
+PYTEST_ARGS ?=
 
-.PHONY: venv install demo test lint bench clean
+.PHONY: venv install demo test test-min lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,12 +31,23 @@ demo: install
 	# Where the time goes: the scattered folder vs the packed stores, random order, warm cache.
 	$(VENV)/bin/dlpack bench $(DEMO)/raw $(DEMO)/train.zarr $(DEMO)/train.h5 --order random --cache warm --seconds 2 --repeat 1 --step-ms 50
 
+# pytest exits 5 when it collected no tests; that is a failure here like any other non-zero status
+# (a renamed folder or a bad -k must not pass CI silently).
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
+
+# A fresh venv with every core dependency at its declared lower bound (no torch or matplotlib:
+# the tests that need them skip). The package is installed from this tree, as `make test` does.
+test-min:
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_CONSTRAINTS) -e ".[test]"
+	$(MIN_VENV)/bin/python .ci/check_pins.py $(MIN_CONSTRAINTS)
+	$(MIN_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
 
 lint: install
 	$(VENV)/bin/ruff check dlpack tests benchmarks examples
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(DEMO) .pytest_cache build *.egg-info
+	rm -rf $(DEMO) $(MIN_VENV) .pytest_cache build *.egg-info

@@ -1,29 +1,44 @@
-"""dlpack: pack scattered training images into one store and feed the GPU at memory speed."""
+"""dlpack: pack scattered training images into one store and feed the GPU at memory speed.
+
+The public API is re-exported here lazily: ``import dlpack`` loads only the light modules
+(errors, manifest, options); ``dlpack.build``, ``dlpack.open`` and the rest import their module,
+and with it OpenCV, zarr, h5py or the benchmark, on first use.
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .bench import BenchOptions, BenchReport, run_bench
-from .build import BuildResult, build
-from .dataset import Dataset, add_array, open
-from .errors import (
-    BadInputsError,
-    DlpackError,
-    FormatVersionError,
-    IncompleteStoreError,
-    InputFileError,
-    MissingExtraError,
-    OptionError,
-    SourceError,
-    StateError,
-    StoreError,
-    StoreExistsError,
-    StoreNotFoundError,
-)
-from .loader import Loader, LoaderOptions
-from .manifest import FORMAT_VERSION, ImageSpec, Manifest
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+from . import errors as _errors
+from .errors import *  # noqa: F403  (every public error class, as errors.__all__ lists them)
+from .manifest import FORMAT_VERSION, ArraySpec, ImageSpec, Manifest
 from .options import BuildOptions
+
+if TYPE_CHECKING:
+    from .bench import BenchOptions, BenchReport, run_bench
+    from .build import BuildResult, build
+    from .dataset import Dataset, add_array, open
+    from .loader import BatchSource, Loader, LoaderOptions
+
+#: Public name -> the module that defines it, for the names loaded on first use.
+_LAZY: dict[str, str] = {
+    "build": "build",
+    "BuildResult": "build",
+    "run_bench": "bench",
+    "BenchOptions": "bench",
+    "BenchReport": "bench",
+    "open": "dataset",
+    "Dataset": "dataset",
+    "add_array": "dataset",
+    "BatchSource": "loader",
+    "Loader": "loader",
+    "LoaderOptions": "loader",
+}
 
 __all__ = [
     "__version__",
@@ -34,23 +49,42 @@ __all__ = [
     "BenchOptions",
     "BenchReport",
     "open",
-    "add_array",
     "Dataset",
+    "add_array",
+    "BatchSource",
     "Loader",
     "LoaderOptions",
     "Manifest",
     "ImageSpec",
+    "ArraySpec",
     "FORMAT_VERSION",
-    "DlpackError",
-    "OptionError",
-    "SourceError",
-    "InputFileError",
-    "BadInputsError",
-    "StoreExistsError",
-    "StoreNotFoundError",
-    "StoreError",
-    "IncompleteStoreError",
-    "FormatVersionError",
-    "StateError",
-    "MissingExtraError",
 ]
+__all__ += _errors.__all__
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module behind a public name on first access and cache the name here."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """The ``dlpack`` module object, guarding public names that are also submodule names."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The import system binds ``dlpack.build`` to the submodule dlpack/build.py the first
+        # time anything imports it; the public name is the function, so bind that instead.
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name and value.__name__ == f"{__name__}.{name}":
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

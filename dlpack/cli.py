@@ -1,52 +1,252 @@
 """The ``dlpack`` command: a thin argparse layer over the library.
 
 ``main(argv) -> int`` is the one place where library errors become messages and exit codes:
-0 success, 1 completed with skipped inputs, 2 usage or input errors.
+0 success, 1 completed with skipped inputs, 2 usage or input errors, 130 interrupted.
+
+The flags of ``build`` and ``bench`` are generated from the option dataclasses
+(:func:`add_option_arguments`): a field's name, type, default and help live on the field only.
+Every command that outputs data takes ``--json`` (print one JSON document on stdout and nothing
+else there) and ``--json-file FILE`` (write the same document to FILE, output as without it).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
+import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+import types
+import typing
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
 
 from . import __version__
-from .errors import DlpackError
+from .errors import DlpackError, OptionError
 
-__all__ = ["main"]
+__all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag"]
+
+T = TypeVar("T")
+
+EXIT_CODES = "exit codes: 0 success, 2 usage or input errors"
+BUILD_EXIT_CODES = "exit codes: 0 success, 1 finished with skipped inputs (--on-error skip), 2 usage or input errors"
+ALL_EXIT_CODES = (
+    "exit codes: 0 success, 1 build finished with skipped inputs (--on-error skip), 2 usage or input errors "
+    "(verify: an image does not match its checksum), 130 interrupted"
+)
 
 
-def _jobs(text: str) -> int:
+# ---------------------------------------------------------------- flags from option dataclasses
+
+
+def _integer(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer (or -1 for all cores), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def _choice_parser(choices: Sequence[object]) -> Callable[[str], object]:
+    """Map the text of a choice back to the choice (``"1"`` -> ``1``); argparse rejects anything else."""
+    by_text = {str(c): c for c in choices}
+
+    def parse(text: str) -> object:
+        return by_text.get(text, text)
+
+    return parse
+
+
+def _without_none(tp: Any) -> Any:
+    """``X | None`` -> ``X``; anything else unchanged."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _default_of(cls: type, f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise TypeError(f"{cls.__name__}.{f.name} has no default; a CLI flag needs one")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def option_flag(f: dataclasses.Field[Any]) -> str | None:
+    """The flag of an option field (``--max-side`` for ``max_side``), or None when it has none."""
+    if f.metadata.get("cli", True) is False:
+        return None
+    return str(f.metadata.get("flag", "--" + f.name.replace("_", "-")))
+
+
+def add_option_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, options_cls: type, skip: Collection[str] = ()
+) -> None:
+    """Add one flag per field of the option dataclass ``options_cls`` to ``parser``.
+
+    Each field's ``metadata`` says how: ``"help"`` (required), optional ``"metavar"``, ``"flag"``
+    (default ``--`` + the name with ``_`` as ``-``) and ``"choices"`` (default: the values of a
+    ``Literal`` annotation); ``"cli": False`` gives the field no flag. ``bool`` fields are
+    ``store_true`` flags; ``int`` and ``float`` fields are parsed as numbers; any other type is
+    passed as the text given, for the dataclass to parse and validate (``"512x512"``,
+    ``"sequential,random"``). The flag's default is ``argparse.SUPPRESS``: a flag not given is
+    left out of the namespace, so :func:`options_from_args` lets the dataclass apply its own
+    default, which the help text shows.
+
+    Parameters
+    ----------
+    parser
+        The (sub-command) parser or argument group to add the flags to.
+    options_cls
+        A dataclass whose fields all have defaults.
+    skip
+        Field names to leave out (a command that sets them another way).
+
+    Raises
+    ------
+    TypeError
+        A field has neither ``"help"`` nor ``"cli": False`` metadata, has no default, or is a
+        ``bool`` defaulting to True (a ``store_true`` flag could not turn it off).
+    """
+    hints = typing.get_type_hints(options_cls)
+    for f in dataclasses.fields(options_cls):
+        flag = option_flag(f)
+        if f.name in skip or flag is None:
+            continue
+        if "help" not in f.metadata:
+            raise TypeError(
+                f"{options_cls.__name__}.{f.name} needs field metadata 'help' for its CLI flag (or 'cli': False)"
+            )
+        default = _default_of(options_cls, f)
+        help_text = str(f.metadata["help"]).replace("%", "%%")
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
+        tp = _without_none(hints[f.name])
+        if tp is bool:
+            if default is not False:
+                raise TypeError(
+                    f"{options_cls.__name__}.{f.name}: a bool flag is store_true, so it must default to False"
+                )
+            parser.add_argument(flag, action="store_true", help=help_text, **kwargs)
+            continue
+        choices = f.metadata.get("choices")
+        if choices is None and typing.get_origin(tp) is Literal:
+            choices = typing.get_args(tp)
+        if choices is not None:
+            kwargs["choices"] = list(choices)
+            kwargs["type"] = _choice_parser(kwargs["choices"])
+        elif tp is int:
+            kwargs["type"] = _integer
+        elif tp is float:
+            kwargs["type"] = _number
+        if "metavar" in f.metadata:
+            kwargs["metavar"] = f.metadata["metavar"]
+        if default is not None:
+            help_text += f" (default: {_show(default)})".replace("%", "%%")
+        parser.add_argument(flag, help=help_text, **kwargs)
+
+
+def options_from_args(options_cls: type[T], namespace: argparse.Namespace) -> T:
+    """Build ``options_cls`` from the flags given in ``namespace``; fields not given keep their defaults."""
+    given = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(options_cls) if hasattr(namespace, f.name)}  # type: ignore[arg-type]
+    return options_cls(**given)
+
+
+class _SubParser(argparse.ArgumentParser):
+    """A sub-command parser whose option flags may be added on first use, so their module loads only then."""
+
+    def __init__(
+        self, *args: Any, add_flags: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._add_flags = add_flags
+
+    def _complete(self) -> None:
+        add, self._add_flags = self._add_flags, None
+        if add is not None:
+            add(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._complete()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._complete()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._complete()
+        return super().format_usage()
+
+
+# ---------------------------------------------------------------- --json and --json-file
+
+
+def _add_json_flags(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--json", action="store_true", help=f"print {what} as one JSON document on stdout, and nothing else there"
+    )
+    p.add_argument("--json-file", metavar="FILE", help="also write that JSON document to FILE")
+
+
+def _check_json_file(a: argparse.Namespace) -> None:
+    """Fail before the work, not after: FILE's folder must exist."""
+    if a.json_file is not None:
+        parent = Path(a.json_file).resolve().parent
+        if not parent.is_dir():
+            raise OptionError(f"cannot write {a.json_file!r}: the folder {str(parent)!r} does not exist")
+
+
+def _jsonable(x: Any) -> Any:
+    """Paths as strings, tuples as lists, NaN and infinity (not JSON) as null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def _emit_json(a: argparse.Namespace, doc: Any | str) -> None:
+    """Print ``doc`` on stdout with ``--json``, write it to ``--json-file``; a str is already JSON."""
+    text = doc if isinstance(doc, str) else json.dumps(_jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    text = text.rstrip("\n") + "\n"
+    if a.json_file is not None:
+        Path(a.json_file).write_text(text, encoding="utf-8")
+    if a.json:
+        sys.stdout.write(text)
+
+
+# ---------------------------------------------------------------- commands
 
 
 def _add_build(sub: Any) -> None:
-    p = sub.add_parser("build", help="pack a folder of images into one store")
+    from .options import BuildOptions
+
+    p = sub.add_parser("build", help="pack a folder of images into one store", epilog=BUILD_EXIT_CODES)
     p.add_argument("src", help="source folder (class sub-folders become labels)")
     p.add_argument("out", help="output store: DIR.zarr (default) or FILE.h5")
-    p.add_argument("--format", choices=["zarr", "hdf5"], help="store format (default: from OUT's suffix, else zarr)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--size", metavar="WxH", help="target resolution, e.g. 512x512")
-    g.add_argument("--max-side", type=int, metavar="N", help="shrink so the longest side is at most N")
-    p.add_argument(
-        "--resize", choices=["stretch", "fit", "none"], help="stretch (default with --size), fit (pad), none"
-    )
-    p.add_argument("--allow-upscale", action="store_true", help="allow enlarging images smaller than --size")
-    p.add_argument("--channels", choices=["keep", "1", "3"], default="keep", help="keep (majority), 1 gray, 3 RGB")
-    p.add_argument("--labels", choices=["auto", "folders", "none"], default="auto")
-    p.add_argument("--jobs", type=_jobs, default=-1, help="worker processes (default: all cores)")
-    p.add_argument("--compression", choices=["none", "lz4", "zstd"], default="none")
-    p.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="on unreadable inputs")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
-    p.add_argument("--max-pixels", type=int, default=2**28, help="refuse images with more pixels (bomb guard)")
-    p.add_argument("--shard-bytes", type=int, default=32 * 2**20, help="target bytes per Zarr shard file")
-    p.add_argument("--follow-symlinks", action="store_true", help="pack symlinked files that stay inside SRC")
+    # --size and --max-side exclude each other: BuildOptions refuses both with a message naming them.
+    add_option_arguments(p, BuildOptions)
+    _add_json_flags(p, "what was packed (the store, counts, bytes, seconds, skipped inputs)")
     p.set_defaults(run=_run_build)
 
 
@@ -54,47 +254,35 @@ def _run_build(a: argparse.Namespace) -> int:
     from .build import build
     from .options import BuildOptions
 
-    opts = BuildOptions(
-        format=a.format,
-        size=a.size,
-        max_side=a.max_side,
-        resize=a.resize,
-        allow_upscale=a.allow_upscale,
-        channels=a.channels,
-        labels=a.labels,
-        jobs=a.jobs,
-        compression=a.compression,
-        on_error=a.on_error,
-        overwrite=a.overwrite,
-        quiet=a.quiet,
-        max_pixels=a.max_pixels,
-        shard_bytes=a.shard_bytes,
-        follow_symlinks=a.follow_symlinks,
-    )
+    opts = options_from_args(BuildOptions, a)
+    _check_json_file(a)
     result = build(a.src, a.out, opts)
     if result.skipped:
         print(f"dlpack: skipped {len(result.skipped)} unreadable input(s):", file=sys.stderr)
         for e in result.skipped:
             print(f"  {e}", file=sys.stderr)
-    if not a.quiet:
+    if a.json or a.json_file is not None:
+        _emit_json(a, {**dataclasses.asdict(result), "images_per_s": result.images_per_s})
+    if not opts.quiet and not a.json:
         print(result.summary())
     return 1 if result.skipped else 0
 
 
 def _add_info(sub: Any) -> None:
-    p = sub.add_parser("info", help="describe a store")
+    p = sub.add_parser("info", help="describe a store", epilog=EXIT_CODES)
     p.add_argument("store")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _add_json_flags(p, "the store's facts")
     p.set_defaults(run=_run_info)
 
 
 def _run_info(a: argparse.Namespace) -> int:
     from .dataset import open as open_store
 
+    _check_json_file(a)
     with open_store(a.store) as ds:
         info = ds.info()
+    _emit_json(a, info)
     if a.json:
-        print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0
     res = "x".join(map(str, info["resolution"])) if info["resolution"] else "variable"
     rows = [
@@ -116,61 +304,56 @@ def _run_info(a: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench_flags(p: argparse.ArgumentParser) -> None:
+    from .bench import BenchOptions
+
+    add_option_arguments(p, BenchOptions)
+
+
 def _add_bench(sub: Any) -> None:
     p = sub.add_parser(
-        "bench", help="measure read throughput: random vs sequential, warm vs cold cache, store vs folder"
+        "bench",
+        help="measure read throughput: random vs sequential, warm vs cold cache, store vs folder",
+        epilog=EXIT_CODES,
+        add_flags=_add_bench_flags,  # the benchmark module loads only for `dlpack bench`
     )
     p.add_argument(
         "targets", nargs="+", metavar="TARGET", help="a dlpack store (DIR.zarr, FILE.h5) or a folder of images"
     )
-    p.add_argument("--order", default="sequential,random", help="comma list of sequential, random, block")
-    p.add_argument("--cache", default="warm,cold", help="comma list of warm, cold (cold evicts the target first)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="B")
-    p.add_argument("--workers", type=int, default=2, metavar="W", help="loader threads (default 2)")
-    p.add_argument("--prefetch", type=int, default=4, metavar="P", help="batches read ahead (default 4)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--samples", type=int, metavar="N", help="images per run (default: one epoch, 1-10 s)")
-    g.add_argument("--seconds", type=float, metavar="T", help="seconds per run")
-    p.add_argument("--repeat", type=int, default=3, metavar="R", help="runs per cell; the median is reported")
-    p.add_argument("--step-ms", type=float, metavar="MS", help="simulate a training step of MS per batch")
-    p.add_argument("--size", metavar="WxH", help="resolution for folder targets (default: the first store's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random order")
-    p.add_argument("--json", metavar="FILE", help="write every figure, the machine and the options as JSON")
+    _add_json_flags(p, "every figure, the machine and the options")
     p.add_argument("--plot", metavar="FILE.png", help="write a bar chart (needs the [plot] extra)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_bench)
 
-    def run(a: argparse.Namespace) -> int:
-        from .bench import BenchOptions, check_outputs, run_bench
 
-        opts = BenchOptions(
-            orders=a.order,
-            caches=a.cache,
-            batch_size=a.batch_size,
-            workers=a.workers,
-            prefetch=a.prefetch,
-            samples=a.samples,
-            seconds=a.seconds,
-            repeat=a.repeat,
-            step_ms=a.step_ms,
-            size=a.size,
-            seed=a.seed,
-            quiet=a.quiet,
-        )
-        check_outputs(a.json, a.plot)
-        report = run_bench(a.targets, opts)
+def _run_bench(a: argparse.Namespace) -> int:
+    from .bench import BenchOptions, check_outputs, run_bench
+
+    opts = options_from_args(BenchOptions, a)
+    for t in a.targets:
+        if t.endswith(".json") and not os.path.exists(t):
+            raise OptionError(
+                f"bench target {t!r} does not exist; --json prints the JSON on stdout and takes no file name, "
+                "write a file with --json-file FILE"
+            )
+    check_outputs(a.json_file, a.plot)
+    report = run_bench(a.targets, opts)
+    if a.json or a.json_file is not None:
+        _emit_json(a, report.to_json())
+    if not a.json:
         print(report.table())
-        if a.json:
-            report.write_json(a.json)
-        if a.plot:
-            report.plot(a.plot)
-        return 0
-
-    p.set_defaults(run=run)
+    if a.plot:
+        report.plot(a.plot)
+    return 0
 
 
 def _add_verify(sub: Any) -> None:
-    p = sub.add_parser("verify", help="check every image of a store against its checksum")
+    p = sub.add_parser(
+        "verify",
+        help="check every image of a store against its checksum",
+        epilog="exit codes: 0 every image matches, 2 usage or input errors or an image does not match",
+    )
     p.add_argument("store")
+    _add_json_flags(p, "the result (count, mismatched images)")
     p.set_defaults(run=_run_verify)
 
 
@@ -178,13 +361,23 @@ def _run_verify(a: argparse.Namespace) -> int:
     from .dataset import open as open_store
     from .errors import StoreError
 
+    _check_json_file(a)
     with open_store(a.store) as ds:
         bad = ds.verify()
         n = len(ds)
+    if a.json or a.json_file is not None:
+        doc = {
+            "store": a.store,
+            "count": n,
+            "ok": not bad,
+            "mismatched": [{"index": i, "source": src} for i, src in bad],
+        }
+        _emit_json(a, doc)
     if bad:
         listing = "\n".join(f"  sample {i} ({src})" for i, src in bad[:50])
         raise StoreError(f"{len(bad)} of {n} images in {a.store} do not match their checksum:\n{listing}")
-    print(f"{a.store}: all {n} images match their checksums")
+    if not a.json:
+        print(f"{a.store}: all {n} images match their checksums")
     return 0
 
 
@@ -192,10 +385,13 @@ COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info, _add_verify, _ad
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlpack", description="Pack images into training-ready stores.")
+    """The ``dlpack`` argument parser with every sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="dlpack", description="Pack images into training-ready stores.", epilog=ALL_EXIT_CODES
+    )
     parser.add_argument("--version", action="version", version=f"dlpack {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_SubParser)
     for add in COMMANDS:
         add(sub)
     return parser

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import OptionError
@@ -42,31 +42,49 @@ def _choice(name: str, value: object, allowed: tuple[object, ...]) -> None:
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """Everything ``dlpack build`` can be told; the CLI flags map one to one.
+    """Everything ``dlpack build`` can be told; its flags are generated from these fields.
 
     ``size`` is ``(width, height)``. ``resize=None`` means ``stretch`` when ``size`` is given
     and ``none`` otherwise. ``jobs=-1`` uses every core (joblib's convention).
     """
 
-    format: FormatName | None = None
-    size: tuple[int, int] | None = None
-    max_side: int | None = None
-    resize: ResizeMode | None = None
-    allow_upscale: bool = False
-    channels: Literal["keep", 1, 3] = "keep"
-    labels: Literal["auto", "folders", "none"] = "auto"
-    jobs: int = -1
+    # Each field's metadata is its `dlpack build` flag (see dlpack.cli.add_option_arguments): "help",
+    # optional "metavar"/"flag"/"choices", or "cli": False. The default shown is the field's.
+    format: FormatName | None = field(
+        default=None, metadata={"help": "store format; without it, from OUT's suffix (.h5, .hdf5: hdf5), else zarr"}
+    )
+    size: tuple[int, int] | None = field(
+        default=None, metadata={"help": "target resolution, e.g. 512x512 (not with --max-side)", "metavar": "WxH"}
+    )
+    max_side: int | None = field(
+        default=None, metadata={"help": "shrink so the longest side is at most N (not with --size)", "metavar": "N"}
+    )
+    resize: ResizeMode | None = field(
+        default=None,
+        metadata={"help": "stretch (the default with --size), fit (keep the aspect ratio, pad), none (original sizes)"},
+    )
+    allow_upscale: bool = field(default=False, metadata={"help": "allow enlarging images smaller than --size"})
+    channels: Literal["keep", 1, 3] = field(default="keep", metadata={"help": "keep (the majority's), 1 gray, 3 RGB"})
+    labels: Literal["auto", "folders", "none"] = field(
+        default="auto",
+        metadata={"help": "class labels from sub-folders: auto (when every image is in one), folders, none"},
+    )
+    jobs: int = field(default=-1, metadata={"help": "worker processes, -1 for every core", "metavar": "N"})
     # "none" by measurement: see docs/benchmarks.md (compression halves random reads and
     # barely shrinks 8-bit photos with plain LZ4).
-    compression: Compression = "none"
-    on_error: Literal["fail", "skip"] = "fail"
-    overwrite: bool = False
-    quiet: bool = False
+    compression: Compression = field(default="none", metadata={"help": "compression of the stored images"})
+    on_error: Literal["fail", "skip"] = field(
+        default="fail", metadata={"help": "on unreadable inputs: fail, or skip them and list them in the manifest"}
+    )
+    overwrite: bool = field(default=False, metadata={"help": "replace OUT if it exists"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bar or summary"})
     # Decompression-bomb guard: 2**28 pixels is a 16384x16384 image, far above training sizes.
-    max_pixels: int = 2**28
+    max_pixels: int = field(
+        default=2**28, metadata={"help": "refuse images with more pixels (decompression-bomb guard)", "metavar": "N"}
+    )
     # "Tens of MB per shard" keeps a dataset at a few hundred files (docs/format.md).
-    shard_bytes: int = 32 * 2**20
-    follow_symlinks: bool = False
+    shard_bytes: int = field(default=32 * 2**20, metadata={"help": "target bytes per Zarr shard file", "metavar": "N"})
+    follow_symlinks: bool = field(default=False, metadata={"help": "pack symlinked files that stay inside SRC"})
 
     def __post_init__(self) -> None:
         if self.format is not None:

@@ -343,7 +343,7 @@ def test_no_step_no_step_figures(report: BenchReport) -> None:
 def test_cli_bench_prints_the_table_and_writes_json(data: dict[str, Path], tmp_path: Path, capsys: Capsys) -> None:
     out = tmp_path / "b.json"
     argv = ["bench", str(data["src"]), str(data["s.zarr"]), "--samples", "8", "--repeat", "1", "--cache", "warm",
-            "--order", "random", "--batch-size", "4", "--json", str(out), "--quiet"]  # fmt: skip
+            "--order", "random", "--batch-size", "4", "--json-file", str(out), "--quiet"]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "images/s" in text and "s.zarr" in text and "src" in text

@@ -137,10 +137,11 @@ class ZarrWriter(StoreWriter):
         if arr is None:
             import zarr
 
-            arr = zarr.open_array(str(self.path / name), mode="r+", zarr_format=3)
             # The creation-time config is not stored: without this, zarr compares every chunk with the
-            # fill value before writing it (measured: 2-4x slower shard writes).
-            arr = self._h_arrays[name] = arr.with_config({"write_empty_chunks": True})
+            # fill value before writing it (measured: 2-4x slower shard writes). A config context
+            # rather than Array.with_config, which zarr 3.0.8 to 3.1.5 lack.
+            with zarr.config.set({"array.write_empty_chunks": True}):
+                arr = self._h_arrays[name] = zarr.open_array(str(self.path / name), mode="r+", zarr_format=3)
         return arr
 
     def _write_rows(self, name: str, start: int, rows: np.ndarray) -> None:
