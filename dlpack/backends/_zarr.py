@@ -84,8 +84,12 @@ class ZarrWriter(StoreWriter):
         if self.mode == "w-" or (self.mode == "a" and not exists):
             if exists:
                 raise StoreExistsError(f"{self.path} already exists")
-            g = self._group("w-")
-            g.attrs["dlpack"] = {"format": "dlpack", "complete": False}
+            # The group's metadata is written with the marker in it from the start, so a build killed
+            # later leaves a folder that is recognisably dlpack's (killed earlier: an empty folder or
+            # an unreadable zarr.json, which the build's clean-up also recognises).
+            self.path.mkdir()
+            meta = {"zarr_format": 3, "node_type": "group", "attributes": {"dlpack": {"format": "dlpack", "complete": False}}}
+            (self.path / "zarr.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
             return
         if not exists:
             raise StoreNotFoundError(f"no store at {self.path} to open with mode {self.mode!r}")
