@@ -76,6 +76,12 @@ def _check_peers(out: str, work: Path) -> None:
     assert out.count("skipped: format not written") == len(missing)
 
 
+def _check_import_time(out: str, work: Path) -> None:
+    runs = json.loads((work / "import.json").read_text())["runs_us"]
+    assert set(runs) >= {"import numpy", "import dlpack"} and all(len(v) == 1 and v[0] > 0 for v in runs.values())
+    assert "import dlpack" in out and "x import numpy" in out
+
+
 def _check_train(out: str, work: Path) -> None:
     assert "training on cpu from dlpack store" in out
     assert "epoch 0: 8 images in" in out and "waiting for data" in out
@@ -99,6 +105,7 @@ RUNS: dict[str, list[Run]] = {
             _check_compression,
         )
     ],
+    "benchmarks/import_time.py": [Run(("--runs", "1", "--json", "import.json"), _check_import_time)],
     "benchmarks/loader.py": [
         Run(
             ("--work", "work", "--count", "16", "--batch-size", "8", "--repeat", "1", "--folder-samples", "8")
