@@ -43,7 +43,6 @@ from .transforms.functional import UpscaleError
 __all__ = ["build", "BuildResult", "BuildPlan"]
 
 
-
 @dataclass(frozen=True)
 class BuildPlan:
     """Everything decided before any pixel is written; recorded in the manifest as ``plan``.
@@ -549,9 +548,7 @@ def write_images(
     return results, writer
 
 
-def commit_store(
-    writer: StoreWriter, tmp: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest
-) -> None:
+def commit_store(writer: StoreWriter, tmp: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
     """Write the per-sample arrays, then the manifest: the store at ``tmp`` is complete after this."""
     try:
         for spec, values in arrays.values():
@@ -620,7 +617,10 @@ def _meta_arrays(
     """The per-sample metadata arrays, by name: their specs and values."""
     class_id = {c: i for i, c in enumerate(classes)}
     fixed: dict[str, tuple[np.ndarray, str | None]] = {
-        "labels": (np.array([class_id[it.label] if it.label is not None else -1 for it in items], dtype="<i4"), "label"),
+        "labels": (
+            np.array([class_id[it.label] if it.label is not None else -1 for it in items], dtype="<i4"),
+            "label",
+        ),
         "original_size": (np.array([s.original_size for s in samples], dtype="<i4").reshape(-1, 2), None),
         "transform": (np.array([s.transform for s in samples], dtype="<f8").reshape(-1, 4), None),
         "checksum": (np.array([s.checksum for s in samples], dtype="<u4"), None),

@@ -94,7 +94,9 @@ class Dataset:
 
     # ------------------------------------------------------------------ BatchSource
 
-    def get_batch(self, indices: Sequence[int] | np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+    def get_batch(
+        self, indices: Sequence[int] | np.ndarray, epoch: int = 0, out: np.ndarray | None = None
+    ) -> dict[str, Any]:
         """Samples ``indices`` stacked: ``image`` is B x H x W x C (a list for variable-size stores);
         ragged arrays come as lists. A store's samples do not depend on ``epoch``."""
         n = len(self)

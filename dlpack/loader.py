@@ -66,6 +66,7 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """
     return np.random.default_rng([int(seed), int(epoch), int(index), _SAMPLE_TAG])
 
+
 STATE_VERSION = 1
 Order = Literal["random", "sequential", "block"]
 

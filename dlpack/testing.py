@@ -239,7 +239,7 @@ class BackendTests:
     def test_reader_accepts_only_read_mode(self, tmp_path: Path) -> None:
         path = self.build_store(tmp_path)
         with pytest.raises(OptionError, match="mode"):
-            self.cls.open_reader(path, "r+")  # type: ignore[arg-type]
+            self.cls.open_reader(path, "r+")
         with pytest.raises(OptionError, match="mode"):
             self.cls.open_writer(path, "w")  # type: ignore[arg-type]
 
@@ -303,7 +303,9 @@ class BackendTests:
             get_backend("no-such-format")
 
     def test_capability_flags_are_checked_in_the_registry(self) -> None:
-        read_only = type(f"ReadOnly{self.cls.__name__}", (self.cls,), {"name": "test-read-only", "supports_write": False})
+        read_only = type(
+            f"ReadOnly{self.cls.__name__}", (self.cls,), {"name": "test-read-only", "supports_write": False}
+        )
         register_backend(read_only)
         try:
             with pytest.raises(OptionError, match="cannot write"):

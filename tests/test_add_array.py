@@ -56,7 +56,9 @@ def test_added_arrays_appear_in_samples_batches_and_the_loader(store: Path) -> N
                 seen[i] = (b["weight"][k], b["mask"][k], b["boxes"][k])
         assert sorted(seen) == list(range(n))
         for i, (w, m, bx) in seen.items():
-            assert w == pytest.approx(_weights(n)[i]) and np.array_equal(m, masks[i]) and np.array_equal(bx, _boxes(n)[i])
+            assert (
+                w == pytest.approx(_weights(n)[i]) and np.array_equal(m, masks[i]) and np.array_equal(bx, _boxes(n)[i])
+            )
 
 
 def test_adding_keeps_everything_else_intact(store: Path) -> None:

@@ -894,7 +894,9 @@ class _Jitter:
 
 
 def test_sample_rng_is_a_pure_function_of_seed_epoch_and_index() -> None:
-    draw = [sample_rng(s, e, i).integers(0, 2**31) for s, e, i in [(0, 0, 0), (0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]]
+    draw = [
+        sample_rng(s, e, i).integers(0, 2**31) for s, e, i in [(0, 0, 0), (0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]
+    ]
     assert draw[0] == draw[1]
     assert len(set(draw[1:])) == 4
 

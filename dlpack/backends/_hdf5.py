@@ -125,7 +125,9 @@ class Hdf5Writer(StoreWriter):
                 offset = ds.id.get_offset() if ds.chunks is None and ds.compression is None else None
                 row = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
                 self._raw[name] = (
-                    None if offset is None else int(offset), row, _block_rows(row, offset is not None, ds.shape[0], self.shard_bytes)
+                    None if offset is None else int(offset),
+                    row,
+                    _block_rows(row, offset is not None, ds.shape[0], self.shard_bytes),
                 )
         finally:
             reader.close()
@@ -157,7 +159,11 @@ class Hdf5Writer(StoreWriter):
             got = dset.get_offset()
             offset = None if got is None else int(got)
         self._close()  # workers may now write raw blocks; the file reopens for the next h5py call
-        self._raw[name] = (offset, spec.item_nbytes, _block_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes))
+        self._raw[name] = (
+            offset,
+            spec.item_nbytes,
+            _block_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
+        )
 
     def _stored_layout(self, name: str) -> tuple[int, int]:
         _, _, block = self._raw[name]

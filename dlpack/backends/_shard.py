@@ -187,7 +187,9 @@ class ShardedArray:
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` along axis 0 as a new array."""
         if not 0 <= start <= stop <= self.shape[0]:
-            raise StoreError(f"rows {start}:{stop} are outside {self.path} of {self.shape[0]} rows; the store is damaged")
+            raise StoreError(
+                f"rows {start}:{stop} are outside {self.path} of {self.shape[0]} rows; the store is damaged"
+            )
         out = np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
         views, rps = self.shard_views(), self.rows_per_shard
         pos = start

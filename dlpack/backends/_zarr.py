@@ -88,7 +88,11 @@ class ZarrWriter(StoreWriter):
             # later leaves a folder that is recognisably dlpack's (killed earlier: an empty folder or
             # an unreadable zarr.json, which the build's clean-up also recognises).
             self.path.mkdir()
-            meta = {"zarr_format": 3, "node_type": "group", "attributes": {"dlpack": {"format": "dlpack", "complete": False}}}
+            meta = {
+                "zarr_format": 3,
+                "node_type": "group",
+                "attributes": {"dlpack": {"format": "dlpack", "complete": False}},
+            }
             (self.path / "zarr.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
             return
         if not exists:

@@ -195,7 +195,8 @@ class StoreReader(ABC):
             if self._small(spec):
                 return np.array(self.read_all(name)[index])
             out = np.empty((1, *spec.shape), dtype=spec.dtype)
-            return self._stored(name).read_into([int(index)], out)[0]
+            got: np.ndarray = self._stored(name).read_into([int(index)], out)[0]
+            return got
         off = self._ragged_offsets(name)
         return self._stored(name + "_data").read_rows(off[index], off[index + 1])
 

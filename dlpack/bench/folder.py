@@ -34,7 +34,6 @@ class FolderSpec:
     mode: str
     allow_upscale: bool = True  # the training resolution is fixed, so small images are enlarged
 
-
     def target(self) -> TargetSpec:
         """The same target as a build: one decode -> resize -> convert path for both."""
         from ..sources.decode import TargetSpec
