@@ -101,7 +101,7 @@ def add_option_arguments(
     """Add one flag per field of the option dataclass ``options_cls`` to ``parser``.
 
     Each field's ``metadata`` says how: ``"help"`` (required), optional ``"metavar"``, ``"flag"``
-    (default ``--`` + the name with ``_`` as ``-``) and ``"choices"`` (default: the values of a
+    (default ``--`` + the name with ``_`` as ``-``) and ``"choices"`` (a sequence, or a callable returning one; default: the values of a
     ``Literal`` annotation); ``"cli": False`` gives the field no flag. ``bool`` fields are
     ``store_true`` flags; ``int`` and ``float`` fields are parsed as numbers; any other type is
     passed as the text given, for the dataclass to parse and validate (``"512x512"``,
@@ -145,6 +145,8 @@ def add_option_arguments(
             parser.add_argument(flag, action="store_true", help=help_text, **kwargs)
             continue
         choices = f.metadata.get("choices")
+        if callable(choices):  # looked up when the parser is made (e.g. the registry's formats)
+            choices = choices()
         if choices is None and typing.get_origin(tp) is Literal:
             choices = typing.get_args(tp)
         if choices is not None:

@@ -16,7 +16,12 @@ IMAGE_SUFFIXES: frozenset[str] = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".pnm"}
 )
 
-FormatName = Literal["zarr", "hdf5"]
+
+
+def _format_names() -> tuple[str, ...]:
+    from .backends import format_names  # the registry is the one list of formats
+
+    return format_names()
 ResizeMode = Literal["stretch", "fit", "none"]
 Compression = Literal["none", "lz4", "zstd"]
 
@@ -50,8 +55,12 @@ class BuildOptions:
 
     # Each field's metadata is its `dlpack build` flag (see dlpack.cli.add_option_arguments): "help",
     # optional "metavar"/"flag"/"choices", or "cli": False. The default shown is the field's.
-    format: FormatName | None = field(
-        default=None, metadata={"help": "store format; without it, from OUT's suffix (.h5, .hdf5: hdf5), else zarr"}
+    format: str | None = field(
+        default=None,
+        metadata={
+            "help": "store format; without it, from OUT's suffix (.h5, .hdf5: hdf5), else zarr",
+            "choices": _format_names,
+        },
     )
     size: tuple[int, int] | None = field(
         default=None, metadata={"help": "target resolution, e.g. 512x512 (not with --max-side)", "metavar": "WxH"}
@@ -88,7 +97,7 @@ class BuildOptions:
 
     def __post_init__(self) -> None:
         if self.format is not None:
-            _choice("format", self.format, ("zarr", "hdf5"))
+            _choice("format", self.format, _format_names())
         if self.size is not None:
             object.__setattr__(self, "size", parse_size(self.size))
         if self.max_side is not None and (
@@ -132,9 +141,8 @@ class BuildOptions:
         """The number of worker processes to use."""
         return (os.cpu_count() or 1) if self.jobs == -1 else self.jobs
 
-    def format_for(self, out: str | os.PathLike[str]) -> FormatName:
-        """The backend for ``out``: explicit ``format``, else ``.h5``/``.hdf5`` means HDF5, else Zarr."""
-        if self.format is not None:
-            return self.format
-        suffix = os.path.splitext(os.fspath(out).rstrip("/\\"))[1].lower()
-        return "hdf5" if suffix in (".h5", ".hdf5") else "zarr"
+    def format_for(self, out: str | os.PathLike[str]) -> str:
+        """The format of a new store at ``out``: ``format`` if given, else the registry's choice by suffix."""
+        from .backends import backend_for_path
+
+        return backend_for_path(out, self.format).name

@@ -56,8 +56,12 @@ def test_an_empty_command_line_gives_the_dataclass_defaults(cls: type, cmd: str,
     assert options_from_args(cls, ns) == cls()
 
 
-def _token(tp: Any, default: Any) -> tuple[list[str], Any]:
+def _token(tp: Any, default: Any, f: dataclasses.Field[Any]) -> tuple[list[str], Any]:
     """A command-line value different from the default, and the value the parser should make of it."""
+    choices = f.metadata.get("choices")
+    if callable(choices):
+        value = next(v for v in choices() if v != default)
+        return [str(value)], value
     if tp is bool:
         return [], True
     if typing.get_origin(tp) is Literal:
@@ -78,7 +82,7 @@ def test_each_flag_reaches_its_field_with_the_fields_type(
     tp = hints[f.name]
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    tokens, expected = _token(tp, f.default)
+    tokens, expected = _token(tp, f.default, f)
     ns = make_parser().parse_args([cmd, *pos, str(option_flag(f)), *tokens])
     assert getattr(ns, f.name) == expected and type(getattr(ns, f.name)) is type(expected)
     # Only the given flag is in the namespace: every other field keeps the dataclass default.
