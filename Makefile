@@ -41,7 +41,7 @@ test: install
 test-min:
 	rm -rf $(MIN_VENV)
 	$(PYTHON) -m venv $(MIN_VENV)
-	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_CONSTRAINTS) -e ".[test]"
+	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_CONSTRAINTS) -e ".[test,plot]"
 	$(MIN_VENV)/bin/python .ci/check_pins.py $(MIN_CONSTRAINTS)
 	$(MIN_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
 

@@ -230,7 +230,7 @@ def summarise(variants: list[Variant], runs: dict[str, list[dict[str, Any]]]) ->
             r["overhead_met"] = bare / j1 - 1 <= TARGET_OVERHEAD
             # CPU seconds per image hardly change when other processes share the machine.
             cpu_j1, cpu_bare = _median_cpu_per_image(runs[f"{fmt}-j1"]), _median_cpu_per_image(runs["bare"])
-            if cpu_j1 is not None and cpu_bare is not None:
+            if cpu_j1 is not None and cpu_bare:  # a tiny run can measure 0 CPU seconds
                 r["overhead_jobs1_vs_bare_cpu"] = cpu_j1 / cpu_bare - 1
         out["ratios"][fmt] = r
     return out
