@@ -141,6 +141,9 @@ class BuildResult:
     output_bytes: int
     conversions: dict[str, int] = field(default_factory=dict)
     plan: BuildPlan | None = None
+    #: What became of a killed build's partial store: "resumed: k of n blocks already written",
+    #: "started over: <why>", or "" when there was none.
+    resume: str = ""
 
     @property
     def images_per_s(self) -> float:
@@ -152,7 +155,7 @@ class BuildResult:
         return (
             f"packed {self.count} images{skipped}: {self.input_bytes / 1e6:.1f} MB in -> "
             f"{self.output_bytes / 1e6:.1f} MB out in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s) "
-            f"-> {self.path}"
+            f"-> {self.path}" + (f" ({self.resume})" if self.resume else "")
         )
 
 
@@ -400,11 +403,36 @@ class _Sample:
     checksum: int
     conversions: tuple[str, ...]
     pixels: np.ndarray | None = None
+    #: The source file as read: (size in bytes, mtime in ns) and the SHA-256 (hex) of its bytes.
+    stat: tuple[int, int] = (0, 0)
+    sha256: str = ""
+
+    def record(self) -> list[Any]:
+        """The sample as a JSON list (a journal line); :meth:`from_record` inverts it."""
+        return [
+            list(self.original_size), list(self.shape), list(self.transform),
+            self.checksum, list(self.conversions), list(self.stat), self.sha256,
+        ]  # fmt: skip
+
+    @classmethod
+    def from_record(cls, rec: Sequence[Any]) -> _Sample:
+        size, shape, transform, checksum, conversions, stat, sha = rec
+        return cls(
+            (int(size[0]), int(size[1])),
+            (int(shape[0]), int(shape[1]), int(shape[2])),
+            (float(transform[0]), float(transform[1]), float(transform[2]), float(transform[3])),
+            int(checksum),
+            tuple(str(c) for c in conversions),
+            None,
+            (int(stat[0]), int(stat[1])),
+            str(sha),
+        )
 
 
 def prepare_file(root: str, plan: BuildPlan, rel: str, header: ImageHeader | None) -> tuple[np.ndarray, _Sample]:
     """Read one file and turn it into its stored form with :func:`~dlpack.sources.decode.prepare_image`."""
     with open(Path(root, rel), "rb") as f:
+        st = os.fstat(f.fileno())
         data = f.read()
     prepared = prepare_image(data, plan.target, header)
     img, g = prepared.pixels, prepared.geometry
@@ -421,6 +449,8 @@ def prepare_file(root: str, plan: BuildPlan, rel: str, header: ImageHeader | Non
         (g.scale_y, g.scale_x, float(g.off_y), float(g.off_x)),
         zlib.crc32(img.data),
         prepared.conversions,
+        stat=(st.st_size, st.st_mtime_ns),
+        sha256=hashlib.sha256(data).hexdigest(),
     )
     return img, meta
 
@@ -491,40 +521,336 @@ def _write_block_worker(
     return results
 
 
-def write_images(
+# A build resumes from the journal of its partial store (docs/format.md, "Resume"): the journal sits
+# beside the partial as .NAME.dlpack-journal, its first line records the frozen plan, and each
+# further line one image block (a whole shard) that was completely written, with the metadata of
+# its samples. Only blocks written by worker-safe writers (Zarr shards, HDF5 contiguous raw blocks)
+# are journalled: ragged (variable-size) images are one stream, and compressed HDF5 blocks pass
+# through the HDF5 library, whose file a kill can leave inconsistent; those builds start over.
+
+_JOURNAL_KEY = "dlpack_journal"
+_JOURNAL_VERSION = 1
+
+
+def journal_path(out: str | os.PathLike[str]) -> Path:
+    """The journal of builds into ``out``: ``.NAME.dlpack-journal``, beside the partial store."""
+    p = Path(out)
+    return p.parent / f".{p.name}.dlpack-journal"
+
+
+class _Restart(Exception):
+    """An earlier partial store cannot be continued; the message says why (for the summary)."""
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a new directory entry durable (no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class _Journal:
+    """The partial store's journal, open for appending: each line is written, flushed and fsync'd
+    alone, so a kill leaves at most one torn last line, which reading drops."""
+
+    def __init__(self, path: Path, blocks: int = 0) -> None:
+        self.path = path
+        self.blocks = blocks
+        self._f = open(path, "ab")  # noqa: SIM115 - held for the build's life, closed by close()
+
+    @classmethod
+    def create(cls, path: Path, header: Mapping[str, Any], blocks: Mapping[int, Sequence[_Sample]] = {}) -> _Journal:  # noqa: B006 - read only
+        """Write a journal of ``header`` and ``blocks`` beside ``path`` and move it into place."""
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(_journal_line(header))
+            for start, samples in sorted(blocks.items()):
+                f.write(_journal_line(_block_record(start, samples)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        return cls(path, len(blocks))
+
+    def append_block(self, start: int, samples: Sequence[_Sample]) -> None:
+        """Record that samples ``start ..`` (a whole block) are written, with their metadata."""
+        self._append(_block_record(start, samples))
+        self.blocks += 1
+
+    def mark_commit(self) -> None:
+        """Record that the metadata arrays and the manifest are being written."""
+        self._append({"commit": True})
+
+    def _append(self, record: Mapping[str, Any]) -> None:
+        self._f.write(_journal_line(record))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _journal_line(record: Mapping[str, Any]) -> bytes:
+    return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _block_record(start: int, samples: Sequence[_Sample]) -> dict[str, Any]:
+    return {"start": start, "samples": [s.record() for s in samples]}
+
+
+def _journal_header(plan: BuildPlan, block_len: int) -> dict[str, Any]:
+    return {
+        _JOURNAL_KEY: _JOURNAL_VERSION,
+        "fingerprint": plan.fingerprint(),
+        "block_len": block_len,
+        "plan": plan.to_dict(),
+    }
+
+
+@dataclass(frozen=True)
+class _JournalState:
+    """What a journal says: its header, the journalled blocks (first sample -> samples), whether a commit began."""
+
+    header: dict[str, Any]
+    blocks: dict[int, list[_Sample]]
+    commit: bool
+
+
+def _is_journal(path: Path) -> bool:
+    """Whether ``path`` is a dlpack journal, perhaps cut short by a kill while its first line was written."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    marker = _journal_line({_JOURNAL_KEY: _JOURNAL_VERSION})[:-2]
+    with open(path, "rb") as f:
+        head = f.read(len(marker))
+    return marker.startswith(head)
+
+
+def _read_journal(path: Path) -> _JournalState:
+    """Parse a journal; :class:`_Restart` when it is missing or unusable."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise _Restart("the killed build left no journal") from None
+    except OSError as exc:
+        raise _Restart(f"its journal cannot be read ({exc.strerror or exc})") from exc
+    lines = data[: data.rfind(b"\n") + 1].splitlines()  # a torn last line is dropped
+    try:
+        header = json.loads(lines[0])
+        if not isinstance(header, dict) or header.get(_JOURNAL_KEY) != _JOURNAL_VERSION:
+            raise _Restart("its journal is of another version")
+        blocks: dict[int, list[_Sample]] = {}
+        commit = False
+        for line in lines[1:]:
+            record = json.loads(line)
+            if record.get("commit"):
+                commit = True
+                continue
+            blocks[int(record["start"])] = [_Sample.from_record(r) for r in record["samples"]]
+    except _Restart:
+        raise
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _Restart(f"its journal is damaged ({exc!r})") from exc
+    return _JournalState(header, blocks, commit)
+
+
+def _changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    return ", ".join(keys) or "fingerprint"
+
+
+def _resumable(writer: StoreWriter, images: ArraySpec) -> bool:
+    """Whether blocks of ``images`` are written as independent units that survive a kill of the build."""
+    return not images.ragged and writer.parallel_safe(images.name)
+
+
+def _verified_blocks(
+    writer: StoreWriter,
+    images: ArraySpec,
+    state: _JournalState,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+) -> dict[int, list[_Sample]]:
+    """The journalled blocks still good: whole aligned blocks whose source files kept their size and
+    mtime and whose stored samples read back with their recorded checksums."""
+    step = writer.block_len(images.name)
+    done: dict[int, list[_Sample]] = {}
+    for start, samples in sorted(state.blocks.items()):
+        stop = start + len(samples)
+        if start % step or start >= len(pairs) or stop != min(start + step, len(pairs)):
+            continue
+        try:
+            stats = [os.stat(Path(root, rel)) for rel, _ in pairs[start:stop]]
+        except OSError:
+            continue
+        if any((st.st_size, st.st_mtime_ns) != s.stat for st, s in zip(stats, samples, strict=True)):
+            continue
+        try:
+            stored = writer.read_block(images.name, start, stop)
+        except StoreError:
+            continue
+        if all(
+            zlib.crc32(np.ascontiguousarray(row).data) == s.checksum for row, s in zip(stored, samples, strict=True)
+        ):
+            done[start] = samples
+    return done
+
+
+@dataclass
+class _Partial:
+    """The partial store a build writes: its open writer, its journal (None when not resumable), the
+    blocks already written (first sample -> samples), and what became of a killed build's partial."""
+
+    writer: StoreWriter
+    journal: _Journal | None
+    done: dict[int, list[_Sample]]
+    note: str
+
+
+def _continue_partial(
     backend: type[Backend],
-    tmp: Path,
+    out: Path,
+    plan: BuildPlan,
+    images: ArraySpec,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    opts: BuildOptions,
+) -> _Partial:
+    """Reopen a killed build's partial store to continue it, or raise :class:`_Restart` saying why not."""
+    if opts.no_resume:
+        raise _Restart("--no-resume")
+    jpath = journal_path(out)
+    state = _read_journal(jpath)
+    if state.header.get("fingerprint") != plan.fingerprint():
+        old = state.header.get("plan")
+        changed = _changed_fields(old, plan.to_dict()) if isinstance(old, dict) else "fingerprint"
+        raise _Restart(f"the plan changed ({changed})")
+    if images.ragged:
+        raise _Restart("variable-size images are written as one stream")
+    writer = backend.open_writer(partial_path(out), "r+", plan.shard_bytes)
+    try:
+        writer.open()
+        writer.attach_array(images, plan.count)
+        if not _resumable(writer, images) or writer.block_len(images.name) != state.header.get("block_len"):
+            raise _Restart(f"its {backend.name} image blocks cannot be continued")
+        if state.commit and not writer.undo_commit([images.name]):
+            raise _Restart(f"it was killed while the {backend.name} library wrote the store's metadata")
+        done = _verified_blocks(writer, images, state, root, pairs)
+    except _Restart:
+        writer.abort()
+        raise
+    except StoreError as exc:
+        writer.abort()
+        raise _Restart(f"its partial store cannot be reopened ({exc})") from exc
+    except BaseException:
+        writer.abort()
+        raise
+    # Rewritten without the lines that did not hold up, so it says exactly what the partial holds.
+    journal = _Journal.create(jpath, state.header, done)
+    n_blocks = -(-len(pairs) // writer.block_len(images.name))
+    return _Partial(writer, journal, done, f"resumed: {len(done)} of {n_blocks} blocks already written")
+
+
+def open_partial(
+    backend: type[Backend],
+    out: Path,
     plan: BuildPlan,
     root: str,
     pairs: Sequence[tuple[str, ImageHeader | None]],
     opts: BuildOptions,
-) -> tuple[list[_Sample | InputFileError], StoreWriter | None]:
-    """5. Create the store at ``tmp`` and write every image, decoded by workers.
+) -> _Partial:
+    """5a. The partial store to write ``plan`` into, with the image array created or reopened.
 
-    Returns the per-sample results and the open writer; when any file failed to decode, the
-    writer is aborted, ``tmp`` removed, and None returned in its place.
+    A partial left by a killed build of ``out`` (kept by :func:`clear_leftovers` because it has a
+    journal) is continued when its journal records this very plan (same fingerprint) and
+    ``no_resume`` is off: its journalled blocks that still check out are kept. Otherwise it is
+    removed and a new partial created, with a journal when its blocks can be continued later.
     """
-    writer: StoreWriter = backend.open_writer(tmp, "w-", plan.shard_bytes)
+    tmp, jpath = partial_path(out), journal_path(out)
+    images = _image_array(plan.image, plan.compression)
+    note = ""
+    if tmp.exists() or tmp.is_symlink():
+        try:
+            return _continue_partial(backend, out, plan, images, root, pairs, opts)
+        except _Restart as exc:
+            note = f"started over: {exc}"
+    _remove(jpath)
+    _remove(tmp)
+    writer = backend.open_writer(tmp, "w-", plan.shard_bytes)
     try:
         writer.open()
-        images = _image_array(plan.image, plan.compression)
         writer.create_array(images, plan.count)
+        journal = None
+        if _resumable(writer, images):
+            # Created after the image array: a journal always describes a partial that holds it.
+            journal = _Journal.create(jpath, _journal_header(plan, writer.block_len(images.name)))
+    except BaseException:
+        abort_store(writer, tmp)
+        _remove(jpath)
+        raise
+    return _Partial(writer, journal, {}, note)
+
+
+def _keep_for_resume(exc: BaseException, partial: _Partial) -> bool:
+    """Whether a build stopped by ``exc`` keeps its partial store to continue later: when it was
+    interrupted (Ctrl-C) and has a journal; a build that failed on its own removes it."""
+    return isinstance(exc, KeyboardInterrupt) and partial.journal is not None
+
+
+def discard_partial(partial: _Partial, out: Path, exc: BaseException | None = None) -> None:
+    """Close the partial's writer and journal after ``exc``, and remove both unless they are kept for a resume."""
+    keep = exc is not None and _keep_for_resume(exc, partial)
+    if partial.journal is not None:
+        partial.journal.close()
+    if keep:
+        with contextlib.suppress(Exception):
+            partial.writer.abort()
+        return
+    abort_store(partial.writer, partial_path(out))
+    _remove(journal_path(out))
+
+
+def write_images(
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    opts: BuildOptions,
+) -> tuple[list[_Sample | InputFileError], _Partial | None, str]:
+    """5. Write every image into the partial store of ``out``, decoded by workers.
+
+    Blocks a killed build already wrote are kept (see :func:`open_partial`); every other block is
+    decoded and written, and journalled once written. Returns the per-sample results, the open
+    partial, and what became of an earlier partial (for the summary). When any file failed to
+    decode, the partial is removed and None returned in its place.
+    """
+    partial = open_partial(backend, out, plan, root, pairs, opts)
+    writer, journal = partial.writer, partial.journal
+    try:
+        images = writer.arrays[_image_array(plan.image, plan.compression).name]
         fixed = not images.ragged
         in_workers = fixed and writer.parallel_safe(images.name)
         step = writer.block_len(images.name) if fixed else 16
         appended = 0
         from joblib import delayed
 
-        starts = range(0, len(pairs), step)
+        starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
         if in_workers:
             calls = [delayed(_write_block_worker)(writer, root, plan, s, pairs[s : s + step]) for s in starts]
         else:
             calls = [delayed(decode_block)(root, plan, pairs[s : s + step], None, True) for s in starts]
         results: list[_Sample | InputFileError] = []
+        slots: dict[int, list[_Sample | InputFileError]] = {s: list(v) for s, v in partial.done.items()}
         failed = False
         with _progress(len(pairs), "packing", opts.quiet) as bar:
+            bar.update(sum(len(v) for v in slots.values()))
             for s, block in zip(starts, _parallel(opts.n_jobs, calls), strict=True):
-                failed = failed or any(isinstance(r, InputFileError) for r in block)
+                bad = any(isinstance(r, InputFileError) for r in block)
+                failed = failed or bad
                 if not in_workers:
                     if not failed and fixed:
                         arr = _fixed_block(plan, len(block))
@@ -537,27 +863,36 @@ def write_images(
                         writer.write_block(images.name, appended, pixels)
                         appended += len(pixels)
                     block = [replace(r, pixels=None) if isinstance(r, _Sample) else r for r in block]
-                results.extend(block)
+                if journal is not None and not bad:
+                    journal.append_block(s, [r for r in block if isinstance(r, _Sample)])
+                slots[s] = block
                 bar.update(len(block))
-    except BaseException:
-        abort_store(writer, tmp)
+        for s in sorted(slots):
+            results.extend(slots[s])
+    except BaseException as exc:
+        discard_partial(partial, out, exc)
         raise
     if failed:
-        abort_store(writer, tmp)
-        return results, None
-    return results, writer
+        discard_partial(partial, out)
+        return results, None, partial.note
+    return results, partial, partial.note
 
 
-def commit_store(writer: StoreWriter, tmp: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
-    """Write the per-sample arrays, then the manifest: the store at ``tmp`` is complete after this."""
+def commit_store(partial: _Partial, out: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
+    """Write the per-sample arrays, then the manifest: the partial store is complete after this."""
+    writer = partial.writer
     try:
+        if partial.journal is not None:
+            partial.journal.mark_commit()
         for spec, values in arrays.values():
             writer.create_array(spec, manifest.count)
             writer.write_block(spec.name, 0, values)
         writer.commit(manifest)
-    except BaseException:
-        abort_store(writer, tmp)
+    except BaseException as exc:
+        discard_partial(partial, out, exc)
         raise
+    if partial.journal is not None:
+        partial.journal.close()
 
 
 def abort_store(writer: StoreWriter, tmp: Path) -> None:
@@ -569,27 +904,30 @@ def abort_store(writer: StoreWriter, tmp: Path) -> None:
 
 def pack_stage(
     backend: type[Backend],
-    tmp: Path,
+    out: Path,
     root: Path,
     scan: SourceScan,
     probes: Sequence[_Probe],
     plan: BuildPlan,
     sel: _Selection,
     opts: BuildOptions,
-) -> tuple[BuildPlan, _Selection, list[_Sample], StoreWriter]:
-    """4-5. Decode and write the selected items under ``plan``.
+) -> tuple[BuildPlan, _Selection, list[_Sample], _Partial, str]:
+    """4-5. Decode and write the selected items under ``plan`` into the partial store of ``out``.
 
     Files that pass the probe but fail to decode (damage inside the compressed data) are rare:
     under ``on_error="skip"`` they leave the selection and the store is planned and written again
-    without them, so the result is byte-identical to a build of the good files alone.
+    without them, so the result is byte-identical to a build of the good files alone. Also returns
+    what became of a killed build's partial store ("" when there was none).
     """
+    note = ""
     for _attempt in range(3):
         if not sel.keep:
             raise _bad_inputs(sel.errors, root)
         pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
-        results, writer = write_images(backend, tmp, plan, os.fspath(root), pairs, opts)
-        if writer is not None:
-            return plan, sel, [r for r in results if isinstance(r, _Sample)], writer
+        results, partial, found = write_images(backend, out, plan, os.fspath(root), pairs, opts)
+        note = note or found
+        if partial is not None:
+            return plan, sel, [r for r in results if isinstance(r, _Sample)], partial, note
         sel = sel.drop({k: r for k, r in zip(sel.keep, results, strict=True) if isinstance(r, InputFileError)})
         if opts.on_error == "fail":
             raise _bad_inputs(sel.errors, root)
@@ -725,7 +1063,9 @@ def clear_leftovers(out: Path) -> None:
     """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
 
     An overwritten store that was waiting for its replacement comes back to ``out`` (or is removed
-    when the replacement made it), and a stale partial is removed once it is proven to be dlpack's.
+    when the replacement made it). A stale partial proven to be dlpack's is kept when it has a
+    journal (the build then continues it or starts over, see :func:`open_partial`), else removed;
+    a journal whose partial is gone is removed.
     """
     old = old_path(out)
     if old.exists() or old.is_symlink():
@@ -733,7 +1073,14 @@ def clear_leftovers(out: Path) -> None:
             _remove(old)
         else:
             os.replace(old, out)
-    tmp = partial_path(out)
+    tmp, journal = partial_path(out), journal_path(out)
+    for path in (journal, journal.with_name(journal.name + ".tmp")):
+        if (path.exists() or path.is_symlink()) and not _is_journal(path):
+            raise StoreError(
+                f"{path} is where this build keeps its journal, but it is not a dlpack journal; "
+                "remove or rename it, then build again"
+            )
+    _remove(journal.with_name(journal.name + ".tmp"))
     if tmp.exists() or tmp.is_symlink():
         reason = _not_ours(tmp)
         if reason is not None:
@@ -741,7 +1088,10 @@ def clear_leftovers(out: Path) -> None:
                 f"{tmp} is where this build writes, but it is not a dlpack partial store ({reason}); "
                 "remove or rename it, then build again"
             )
+        if journal.exists():
+            return  # a killed build's blocks: open_partial continues them or starts over
         _remove(tmp)
+    _remove(journal)  # its partial is gone (published or removed): nothing to continue
 
 
 def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -832,18 +1182,20 @@ def build(
             pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
             raise _bad_inputs([*sel.errors, *validate_stage(os.fspath(root), plan, pairs, opts)], root)
         tmp = partial_path(out_path)
-        plan, sel, samples, writer = pack_stage(backend, tmp, root, scan, probes, plan, sel, opts)
+        plan, sel, samples, partial, resume = pack_stage(backend, out_path, root, scan, probes, plan, sel, opts)
         try:
             arrays, manifest = manifest_stage(plan, scan, sel, samples)
-        except BaseException:
-            abort_store(writer, tmp)
+        except BaseException as exc:
+            discard_partial(partial, out_path, exc)
             raise
-        commit_store(writer, tmp, arrays, manifest)
+        commit_store(partial, out_path, arrays, manifest)
         try:
             publish_stage(tmp, out_path, opts.overwrite)
         except BaseException:
             _remove(tmp)
             raise
+        finally:
+            _remove(journal_path(out_path))
     return BuildResult(
         path=out_path,
         count=plan.count,
@@ -853,4 +1205,5 @@ def build(
         output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
         conversions=dict(manifest.conversions),
         plan=plan,
+        resume=resume,
     )
