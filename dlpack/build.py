@@ -13,6 +13,7 @@ found while holding the lock is a dead build's.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
@@ -31,7 +32,16 @@ import numpy as np
 from . import __version__
 from ._lock import BuildLock, old_path, partial_path
 from .backends import ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
-from .errors import BadInputsError, DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreExistsError
+from .errors import (
+    BadInputsError,
+    DlpackError,
+    InputFileError,
+    OptionError,
+    SourceError,
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
 from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
 from .sources.base import Source, SourceItem, SourceScan
@@ -144,6 +154,8 @@ class BuildResult:
     #: What became of a killed build's partial store: "resumed: k of n blocks already written",
     #: "started over: <why>", or "" when there was none.
     resume: str = ""
+    #: What ``update`` changed: "updated: a added, r replaced, d removed; k of n blocks written", or "".
+    update: str = ""
 
     @property
     def images_per_s(self) -> float:
@@ -155,7 +167,7 @@ class BuildResult:
         return (
             f"packed {self.count} images{skipped}: {self.input_bytes / 1e6:.1f} MB in -> "
             f"{self.output_bytes / 1e6:.1f} MB out in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s) "
-            f"-> {self.path}" + (f" ({self.resume})" if self.resume else "")
+            f"-> {self.path}" + "".join(f" ({note})" for note in (self.resume, self.update) if note)
         )
 
 
@@ -962,6 +974,12 @@ def _meta_arrays(
         "original_size": (np.array([s.original_size for s in samples], dtype="<i4").reshape(-1, 2), None),
         "transform": (np.array([s.transform for s in samples], dtype="<f8").reshape(-1, 4), None),
         "checksum": (np.array([s.checksum for s in samples], dtype="<u4"), None),
+        # What --update compares the source files with: (size, mtime_ns), then the content hash.
+        "source_stat": (np.array([s.stat for s in samples], dtype="<i8").reshape(-1, 2), None),
+        "source_sha256": (
+            np.frombuffer(b"".join(bytes.fromhex(s.sha256) for s in samples), dtype=np.uint8).reshape(-1, 32),
+            None,
+        ),
     }
     if shapes is not None:
         fixed["image_shapes"] = (np.array(shapes, dtype="<i4").reshape(-1, 3), None)
@@ -1107,6 +1125,265 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
         os.replace(tmp, out)
 
 
+# ---------------------------------------------------------------- update (build --update)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_update_options(plan: BuildPlan, opts: BuildOptions, out: Path) -> None:
+    """Refuse geometry or channel options that differ from the plan the store was built under."""
+    t = plan.target
+    given = {
+        "size": (opts.size, t.size),
+        "max_side": (opts.max_side, t.max_side),
+        "resize": (opts.resize, t.mode),
+        "channels": (None if opts.channels == "keep" else opts.channels, t.channels),
+    }
+    differ = [name for name, (mine, theirs) in given.items() if mine is not None and mine != theirs]
+    if differ:
+        raise OptionError(
+            f"--update keeps the plan {out} was built with; it differs in {', '.join(differ)}: "
+            "drop those options, or rebuild with --overwrite"
+        )
+
+
+@dataclass(frozen=True)
+class _Changes:
+    """How the source differs from the store: old indices kept (in order), replaced and removed,
+    new scan positions added, and the new (size, mtime_ns) of kept files whose content did not change."""
+
+    kept: tuple[int, ...]
+    replaced: frozenset[int]
+    removed: tuple[int, ...]
+    added: tuple[int, ...]
+    restat: dict[int, tuple[int, int]]
+
+
+def _changes(
+    root: Path, scan: SourceScan, probes: Sequence[_Probe], rels0: Sequence[str], stat0: np.ndarray, sha0: np.ndarray
+) -> _Changes:
+    """Compare the source with the store: size and mtime first, then the content hash."""
+    now = {it.rel: k for k, it in enumerate(scan.items)}
+    old = set(rels0)
+    kept = tuple(i for i, rel in enumerate(rels0) if rel in now)
+    replaced: set[int] = set()
+    restat: dict[int, tuple[int, int]] = {}
+    for i in kept:
+        path = Path(root, rels0[i])
+        st = os.stat(path)
+        if (st.st_size, st.st_mtime_ns) == tuple(int(v) for v in stat0[i]):
+            continue
+        if probes[now[rels0[i]]].error is None and _file_sha256(path) == bytes(sha0[i]).hex():
+            restat[i] = (st.st_size, st.st_mtime_ns)  # touched or copied, same bytes: nothing to decode
+        else:
+            replaced.add(i)
+    removed = tuple(i for i, rel in enumerate(rels0) if rel not in now)
+    added = tuple(k for k, it in enumerate(scan.items) if it.rel not in old)
+    return _Changes(kept, frozenset(replaced), removed, added, restat)
+
+
+def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildOptions, t0: float) -> BuildResult:
+    """Update the store at ``out`` from ``source`` (``build --update``); call while holding the build lock.
+
+    The rule (docs/format.md, "Updates"): every sample keeps its index and class id; files new in
+    the source are appended after the last sample, in source order, and new classes get the next
+    ids; a file whose size or mtime changed is decoded again in place when its SHA-256 changed too.
+    Files gone from the source are refused unless ``compact``, which drops them and renumbers the
+    samples after them. Only blocks that change are written: Zarr shares every other shard file
+    with the current store (hard links); HDF5 cannot share, so its file is rewritten, unchanged
+    pixels copied without decoding. The new generation is published as a build's is.
+    """
+    if not (out.exists() or out.is_symlink()):
+        raise StoreNotFoundError(f"{out} does not exist; build it first (without --update)")
+    if owned_store(out) is not backend:
+        raise StoreError(f"{out} is not a dlpack {backend.name} store; --update only updates dlpack's own stores")
+    reader = backend.open_reader(out)
+    try:
+        m = reader.manifest
+        missing = [n for n in ("source_stat", "source_sha256") if n not in m.arrays]
+        why = (
+            "it holds variable-size images" if m.image.layout != "fixed"
+            else "it records no build plan" if not m.plan
+            else f"it has no {' or '.join(missing)} (written before updates existed)" if missing
+            else None
+        )  # fmt: skip
+        if why is not None:
+            raise StoreError(f"{out} cannot be updated: {why}; rebuild it with --overwrite")
+        plan0 = BuildPlan.from_dict(m.plan)
+        _check_update_options(plan0, opts, out)
+        root = source.root
+        scan = scan_stage(source)
+        if m.labels != scan.labels:
+            raise SourceError(
+                f"{out} is labelled {m.labels!r} but {os.fspath(root)!r} now gives {scan.labels!r} labels; "
+                "rebuild with --overwrite"
+            )
+        probes = probe_stage(root, scan.items, opts)
+        n0 = m.count
+        rels0 = [reader.source(i) for i in range(n0)]
+        ch = _changes(root, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
+        if ch.removed and not opts.compact:
+            gone = ", ".join(rels0[i] for i in ch.removed[:5]) + (" ..." if len(ch.removed) > 5 else "")
+            raise OptionError(
+                f"{len(ch.removed)} packed file(s) are gone from {os.fspath(root)!r} ({gone}); pass --compact to "
+                "drop them (the samples after them are renumbered), or put them back"
+            )
+        now = {it.rel: k for k, it in enumerate(scan.items)}
+        # Inputs to decode: replaced files in place, then added ones; bad ones follow --on-error,
+        # except replaced files, which cannot be dropped without renumbering.
+        todo = [now[rels0[i]] for i in sorted(ch.replaced)] + list(ch.added)
+        bad = {k: InputFileError(scan.items[k].rel, probes[k].error or "") for k in todo if probes[k].error}
+        pairs = [(scan.items[k].rel, probes[k].header) for k in todo if k not in bad]
+        found = validate_stage(os.fspath(root), plan0, pairs, opts)
+        bad.update({now[e.path]: e for e in found})
+        errors = [*scan.errors, *bad.values()]
+        if errors and (opts.on_error == "fail" or any(now[rels0[i]] in bad for i in ch.replaced)):
+            raise _bad_inputs(errors, root)
+        added = [k for k in ch.added if k not in bad]
+        # Where each sample of the new generation comes from: an old index, or a scan position to decode.
+        origin: list[tuple[str, int]] = [("new", now[rels0[i]]) if i in ch.replaced else ("old", i) for i in ch.kept]
+        origin += [("new", k) for k in added]
+        items = [scan.items[now[rels0[v]]] if src == "old" else scan.items[v] for src, v in origin]
+        if not items:
+            raise SourceError(f"the update would leave {out} without samples")
+        images = _image_array(plan0.image, plan0.compression)
+        count = len(items)
+        plan = replace(
+            plan0,
+            count=count,
+            shard_images=backend.block_rows(images, count, plan0.shard_bytes),
+            order=_order_digest(items),
+            source=_source_digest(scan, probes),
+        )
+        tmp = partial_path(out)
+        _remove(journal_path(out))
+        _remove(tmp)
+        writer = backend.open_writer(tmp, "w-", plan.shard_bytes)
+        partial = _Partial(writer, None, {}, "")
+        try:
+            writer.open()
+            writer.create_array(images, count)
+            decoded, shared, written = _update_blocks(
+                writer, reader, out, plan0, plan, origin, scan, probes, root, opts
+            )
+            osz, tr, crc = reader.meta("original_size"), reader.meta("transform"), reader.meta("checksum")
+            stat0, sha0 = reader.meta("source_stat"), reader.meta("source_sha256")
+            samples = [
+                _Sample(
+                    (int(osz[v][0]), int(osz[v][1])),
+                    (plan.image.height or 0, plan.image.width or 0, plan.image.channels),
+                    (float(tr[v][0]), float(tr[v][1]), float(tr[v][2]), float(tr[v][3])),
+                    int(crc[v]),
+                    (),
+                    None,
+                    ch.restat.get(v, (int(stat0[v][0]), int(stat0[v][1]))),
+                    bytes(sha0[v]).hex(),
+                )
+                if src == "old"
+                else decoded[v]
+                for src, v in origin
+            ]
+            classes = (*m.classes, *(c for c in scan.classes if c not in m.classes))
+            view = SourceScan(tuple(items), classes, (), scan.labels)
+            arrays, manifest = manifest_stage(plan, view, _Selection(tuple(range(count)), tuple(errors)), samples)
+            conversions = Counter(m.conversions)
+            conversions.update(c for s in decoded.values() for c in s.conversions)
+            entry = {
+                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "added": len(added),
+                "replaced": len(ch.replaced),
+                "removed": len(ch.removed),
+            }
+            manifest = replace(manifest, conversions=dict(sorted(conversions.items())), history=(*m.history, entry))
+        except BaseException as exc:
+            discard_partial(partial, out, exc)
+            raise
+        commit_store(partial, out, arrays, manifest)
+    finally:
+        reader.close()
+    try:
+        publish_stage(tmp, out, True)
+    except BaseException:
+        _remove(tmp)
+        raise
+    n_blocks = shared + written
+    return BuildResult(
+        path=out,
+        count=count,
+        skipped=manifest.skipped,
+        seconds=time.perf_counter() - t0,
+        input_bytes=sum(probes[k].nbytes for k in decoded),
+        output_bytes=backend.open_reader(out).nbytes_on_disk(),
+        conversions=dict(manifest.conversions),
+        plan=plan,
+        update=(
+            f"updated: {len(added)} added, {len(ch.replaced)} replaced, {len(ch.removed)} removed; "
+            f"{written} of {n_blocks} blocks written"
+        ),
+    )
+
+
+def _update_blocks(
+    writer: StoreWriter,
+    reader: Any,
+    out: Path,
+    plan0: BuildPlan,
+    plan: BuildPlan,
+    origin: Sequence[tuple[str, int]],
+    scan: SourceScan,
+    probes: Sequence[_Probe],
+    root: Path,
+    opts: BuildOptions,
+) -> tuple[dict[int, _Sample], int, int]:
+    """Write the image blocks of an update: a block whose samples are all the old store's, at the
+    same indices, in a block of the same extent, is shared with it when the backend can; every
+    other block is assembled from old pixels and newly decoded files. Returns the decoded samples
+    (by scan position) and the counts of shared and written blocks."""
+    from joblib import delayed
+
+    step = writer.block_len("images")
+    n0, step0 = plan0.count, plan0.shard_images
+    starts = list(range(0, len(origin), step))
+    todo: list[int] = []
+    shared = 0
+    for s in starts:
+        e = min(s + step, len(origin))
+        same = step == step0 and min(s + step0, n0) == e and all(origin[j] == ("old", j) for j in range(s, e))
+        if same and writer.share_block("images", s, out):
+            shared += 1
+        else:
+            todo.append(s)
+    rel = [it.rel for it in scan.items]
+    calls = []
+    for s in todo:
+        ks = [v for src, v in origin[s : s + step] if src == "new"]
+        calls.append(delayed(decode_block)(os.fspath(root), plan, [(rel[k], probes[k].header) for k in ks], None, True))
+    decoded: dict[int, _Sample] = {}
+    with _progress(sum(min(step, len(origin) - s) for s in todo), "updating", opts.quiet) as bar:
+        for s, results in zip(todo, _parallel(opts.n_jobs, calls), strict=True):
+            block = _fixed_block(plan, min(step, len(origin) - s))
+            olds = [(j, v) for j, (src, v) in enumerate(origin[s : s + step]) if src == "old"]
+            if olds:
+                got = np.empty((len(olds), *block.shape[1:]), dtype=block.dtype)
+                reader.read_into("images", [v for _, v in olds], got)
+                block[[j for j, _ in olds]] = got
+            news = [j for j, (src, _) in enumerate(origin[s : s + step]) if src == "new"]
+            for j, r in zip(news, results, strict=True):
+                if not isinstance(r, _Sample) or r.pixels is None:
+                    raise DlpackError(f"{r} failed to decode on the second pass")  # pragma: no cover - checked before
+                block[j] = r.pixels
+                decoded[origin[s + j][1]] = replace(r, pixels=None)
+            writer.write_block("images", s, block)
+            bar.update(len(block))
+    return decoded, shared, len(todo)
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -1172,6 +1449,8 @@ def build(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with BuildLock(out_path):
         clear_leftovers(out_path)
+        if opts.update:
+            return update_stage(source, out_path, backend, opts, t0)
         if (out_path.exists() or out_path.is_symlink()) and not opts.overwrite:
             raise StoreExistsError(f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it")
         root = source.root

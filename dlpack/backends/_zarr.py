@@ -226,6 +226,29 @@ class ZarrWriter(StoreWriter):
                 f"samples {start}..{stop} of array {name!r} of {self.path} cannot be read: {exc!r}"
             ) from exc
 
+    def share_block(self, name: str, start: int, other: Path) -> bool:
+        lay = self._layout_of(name)
+        if start % lay.shard_rows:
+            return False
+        try:
+            theirs = ShardedArray(Path(other) / name)
+        except (StoreError, KeyError, TypeError, ValueError):
+            return False
+        if (theirs.rows_per_shard, theirs.chunk_len, tuple(theirs.shape[1:])) != (
+            lay.shard_rows,
+            lay.chunk,
+            lay.trailing,
+        ) or (theirs.decoder is None) != (lay.compression == "none"):
+            return False
+        s = start // lay.shard_rows
+        mine = self._shard_path(name, lay, s)
+        mine.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(theirs.shard_file(s), mine)
+        except OSError:  # another file system, or no hard links there: the caller writes the block
+            return False
+        return True
+
     def undo_commit(self, keep: Sequence[str]) -> bool:
         kept = {stored for name in keep if name in self.arrays for stored in self.arrays[name].stored_names()}
         self._h_arrays.clear()

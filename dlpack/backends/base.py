@@ -382,6 +382,15 @@ class StoreWriter(ABC):
         """
         return False
 
+    def share_block(self, name: str, start: int, other: Path) -> bool:
+        """Make block ``start`` (a ``block_len`` multiple) of fixed array ``name`` the same block of the
+        complete store ``other``, whose array has the same layout, by sharing its file (a hard link).
+
+        False when the backend cannot share blocks or the two layouts differ; the caller then writes
+        the block itself. How ``build --update`` writes only the shards that change.
+        """
+        return False
+
     def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:
         """Load the layout of stored array ``name``, checking it holds ``rows`` rows of ``spec``."""
         raise StoreError(f"{type(self).__name__} cannot reopen array {name!r} of a partial store")
