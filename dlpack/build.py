@@ -13,6 +13,7 @@ found while holding the lock is a dead build's.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
@@ -31,7 +32,16 @@ import numpy as np
 from . import __version__
 from ._lock import BuildLock, old_path, partial_path
 from .backends import ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
-from .errors import BadInputsError, DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreExistsError
+from .errors import (
+    BadInputsError,
+    DlpackError,
+    InputFileError,
+    OptionError,
+    SourceError,
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
 from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
 from .sources.base import Source, SourceItem, SourceScan
@@ -141,6 +151,11 @@ class BuildResult:
     output_bytes: int
     conversions: dict[str, int] = field(default_factory=dict)
     plan: BuildPlan | None = None
+    #: What became of a killed build's partial store: "resumed: k of n blocks already written",
+    #: "started over: <why>", or "" when there was none.
+    resume: str = ""
+    #: What ``update`` changed: "updated: a added, r replaced, d removed; k of n blocks written", or "".
+    update: str = ""
 
     @property
     def images_per_s(self) -> float:
@@ -152,7 +167,7 @@ class BuildResult:
         return (
             f"packed {self.count} images{skipped}: {self.input_bytes / 1e6:.1f} MB in -> "
             f"{self.output_bytes / 1e6:.1f} MB out in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s) "
-            f"-> {self.path}"
+            f"-> {self.path}" + "".join(f" ({note})" for note in (self.resume, self.update) if note)
         )
 
 
@@ -400,11 +415,36 @@ class _Sample:
     checksum: int
     conversions: tuple[str, ...]
     pixels: np.ndarray | None = None
+    #: The source file as read: (size in bytes, mtime in ns) and the SHA-256 (hex) of its bytes.
+    stat: tuple[int, int] = (0, 0)
+    sha256: str = ""
+
+    def record(self) -> list[Any]:
+        """The sample as a JSON list (a journal line); :meth:`from_record` inverts it."""
+        return [
+            list(self.original_size), list(self.shape), list(self.transform),
+            self.checksum, list(self.conversions), list(self.stat), self.sha256,
+        ]  # fmt: skip
+
+    @classmethod
+    def from_record(cls, rec: Sequence[Any]) -> _Sample:
+        size, shape, transform, checksum, conversions, stat, sha = rec
+        return cls(
+            (int(size[0]), int(size[1])),
+            (int(shape[0]), int(shape[1]), int(shape[2])),
+            (float(transform[0]), float(transform[1]), float(transform[2]), float(transform[3])),
+            int(checksum),
+            tuple(str(c) for c in conversions),
+            None,
+            (int(stat[0]), int(stat[1])),
+            str(sha),
+        )
 
 
 def prepare_file(root: str, plan: BuildPlan, rel: str, header: ImageHeader | None) -> tuple[np.ndarray, _Sample]:
     """Read one file and turn it into its stored form with :func:`~dlpack.sources.decode.prepare_image`."""
     with open(Path(root, rel), "rb") as f:
+        st = os.fstat(f.fileno())
         data = f.read()
     prepared = prepare_image(data, plan.target, header)
     img, g = prepared.pixels, prepared.geometry
@@ -421,6 +461,8 @@ def prepare_file(root: str, plan: BuildPlan, rel: str, header: ImageHeader | Non
         (g.scale_y, g.scale_x, float(g.off_y), float(g.off_x)),
         zlib.crc32(img.data),
         prepared.conversions,
+        stat=(st.st_size, st.st_mtime_ns),
+        sha256=hashlib.sha256(data).hexdigest(),
     )
     return img, meta
 
@@ -491,40 +533,336 @@ def _write_block_worker(
     return results
 
 
-def write_images(
+# A build resumes from the journal of its partial store (docs/format.md, "Resume"): the journal sits
+# beside the partial as .NAME.dlpack-journal, its first line records the frozen plan, and each
+# further line one image block (a whole shard) that was completely written, with the metadata of
+# its samples. Only blocks written by worker-safe writers (Zarr shards, HDF5 contiguous raw blocks)
+# are journalled: ragged (variable-size) images are one stream, and compressed HDF5 blocks pass
+# through the HDF5 library, whose file a kill can leave inconsistent; those builds start over.
+
+_JOURNAL_KEY = "dlpack_journal"
+_JOURNAL_VERSION = 1
+
+
+def journal_path(out: str | os.PathLike[str]) -> Path:
+    """The journal of builds into ``out``: ``.NAME.dlpack-journal``, beside the partial store."""
+    p = Path(out)
+    return p.parent / f".{p.name}.dlpack-journal"
+
+
+class _Restart(Exception):
+    """An earlier partial store cannot be continued; the message says why (for the summary)."""
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a new directory entry durable (no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class _Journal:
+    """The partial store's journal, open for appending: each line is written, flushed and fsync'd
+    alone, so a kill leaves at most one torn last line, which reading drops."""
+
+    def __init__(self, path: Path, blocks: int = 0) -> None:
+        self.path = path
+        self.blocks = blocks
+        self._f = open(path, "ab")  # noqa: SIM115 - held for the build's life, closed by close()
+
+    @classmethod
+    def create(cls, path: Path, header: Mapping[str, Any], blocks: Mapping[int, Sequence[_Sample]] = {}) -> _Journal:  # noqa: B006 - read only
+        """Write a journal of ``header`` and ``blocks`` beside ``path`` and move it into place."""
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(_journal_line(header))
+            for start, samples in sorted(blocks.items()):
+                f.write(_journal_line(_block_record(start, samples)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        return cls(path, len(blocks))
+
+    def append_block(self, start: int, samples: Sequence[_Sample]) -> None:
+        """Record that samples ``start ..`` (a whole block) are written, with their metadata."""
+        self._append(_block_record(start, samples))
+        self.blocks += 1
+
+    def mark_commit(self) -> None:
+        """Record that the metadata arrays and the manifest are being written."""
+        self._append({"commit": True})
+
+    def _append(self, record: Mapping[str, Any]) -> None:
+        self._f.write(_journal_line(record))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _journal_line(record: Mapping[str, Any]) -> bytes:
+    return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _block_record(start: int, samples: Sequence[_Sample]) -> dict[str, Any]:
+    return {"start": start, "samples": [s.record() for s in samples]}
+
+
+def _journal_header(plan: BuildPlan, block_len: int) -> dict[str, Any]:
+    return {
+        _JOURNAL_KEY: _JOURNAL_VERSION,
+        "fingerprint": plan.fingerprint(),
+        "block_len": block_len,
+        "plan": plan.to_dict(),
+    }
+
+
+@dataclass(frozen=True)
+class _JournalState:
+    """What a journal says: its header, the journalled blocks (first sample -> samples), whether a commit began."""
+
+    header: dict[str, Any]
+    blocks: dict[int, list[_Sample]]
+    commit: bool
+
+
+def _is_journal(path: Path) -> bool:
+    """Whether ``path`` is a dlpack journal, perhaps cut short by a kill while its first line was written."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    marker = _journal_line({_JOURNAL_KEY: _JOURNAL_VERSION})[:-2]
+    with open(path, "rb") as f:
+        head = f.read(len(marker))
+    return marker.startswith(head)
+
+
+def _read_journal(path: Path) -> _JournalState:
+    """Parse a journal; :class:`_Restart` when it is missing or unusable."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise _Restart("the killed build left no journal") from None
+    except OSError as exc:
+        raise _Restart(f"its journal cannot be read ({exc.strerror or exc})") from exc
+    lines = data[: data.rfind(b"\n") + 1].splitlines()  # a torn last line is dropped
+    try:
+        header = json.loads(lines[0])
+        if not isinstance(header, dict) or header.get(_JOURNAL_KEY) != _JOURNAL_VERSION:
+            raise _Restart("its journal is of another version")
+        blocks: dict[int, list[_Sample]] = {}
+        commit = False
+        for line in lines[1:]:
+            record = json.loads(line)
+            if record.get("commit"):
+                commit = True
+                continue
+            blocks[int(record["start"])] = [_Sample.from_record(r) for r in record["samples"]]
+    except _Restart:
+        raise
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _Restart(f"its journal is damaged ({exc!r})") from exc
+    return _JournalState(header, blocks, commit)
+
+
+def _changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    return ", ".join(keys) or "fingerprint"
+
+
+def _resumable(writer: StoreWriter, images: ArraySpec) -> bool:
+    """Whether blocks of ``images`` are written as independent units that survive a kill of the build."""
+    return not images.ragged and writer.parallel_safe(images.name)
+
+
+def _verified_blocks(
+    writer: StoreWriter,
+    images: ArraySpec,
+    state: _JournalState,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+) -> dict[int, list[_Sample]]:
+    """The journalled blocks still good: whole aligned blocks whose source files kept their size and
+    mtime and whose stored samples read back with their recorded checksums."""
+    step = writer.block_len(images.name)
+    done: dict[int, list[_Sample]] = {}
+    for start, samples in sorted(state.blocks.items()):
+        stop = start + len(samples)
+        if start % step or start >= len(pairs) or stop != min(start + step, len(pairs)):
+            continue
+        try:
+            stats = [os.stat(Path(root, rel)) for rel, _ in pairs[start:stop]]
+        except OSError:
+            continue
+        if any((st.st_size, st.st_mtime_ns) != s.stat for st, s in zip(stats, samples, strict=True)):
+            continue
+        try:
+            stored = writer.read_block(images.name, start, stop)
+        except StoreError:
+            continue
+        if all(
+            zlib.crc32(np.ascontiguousarray(row).data) == s.checksum for row, s in zip(stored, samples, strict=True)
+        ):
+            done[start] = samples
+    return done
+
+
+@dataclass
+class _Partial:
+    """The partial store a build writes: its open writer, its journal (None when not resumable), the
+    blocks already written (first sample -> samples), and what became of a killed build's partial."""
+
+    writer: StoreWriter
+    journal: _Journal | None
+    done: dict[int, list[_Sample]]
+    note: str
+
+
+def _continue_partial(
     backend: type[Backend],
-    tmp: Path,
+    out: Path,
+    plan: BuildPlan,
+    images: ArraySpec,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    opts: BuildOptions,
+) -> _Partial:
+    """Reopen a killed build's partial store to continue it, or raise :class:`_Restart` saying why not."""
+    if opts.no_resume:
+        raise _Restart("--no-resume")
+    jpath = journal_path(out)
+    state = _read_journal(jpath)
+    if state.header.get("fingerprint") != plan.fingerprint():
+        old = state.header.get("plan")
+        changed = _changed_fields(old, plan.to_dict()) if isinstance(old, dict) else "fingerprint"
+        raise _Restart(f"the plan changed ({changed})")
+    if images.ragged:
+        raise _Restart("variable-size images are written as one stream")
+    writer = backend.open_writer(partial_path(out), "r+", plan.shard_bytes)
+    try:
+        writer.open()
+        writer.attach_array(images, plan.count)
+        if not _resumable(writer, images) or writer.block_len(images.name) != state.header.get("block_len"):
+            raise _Restart(f"its {backend.name} image blocks cannot be continued")
+        if state.commit and not writer.undo_commit([images.name]):
+            raise _Restart(f"it was killed while the {backend.name} library wrote the store's metadata")
+        done = _verified_blocks(writer, images, state, root, pairs)
+    except _Restart:
+        writer.abort()
+        raise
+    except StoreError as exc:
+        writer.abort()
+        raise _Restart(f"its partial store cannot be reopened ({exc})") from exc
+    except BaseException:
+        writer.abort()
+        raise
+    # Rewritten without the lines that did not hold up, so it says exactly what the partial holds.
+    journal = _Journal.create(jpath, state.header, done)
+    n_blocks = -(-len(pairs) // writer.block_len(images.name))
+    return _Partial(writer, journal, done, f"resumed: {len(done)} of {n_blocks} blocks already written")
+
+
+def open_partial(
+    backend: type[Backend],
+    out: Path,
     plan: BuildPlan,
     root: str,
     pairs: Sequence[tuple[str, ImageHeader | None]],
     opts: BuildOptions,
-) -> tuple[list[_Sample | InputFileError], StoreWriter | None]:
-    """5. Create the store at ``tmp`` and write every image, decoded by workers.
+) -> _Partial:
+    """5a. The partial store to write ``plan`` into, with the image array created or reopened.
 
-    Returns the per-sample results and the open writer; when any file failed to decode, the
-    writer is aborted, ``tmp`` removed, and None returned in its place.
+    A partial left by a killed build of ``out`` (kept by :func:`clear_leftovers` because it has a
+    journal) is continued when its journal records this very plan (same fingerprint) and
+    ``no_resume`` is off: its journalled blocks that still check out are kept. Otherwise it is
+    removed and a new partial created, with a journal when its blocks can be continued later.
     """
-    writer: StoreWriter = backend.open_writer(tmp, "w-", plan.shard_bytes)
+    tmp, jpath = partial_path(out), journal_path(out)
+    images = _image_array(plan.image, plan.compression)
+    note = ""
+    if tmp.exists() or tmp.is_symlink():
+        try:
+            return _continue_partial(backend, out, plan, images, root, pairs, opts)
+        except _Restart as exc:
+            note = f"started over: {exc}"
+    _remove(jpath)
+    _remove(tmp)
+    writer = backend.open_writer(tmp, "w-", plan.shard_bytes)
     try:
         writer.open()
-        images = _image_array(plan.image, plan.compression)
         writer.create_array(images, plan.count)
+        journal = None
+        if _resumable(writer, images):
+            # Created after the image array: a journal always describes a partial that holds it.
+            journal = _Journal.create(jpath, _journal_header(plan, writer.block_len(images.name)))
+    except BaseException:
+        abort_store(writer, tmp)
+        _remove(jpath)
+        raise
+    return _Partial(writer, journal, {}, note)
+
+
+def _keep_for_resume(exc: BaseException, partial: _Partial) -> bool:
+    """Whether a build stopped by ``exc`` keeps its partial store to continue later: when it was
+    interrupted (Ctrl-C) and has a journal; a build that failed on its own removes it."""
+    return isinstance(exc, KeyboardInterrupt) and partial.journal is not None
+
+
+def discard_partial(partial: _Partial, out: Path, exc: BaseException | None = None) -> None:
+    """Close the partial's writer and journal after ``exc``, and remove both unless they are kept for a resume."""
+    keep = exc is not None and _keep_for_resume(exc, partial)
+    if partial.journal is not None:
+        partial.journal.close()
+    if keep:
+        with contextlib.suppress(Exception):
+            partial.writer.abort()
+        return
+    abort_store(partial.writer, partial_path(out))
+    _remove(journal_path(out))
+
+
+def write_images(
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    opts: BuildOptions,
+) -> tuple[list[_Sample | InputFileError], _Partial | None, str]:
+    """5. Write every image into the partial store of ``out``, decoded by workers.
+
+    Blocks a killed build already wrote are kept (see :func:`open_partial`); every other block is
+    decoded and written, and journalled once written. Returns the per-sample results, the open
+    partial, and what became of an earlier partial (for the summary). When any file failed to
+    decode, the partial is removed and None returned in its place.
+    """
+    partial = open_partial(backend, out, plan, root, pairs, opts)
+    writer, journal = partial.writer, partial.journal
+    try:
+        images = writer.arrays[_image_array(plan.image, plan.compression).name]
         fixed = not images.ragged
         in_workers = fixed and writer.parallel_safe(images.name)
         step = writer.block_len(images.name) if fixed else 16
         appended = 0
         from joblib import delayed
 
-        starts = range(0, len(pairs), step)
+        starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
         if in_workers:
             calls = [delayed(_write_block_worker)(writer, root, plan, s, pairs[s : s + step]) for s in starts]
         else:
             calls = [delayed(decode_block)(root, plan, pairs[s : s + step], None, True) for s in starts]
         results: list[_Sample | InputFileError] = []
+        slots: dict[int, list[_Sample | InputFileError]] = {s: list(v) for s, v in partial.done.items()}
         failed = False
         with _progress(len(pairs), "packing", opts.quiet) as bar:
+            bar.update(sum(len(v) for v in slots.values()))
             for s, block in zip(starts, _parallel(opts.n_jobs, calls), strict=True):
-                failed = failed or any(isinstance(r, InputFileError) for r in block)
+                bad = any(isinstance(r, InputFileError) for r in block)
+                failed = failed or bad
                 if not in_workers:
                     if not failed and fixed:
                         arr = _fixed_block(plan, len(block))
@@ -537,27 +875,36 @@ def write_images(
                         writer.write_block(images.name, appended, pixels)
                         appended += len(pixels)
                     block = [replace(r, pixels=None) if isinstance(r, _Sample) else r for r in block]
-                results.extend(block)
+                if journal is not None and not bad:
+                    journal.append_block(s, [r for r in block if isinstance(r, _Sample)])
+                slots[s] = block
                 bar.update(len(block))
-    except BaseException:
-        abort_store(writer, tmp)
+        for s in sorted(slots):
+            results.extend(slots[s])
+    except BaseException as exc:
+        discard_partial(partial, out, exc)
         raise
     if failed:
-        abort_store(writer, tmp)
-        return results, None
-    return results, writer
+        discard_partial(partial, out)
+        return results, None, partial.note
+    return results, partial, partial.note
 
 
-def commit_store(writer: StoreWriter, tmp: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
-    """Write the per-sample arrays, then the manifest: the store at ``tmp`` is complete after this."""
+def commit_store(partial: _Partial, out: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
+    """Write the per-sample arrays, then the manifest: the partial store is complete after this."""
+    writer = partial.writer
     try:
+        if partial.journal is not None:
+            partial.journal.mark_commit()
         for spec, values in arrays.values():
             writer.create_array(spec, manifest.count)
             writer.write_block(spec.name, 0, values)
         writer.commit(manifest)
-    except BaseException:
-        abort_store(writer, tmp)
+    except BaseException as exc:
+        discard_partial(partial, out, exc)
         raise
+    if partial.journal is not None:
+        partial.journal.close()
 
 
 def abort_store(writer: StoreWriter, tmp: Path) -> None:
@@ -569,27 +916,30 @@ def abort_store(writer: StoreWriter, tmp: Path) -> None:
 
 def pack_stage(
     backend: type[Backend],
-    tmp: Path,
+    out: Path,
     root: Path,
     scan: SourceScan,
     probes: Sequence[_Probe],
     plan: BuildPlan,
     sel: _Selection,
     opts: BuildOptions,
-) -> tuple[BuildPlan, _Selection, list[_Sample], StoreWriter]:
-    """4-5. Decode and write the selected items under ``plan``.
+) -> tuple[BuildPlan, _Selection, list[_Sample], _Partial, str]:
+    """4-5. Decode and write the selected items under ``plan`` into the partial store of ``out``.
 
     Files that pass the probe but fail to decode (damage inside the compressed data) are rare:
     under ``on_error="skip"`` they leave the selection and the store is planned and written again
-    without them, so the result is byte-identical to a build of the good files alone.
+    without them, so the result is byte-identical to a build of the good files alone. Also returns
+    what became of a killed build's partial store ("" when there was none).
     """
+    note = ""
     for _attempt in range(3):
         if not sel.keep:
             raise _bad_inputs(sel.errors, root)
         pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
-        results, writer = write_images(backend, tmp, plan, os.fspath(root), pairs, opts)
-        if writer is not None:
-            return plan, sel, [r for r in results if isinstance(r, _Sample)], writer
+        results, partial, found = write_images(backend, out, plan, os.fspath(root), pairs, opts)
+        note = note or found
+        if partial is not None:
+            return plan, sel, [r for r in results if isinstance(r, _Sample)], partial, note
         sel = sel.drop({k: r for k, r in zip(sel.keep, results, strict=True) if isinstance(r, InputFileError)})
         if opts.on_error == "fail":
             raise _bad_inputs(sel.errors, root)
@@ -624,6 +974,12 @@ def _meta_arrays(
         "original_size": (np.array([s.original_size for s in samples], dtype="<i4").reshape(-1, 2), None),
         "transform": (np.array([s.transform for s in samples], dtype="<f8").reshape(-1, 4), None),
         "checksum": (np.array([s.checksum for s in samples], dtype="<u4"), None),
+        # What --update compares the source files with: (size, mtime_ns), then the content hash.
+        "source_stat": (np.array([s.stat for s in samples], dtype="<i8").reshape(-1, 2), None),
+        "source_sha256": (
+            np.frombuffer(b"".join(bytes.fromhex(s.sha256) for s in samples), dtype=np.uint8).reshape(-1, 32),
+            None,
+        ),
     }
     if shapes is not None:
         fixed["image_shapes"] = (np.array(shapes, dtype="<i4").reshape(-1, 3), None)
@@ -725,7 +1081,9 @@ def clear_leftovers(out: Path) -> None:
     """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
 
     An overwritten store that was waiting for its replacement comes back to ``out`` (or is removed
-    when the replacement made it), and a stale partial is removed once it is proven to be dlpack's.
+    when the replacement made it). A stale partial proven to be dlpack's is kept when it has a
+    journal (the build then continues it or starts over, see :func:`open_partial`), else removed;
+    a journal whose partial is gone is removed.
     """
     old = old_path(out)
     if old.exists() or old.is_symlink():
@@ -733,7 +1091,14 @@ def clear_leftovers(out: Path) -> None:
             _remove(old)
         else:
             os.replace(old, out)
-    tmp = partial_path(out)
+    tmp, journal = partial_path(out), journal_path(out)
+    for path in (journal, journal.with_name(journal.name + ".tmp")):
+        if (path.exists() or path.is_symlink()) and not _is_journal(path):
+            raise StoreError(
+                f"{path} is where this build keeps its journal, but it is not a dlpack journal; "
+                "remove or rename it, then build again"
+            )
+    _remove(journal.with_name(journal.name + ".tmp"))
     if tmp.exists() or tmp.is_symlink():
         reason = _not_ours(tmp)
         if reason is not None:
@@ -741,7 +1106,10 @@ def clear_leftovers(out: Path) -> None:
                 f"{tmp} is where this build writes, but it is not a dlpack partial store ({reason}); "
                 "remove or rename it, then build again"
             )
+        if journal.exists():
+            return  # a killed build's blocks: open_partial continues them or starts over
         _remove(tmp)
+    _remove(journal)  # its partial is gone (published or removed): nothing to continue
 
 
 def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -755,6 +1123,265 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
         _remove(old)
     else:
         os.replace(tmp, out)
+
+
+# ---------------------------------------------------------------- update (build --update)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_update_options(plan: BuildPlan, opts: BuildOptions, out: Path) -> None:
+    """Refuse geometry or channel options that differ from the plan the store was built under."""
+    t = plan.target
+    given = {
+        "size": (opts.size, t.size),
+        "max_side": (opts.max_side, t.max_side),
+        "resize": (opts.resize, t.mode),
+        "channels": (None if opts.channels == "keep" else opts.channels, t.channels),
+    }
+    differ = [name for name, (mine, theirs) in given.items() if mine is not None and mine != theirs]
+    if differ:
+        raise OptionError(
+            f"--update keeps the plan {out} was built with; it differs in {', '.join(differ)}: "
+            "drop those options, or rebuild with --overwrite"
+        )
+
+
+@dataclass(frozen=True)
+class _Changes:
+    """How the source differs from the store: old indices kept (in order), replaced and removed,
+    new scan positions added, and the new (size, mtime_ns) of kept files whose content did not change."""
+
+    kept: tuple[int, ...]
+    replaced: frozenset[int]
+    removed: tuple[int, ...]
+    added: tuple[int, ...]
+    restat: dict[int, tuple[int, int]]
+
+
+def _changes(
+    root: Path, scan: SourceScan, probes: Sequence[_Probe], rels0: Sequence[str], stat0: np.ndarray, sha0: np.ndarray
+) -> _Changes:
+    """Compare the source with the store: size and mtime first, then the content hash."""
+    now = {it.rel: k for k, it in enumerate(scan.items)}
+    old = set(rels0)
+    kept = tuple(i for i, rel in enumerate(rels0) if rel in now)
+    replaced: set[int] = set()
+    restat: dict[int, tuple[int, int]] = {}
+    for i in kept:
+        path = Path(root, rels0[i])
+        st = os.stat(path)
+        if (st.st_size, st.st_mtime_ns) == tuple(int(v) for v in stat0[i]):
+            continue
+        if probes[now[rels0[i]]].error is None and _file_sha256(path) == bytes(sha0[i]).hex():
+            restat[i] = (st.st_size, st.st_mtime_ns)  # touched or copied, same bytes: nothing to decode
+        else:
+            replaced.add(i)
+    removed = tuple(i for i, rel in enumerate(rels0) if rel not in now)
+    added = tuple(k for k, it in enumerate(scan.items) if it.rel not in old)
+    return _Changes(kept, frozenset(replaced), removed, added, restat)
+
+
+def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildOptions, t0: float) -> BuildResult:
+    """Update the store at ``out`` from ``source`` (``build --update``); call while holding the build lock.
+
+    The rule (docs/format.md, "Updates"): every sample keeps its index and class id; files new in
+    the source are appended after the last sample, in source order, and new classes get the next
+    ids; a file whose size or mtime changed is decoded again in place when its SHA-256 changed too.
+    Files gone from the source are refused unless ``compact``, which drops them and renumbers the
+    samples after them. Only blocks that change are written: Zarr shares every other shard file
+    with the current store (hard links); HDF5 cannot share, so its file is rewritten, unchanged
+    pixels copied without decoding. The new generation is published as a build's is.
+    """
+    if not (out.exists() or out.is_symlink()):
+        raise StoreNotFoundError(f"{out} does not exist; build it first (without --update)")
+    if owned_store(out) is not backend:
+        raise StoreError(f"{out} is not a dlpack {backend.name} store; --update only updates dlpack's own stores")
+    reader = backend.open_reader(out)
+    try:
+        m = reader.manifest
+        missing = [n for n in ("source_stat", "source_sha256") if n not in m.arrays]
+        why = (
+            "it holds variable-size images" if m.image.layout != "fixed"
+            else "it records no build plan" if not m.plan
+            else f"it has no {' or '.join(missing)} (written before updates existed)" if missing
+            else None
+        )  # fmt: skip
+        if why is not None:
+            raise StoreError(f"{out} cannot be updated: {why}; rebuild it with --overwrite")
+        plan0 = BuildPlan.from_dict(m.plan)
+        _check_update_options(plan0, opts, out)
+        root = source.root
+        scan = scan_stage(source)
+        if m.labels != scan.labels:
+            raise SourceError(
+                f"{out} is labelled {m.labels!r} but {os.fspath(root)!r} now gives {scan.labels!r} labels; "
+                "rebuild with --overwrite"
+            )
+        probes = probe_stage(root, scan.items, opts)
+        n0 = m.count
+        rels0 = [reader.source(i) for i in range(n0)]
+        ch = _changes(root, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
+        if ch.removed and not opts.compact:
+            gone = ", ".join(rels0[i] for i in ch.removed[:5]) + (" ..." if len(ch.removed) > 5 else "")
+            raise OptionError(
+                f"{len(ch.removed)} packed file(s) are gone from {os.fspath(root)!r} ({gone}); pass --compact to "
+                "drop them (the samples after them are renumbered), or put them back"
+            )
+        now = {it.rel: k for k, it in enumerate(scan.items)}
+        # Inputs to decode: replaced files in place, then added ones; bad ones follow --on-error,
+        # except replaced files, which cannot be dropped without renumbering.
+        todo = [now[rels0[i]] for i in sorted(ch.replaced)] + list(ch.added)
+        bad = {k: InputFileError(scan.items[k].rel, probes[k].error or "") for k in todo if probes[k].error}
+        pairs = [(scan.items[k].rel, probes[k].header) for k in todo if k not in bad]
+        found = validate_stage(os.fspath(root), plan0, pairs, opts)
+        bad.update({now[e.path]: e for e in found})
+        errors = [*scan.errors, *bad.values()]
+        if errors and (opts.on_error == "fail" or any(now[rels0[i]] in bad for i in ch.replaced)):
+            raise _bad_inputs(errors, root)
+        added = [k for k in ch.added if k not in bad]
+        # Where each sample of the new generation comes from: an old index, or a scan position to decode.
+        origin: list[tuple[str, int]] = [("new", now[rels0[i]]) if i in ch.replaced else ("old", i) for i in ch.kept]
+        origin += [("new", k) for k in added]
+        items = [scan.items[now[rels0[v]]] if src == "old" else scan.items[v] for src, v in origin]
+        if not items:
+            raise SourceError(f"the update would leave {out} without samples")
+        images = _image_array(plan0.image, plan0.compression)
+        count = len(items)
+        plan = replace(
+            plan0,
+            count=count,
+            shard_images=backend.block_rows(images, count, plan0.shard_bytes),
+            order=_order_digest(items),
+            source=_source_digest(scan, probes),
+        )
+        tmp = partial_path(out)
+        _remove(journal_path(out))
+        _remove(tmp)
+        writer = backend.open_writer(tmp, "w-", plan.shard_bytes)
+        partial = _Partial(writer, None, {}, "")
+        try:
+            writer.open()
+            writer.create_array(images, count)
+            decoded, shared, written = _update_blocks(
+                writer, reader, out, plan0, plan, origin, scan, probes, root, opts
+            )
+            osz, tr, crc = reader.meta("original_size"), reader.meta("transform"), reader.meta("checksum")
+            stat0, sha0 = reader.meta("source_stat"), reader.meta("source_sha256")
+            samples = [
+                _Sample(
+                    (int(osz[v][0]), int(osz[v][1])),
+                    (plan.image.height or 0, plan.image.width or 0, plan.image.channels),
+                    (float(tr[v][0]), float(tr[v][1]), float(tr[v][2]), float(tr[v][3])),
+                    int(crc[v]),
+                    (),
+                    None,
+                    ch.restat.get(v, (int(stat0[v][0]), int(stat0[v][1]))),
+                    bytes(sha0[v]).hex(),
+                )
+                if src == "old"
+                else decoded[v]
+                for src, v in origin
+            ]
+            classes = (*m.classes, *(c for c in scan.classes if c not in m.classes))
+            view = SourceScan(tuple(items), classes, (), scan.labels)
+            arrays, manifest = manifest_stage(plan, view, _Selection(tuple(range(count)), tuple(errors)), samples)
+            conversions = Counter(m.conversions)
+            conversions.update(c for s in decoded.values() for c in s.conversions)
+            entry = {
+                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "added": len(added),
+                "replaced": len(ch.replaced),
+                "removed": len(ch.removed),
+            }
+            manifest = replace(manifest, conversions=dict(sorted(conversions.items())), history=(*m.history, entry))
+        except BaseException as exc:
+            discard_partial(partial, out, exc)
+            raise
+        commit_store(partial, out, arrays, manifest)
+    finally:
+        reader.close()
+    try:
+        publish_stage(tmp, out, True)
+    except BaseException:
+        _remove(tmp)
+        raise
+    n_blocks = shared + written
+    return BuildResult(
+        path=out,
+        count=count,
+        skipped=manifest.skipped,
+        seconds=time.perf_counter() - t0,
+        input_bytes=sum(probes[k].nbytes for k in decoded),
+        output_bytes=backend.open_reader(out).nbytes_on_disk(),
+        conversions=dict(manifest.conversions),
+        plan=plan,
+        update=(
+            f"updated: {len(added)} added, {len(ch.replaced)} replaced, {len(ch.removed)} removed; "
+            f"{written} of {n_blocks} blocks written"
+        ),
+    )
+
+
+def _update_blocks(
+    writer: StoreWriter,
+    reader: Any,
+    out: Path,
+    plan0: BuildPlan,
+    plan: BuildPlan,
+    origin: Sequence[tuple[str, int]],
+    scan: SourceScan,
+    probes: Sequence[_Probe],
+    root: Path,
+    opts: BuildOptions,
+) -> tuple[dict[int, _Sample], int, int]:
+    """Write the image blocks of an update: a block whose samples are all the old store's, at the
+    same indices, in a block of the same extent, is shared with it when the backend can; every
+    other block is assembled from old pixels and newly decoded files. Returns the decoded samples
+    (by scan position) and the counts of shared and written blocks."""
+    from joblib import delayed
+
+    step = writer.block_len("images")
+    n0, step0 = plan0.count, plan0.shard_images
+    starts = list(range(0, len(origin), step))
+    todo: list[int] = []
+    shared = 0
+    for s in starts:
+        e = min(s + step, len(origin))
+        same = step == step0 and min(s + step0, n0) == e and all(origin[j] == ("old", j) for j in range(s, e))
+        if same and writer.share_block("images", s, out):
+            shared += 1
+        else:
+            todo.append(s)
+    rel = [it.rel for it in scan.items]
+    calls = []
+    for s in todo:
+        ks = [v for src, v in origin[s : s + step] if src == "new"]
+        calls.append(delayed(decode_block)(os.fspath(root), plan, [(rel[k], probes[k].header) for k in ks], None, True))
+    decoded: dict[int, _Sample] = {}
+    with _progress(sum(min(step, len(origin) - s) for s in todo), "updating", opts.quiet) as bar:
+        for s, results in zip(todo, _parallel(opts.n_jobs, calls), strict=True):
+            block = _fixed_block(plan, min(step, len(origin) - s))
+            olds = [(j, v) for j, (src, v) in enumerate(origin[s : s + step]) if src == "old"]
+            if olds:
+                got = np.empty((len(olds), *block.shape[1:]), dtype=block.dtype)
+                reader.read_into("images", [v for _, v in olds], got)
+                block[[j for j, _ in olds]] = got
+            news = [j for j, (src, _) in enumerate(origin[s : s + step]) if src == "new"]
+            for j, r in zip(news, results, strict=True):
+                if not isinstance(r, _Sample) or r.pixels is None:
+                    raise DlpackError(f"{r} failed to decode on the second pass")  # pragma: no cover - checked before
+                block[j] = r.pixels
+                decoded[origin[s + j][1]] = replace(r, pixels=None)
+            writer.write_block("images", s, block)
+            bar.update(len(block))
+    return decoded, shared, len(todo)
 
 
 # ---------------------------------------------------------------- helpers
@@ -822,6 +1449,8 @@ def build(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with BuildLock(out_path):
         clear_leftovers(out_path)
+        if opts.update:
+            return update_stage(source, out_path, backend, opts, t0)
         if (out_path.exists() or out_path.is_symlink()) and not opts.overwrite:
             raise StoreExistsError(f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it")
         root = source.root
@@ -832,18 +1461,20 @@ def build(
             pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
             raise _bad_inputs([*sel.errors, *validate_stage(os.fspath(root), plan, pairs, opts)], root)
         tmp = partial_path(out_path)
-        plan, sel, samples, writer = pack_stage(backend, tmp, root, scan, probes, plan, sel, opts)
+        plan, sel, samples, partial, resume = pack_stage(backend, out_path, root, scan, probes, plan, sel, opts)
         try:
             arrays, manifest = manifest_stage(plan, scan, sel, samples)
-        except BaseException:
-            abort_store(writer, tmp)
+        except BaseException as exc:
+            discard_partial(partial, out_path, exc)
             raise
-        commit_store(writer, tmp, arrays, manifest)
+        commit_store(partial, out_path, arrays, manifest)
         try:
             publish_stage(tmp, out_path, opts.overwrite)
         except BaseException:
             _remove(tmp)
             raise
+        finally:
+            _remove(journal_path(out_path))
     return BuildResult(
         path=out_path,
         count=plan.count,
@@ -853,4 +1484,5 @@ def build(
         output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
         conversions=dict(manifest.conversions),
         plan=plan,
+        resume=resume,
     )

@@ -159,6 +159,8 @@ class Manifest:
     skipped: tuple[InputFileError, ...] = ()
     conversions: dict[str, int] = field(default_factory=dict)
     plan: dict[str, Any] = field(default_factory=dict)
+    #: One entry per ``build --update``: ``{"time", "added", "replaced", "removed"}``.
+    history: tuple[dict[str, Any], ...] = ()
     checksum: str = "crc32"
     dlpack_version: str = ""
     format_version: int = FORMAT_VERSION
@@ -203,6 +205,7 @@ class Manifest:
                 kwargs["arrays"] = _legacy_arrays(arrays, kwargs["image"], kwargs.get("compression", "none"))
             kwargs["classes"] = tuple(kwargs.get("classes", ()))
             kwargs["skipped"] = tuple(InputFileError(**e) for e in kwargs.get("skipped", ()))
+            kwargs["history"] = tuple(dict(h) for h in kwargs.get("history", ()))
             if not isinstance(kwargs.get("plan", {}), dict):
                 raise TypeError(f"plan must be an object, got {type(kwargs['plan']).__name__}")
             return cls(**kwargs)

@@ -86,6 +86,21 @@ class BuildOptions:
         default="fail", metadata={"help": "on unreadable inputs: fail, or skip them and list them in the manifest"}
     )
     overwrite: bool = field(default=False, metadata={"help": "replace OUT if it exists"})
+    no_resume: bool = field(
+        default=False,
+        metadata={"help": "start over instead of continuing a killed build of OUT from its finished blocks"},
+    )
+    update: bool = field(
+        default=False,
+        metadata={
+            "help": "update the store OUT from SRC: append new files, replace changed ones, mark deleted ones "
+            "removed; only the shards that change are written"
+        },
+    )
+    compact: bool = field(
+        default=False,
+        metadata={"help": "with --update: drop removed samples for good (renumbers the samples after them)"},
+    )
     quiet: bool = field(default=False, metadata={"help": "no progress bar or summary"})
     # Decompression-bomb guard: 2**28 pixels is a 16384x16384 image, far above training sizes.
     max_pixels: int = field(
@@ -124,6 +139,10 @@ class BuildOptions:
             raise OptionError(f"jobs must be a positive number of processes or -1 for all cores, got {self.jobs!r}")
         _choice("compression", self.compression, ("none", "lz4", "zstd"))
         _choice("on_error", self.on_error, ("fail", "skip"))
+        if self.compact and not self.update:
+            raise OptionError("compact only applies to update: pass both")
+        if self.update and self.overwrite:
+            raise OptionError("update keeps the store and overwrite replaces it: pass one of them")
         if self.max_pixels <= 0:
             raise OptionError(f"max_pixels must be > 0, got {self.max_pixels}")
         if self.shard_bytes < 2**16:

@@ -165,6 +165,49 @@ class Hdf5Writer(StoreWriter):
             _block_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
         )
 
+    def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:
+        import h5py
+
+        _load_plugins()
+        try:
+            with h5py.File(self.path, "r") as f:
+                ds = f.get(name)
+                if not isinstance(ds, h5py.Dataset):
+                    raise StoreError(f"{self.path} has no array {name!r} to reopen")
+                if tuple(ds.shape) != (rows, *spec.shape) or np.dtype(ds.dtype) != np.dtype(spec.dtype):
+                    raise StoreError(
+                        f"array {name!r} of {self.path} holds {list(ds.shape)} {ds.dtype}, "
+                        f"expected {[rows, *spec.shape]} {spec.dtype}"
+                    )
+                got = ds.id.get_offset() if ds.chunks is None and ds.compression is None else None
+        except StoreError:
+            raise
+        except (OSError, KeyError, ValueError) as exc:
+            raise StoreError(f"{self.path} is not a readable HDF5 file: {exc}") from exc
+        offset = None if got is None else int(got)
+        self._raw[name] = (
+            offset,
+            spec.item_nbytes,
+            _block_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
+        )
+
+    def _read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        spec = self.arrays[name]
+        offset, row_nbytes, _ = self._raw[name]
+        if offset is None:
+            return np.asarray(self._file()[name][start:stop])
+        self._close()
+        want = (stop - start) * row_nbytes
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, want, offset + start * row_nbytes)
+        finally:
+            os.close(fd)
+        if len(data) != want:
+            raise StoreError(f"array {name!r} of {self.path} ends before sample {stop}; the file is truncated")
+        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        return np.frombuffer(data, dtype=dtype).reshape(stop - start, *spec.shape)
+
     def _stored_layout(self, name: str) -> tuple[int, int]:
         _, _, block = self._raw[name]
         return 1, block

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,16 @@ class _Layout:
         return int(np.prod(self.trailing, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
+def _new_group_meta() -> str:
+    """The group metadata of a store being written: dlpack's marker, not yet complete."""
+    meta = {
+        "zarr_format": 3,
+        "node_type": "group",
+        "attributes": {"dlpack": {"format": "dlpack", "complete": False}},
+    }
+    return json.dumps(meta, indent=2)
+
+
 class ZarrWriter(StoreWriter):
     """Writes a Zarr v3 group. Aligned blocks are whole shards, so worker processes can write
     disjoint shards concurrently (concurrent writes into one shard file lose data)."""
@@ -88,12 +99,7 @@ class ZarrWriter(StoreWriter):
             # later leaves a folder that is recognisably dlpack's (killed earlier: an empty folder or
             # an unreadable zarr.json, which the build's clean-up also recognises).
             self.path.mkdir()
-            meta = {
-                "zarr_format": 3,
-                "node_type": "group",
-                "attributes": {"dlpack": {"format": "dlpack", "complete": False}},
-            }
-            (self.path / "zarr.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+            (self.path / "zarr.json").write_text(_new_group_meta(), encoding="utf-8")
             return
         if not exists:
             raise StoreNotFoundError(f"no store at {self.path} to open with mode {self.mode!r}")
@@ -166,6 +172,13 @@ class ZarrWriter(StoreWriter):
             return
         self._array(name)[start:stop] = rows
 
+    def _shard_path(self, name: str, lay: _Layout, s: int) -> Path:
+        """The file of shard ``s`` of stored array ``name`` (default chunk keys, '/' separated)."""
+        path = self.path / name / "c" / str(s)
+        for _ in lay.trailing:
+            path = path / "0"
+        return path
+
     def _write_raw_shard(self, name: str, lay: _Layout, s: int, rows: np.ndarray) -> None:
         """Write shard ``s`` directly in the sharding format: the inner chunks in order (the last
         padded to a whole chunk with the fill value), then the index of (offset, nbytes) pairs and
@@ -177,9 +190,7 @@ class ZarrWriter(StoreWriter):
         index = np.full((lay.shard_rows // lay.chunk, 2), _MISSING, dtype="<u8")  # chunks past the end stay missing
         index[:n_chunks, 0] = np.arange(n_chunks, dtype="<u8") * np.uint64(nb)
         index[:n_chunks, 1] = nb
-        path = self.path / name / "c" / str(s)
-        for _ in lay.trailing:
-            path = path / "0"
+        path = self._shard_path(name, lay, s)
         path.parent.mkdir(parents=True, exist_ok=True)
         table = index.tobytes()
         with open(path, "wb") as f:
@@ -188,6 +199,69 @@ class ZarrWriter(StoreWriter):
                 f.write(bytes(pad * lay.row_nbytes))
             f.write(table)
             f.write(crc32c(table).to_bytes(4, "little"))
+
+    def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:
+        try:
+            lay = self._layout_of(name)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreError(f"cannot read the metadata of array {name!r} of {self.path}: {exc!r}") from exc
+        want = (rows, spec.shape, np.dtype(spec.dtype).newbyteorder("<"))
+        if (lay.rows, lay.trailing, np.dtype(lay.dtype).newbyteorder("<")) != want:
+            self._layout.pop(name, None)
+            raise StoreError(
+                f"array {name!r} of {self.path} holds {lay.rows} x {list(lay.trailing)} {lay.dtype}, "
+                f"expected {rows} x {list(spec.shape)} {spec.dtype}"
+            )
+
+    def _read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        lay = self._layout_of(name)
+        for s in range(start // lay.shard_rows, -(-stop // lay.shard_rows)):
+            # zarr-python reads a missing shard as fill values: a block never written must not pass for zeros.
+            if not self._shard_path(name, lay, s).is_file():
+                raise StoreError(f"shard {s} of array {name!r} of {self.path} is missing")
+        try:
+            return np.asarray(self._array(name)[start:stop])
+        except Exception as exc:  # codec and index errors come in many types; all mean a damaged shard
+            raise StoreError(
+                f"samples {start}..{stop} of array {name!r} of {self.path} cannot be read: {exc!r}"
+            ) from exc
+
+    def share_block(self, name: str, start: int, other: Path) -> bool:
+        lay = self._layout_of(name)
+        if start % lay.shard_rows:
+            return False
+        try:
+            theirs = ShardedArray(Path(other) / name)
+        except (StoreError, KeyError, TypeError, ValueError):
+            return False
+        if (theirs.rows_per_shard, theirs.chunk_len, tuple(theirs.shape[1:])) != (
+            lay.shard_rows,
+            lay.chunk,
+            lay.trailing,
+        ) or (theirs.decoder is None) != (lay.compression == "none"):
+            return False
+        s = start // lay.shard_rows
+        mine = self._shard_path(name, lay, s)
+        mine.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(theirs.shard_file(s), mine)
+        except OSError:  # another file system, or no hard links there: the caller writes the block
+            return False
+        return True
+
+    def undo_commit(self, keep: Sequence[str]) -> bool:
+        kept = {stored for name in keep if name in self.arrays for stored in self.arrays[name].stored_names()}
+        self._h_arrays.clear()
+        for child in self.path.iterdir():
+            if child.is_dir() and not child.is_symlink() and child.name not in kept:
+                shutil.rmtree(child)
+                self._layout.pop(child.name, None)
+        for leftover in (MANIFEST, MANIFEST + ".tmp"):
+            (self.path / leftover).unlink(missing_ok=True)
+        # Back to the metadata the group was created with, which the commit rewrites from.
+        _atomic_write(self.path / "zarr.json", _new_group_meta())
+        self.arrays = {name: spec for name, spec in self.arrays.items() if name in keep}
+        return True
 
     def _delete_stored(self, name: str) -> None:
         self._h_arrays.pop(name, None)

@@ -333,6 +333,72 @@ class StoreWriter(ABC):
             self._create_stored(spec.name, spec, count, chunk, rows)
         self.arrays[spec.name] = spec
 
+    def attach_array(self, spec: ArraySpec, count: int) -> None:
+        """Register fixed array ``spec`` that ``create_array`` already made in this store, keeping its data.
+
+        How a resumed build reopens (mode ``r+``) the partial store it was writing when it was
+        killed: the stored array must have ``count`` rows of ``spec``'s shape and dtype.
+
+        Raises
+        ------
+        OptionError
+            ``spec`` is ragged (ragged arrays are appended in one pass and cannot be continued), or
+            its count differs from the store's.
+        StoreError
+            The store holds no such array, or one of another shape or dtype.
+        """
+        if spec.ragged:
+            raise OptionError(f"array {spec.name!r} is ragged; only fixed arrays can be attached")
+        if self.count is not None and count != self.count:
+            raise OptionError(f"array {spec.name!r} has {count} samples, the store has {self.count}")
+        if spec.name in self.arrays:
+            raise OptionError(f"store {self.path} already has an array {spec.name!r}")
+        self._attach_stored(spec.name, spec, count)
+        self.count = count
+        self.arrays[spec.name] = spec
+
+    def read_block(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Samples ``start .. stop`` of fixed array ``name`` as written so far (to check a partial store's blocks).
+
+        Raises
+        ------
+        StoreError
+            The rows cannot be read back (a missing, truncated or corrupt block).
+        """
+        spec = self.arrays.get(name)
+        if spec is None or spec.ragged:
+            raise StoreError(f"store {self.path} has no fixed array {name!r} to read back")
+        assert self.count is not None
+        if not 0 <= start <= stop <= self.count:
+            raise OptionError(f"samples {start}..{stop} are outside array {name!r} of {self.count}")
+        return self._read_rows(name, start, stop)
+
+    def undo_commit(self, keep: Sequence[str]) -> bool:
+        """Take a partial store killed while committing back to holding only arrays ``keep``.
+
+        Removes every other stored array and the manifest, as if they had never been written, so a
+        resumed build commits again and ends with the same bytes. False when the backend cannot
+        (the store is then to be discarded).
+        """
+        return False
+
+    def share_block(self, name: str, start: int, other: Path) -> bool:
+        """Make block ``start`` (a ``block_len`` multiple) of fixed array ``name`` the same block of the
+        complete store ``other``, whose array has the same layout, by sharing its file (a hard link).
+
+        False when the backend cannot share blocks or the two layouts differ; the caller then writes
+        the block itself. How ``build --update`` writes only the shards that change.
+        """
+        return False
+
+    def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:
+        """Load the layout of stored array ``name``, checking it holds ``rows`` rows of ``spec``."""
+        raise StoreError(f"{type(self).__name__} cannot reopen array {name!r} of a partial store")
+
+    def _read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of stored fixed array ``name``."""
+        raise StoreError(f"{type(self).__name__} cannot read back array {name!r} while writing")
+
     def delete_array(self, name: str) -> None:
         """Remove array ``name`` (to replace it with ``create_array``)."""
         spec = self.arrays.pop(name, None)
