@@ -11,8 +11,11 @@ The rules (also in docs/format.md, "Labels and splits of a folder"):
   are ignored.
 - Split: when every image sits under a top folder named ``train``, ``val``, ``validation`` or
   ``test`` (any case), that folder is the image's split and the rules below apply below it.
-- Class: the folder that directly contains the image (HALCON's ``last_folder``): ``cat/x.png`` is
-  ``cat``, ``a/b/c.png`` is ``b``, ``train/cat/x.png`` is ``cat`` in split ``train``.
+- Class: the top folder below the root (or below the split folder): ``cat/x.png`` is ``cat``,
+  ``cat/lot_7/night/x.png`` is ``cat`` too, ``train/cat/x.png`` is ``cat`` in split ``train``.
+  For the one-level layout this is what HALCON's ``read_dl_dataset_classification`` gives by
+  default (``last_folder``, the folder that directly contains the image); deeper trees differ on
+  purpose, because the folders below a class are usually lots, cameras or shifts, not classes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import errno
 import heapq
 import os
 import stat
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,9 +224,9 @@ class FolderSource:
     """A folder tree of images; the first :class:`~dlpack.sources.Source`.
 
     Items are the image files under ``root`` (hidden files and folders excluded), in sorted order
-    of relative path. An image's class is the folder that directly contains it (``cat/x.png`` is
-    ``cat``, ``a/b/c.png`` is ``b``). When every image is under a top folder named ``train``,
-    ``val``, ``validation`` or ``test`` (any case), that folder is the image's split instead.
+    of relative path. An image's class is its top folder (``cat/x.png`` and ``cat/lot_7/x.png`` are
+    ``cat``). When every image is under a top folder named ``train``, ``val``, ``validation`` or
+    ``test`` (any case), that folder is the image's split instead, and the class is the folder below.
     ``labels="auto"`` labels the images when every one sits in a class folder, leaves them
     unlabelled when none does, and refuses a mix; ``"folders"`` requires class folders, ``"none"``
     leaves every image unlabelled. Symlinks are followed only with ``follow_symlinks``, never out of
@@ -251,7 +253,7 @@ class FolderSource:
         ------
         SourceError
             The folder is missing, unreadable or holds no images, or its labels would be ambiguous
-            (images both in and outside class folders, one class name from two folders).
+            (images both in and outside class folders).
         """
         root = self.root
         if not root.exists():
@@ -291,25 +293,15 @@ class FolderSource:
                 others = len(rels) - len(strays)
                 rule = (
                     f"the other {others} {'is' if others == 1 else 'are'} in class folders, and --labels auto "
-                    "takes each image's class from the folder that holds it"
+                    "takes each image's class from its folder"
                 )
             raise SourceError(
                 f"{len(strays)} image{'s sit' if len(strays) > 1 else ' sits'} directly in {where}: "
                 f"{_listing(strays)}; {rule}. Move them into class folders, or pass --labels none "
                 "to build an unlabelled store"
             )
-        folders: dict[str, set[str]] = defaultdict(set)
-        for p in inner:
-            folders[p[-2]].add("/".join(p[:-1]))
-        for name, paths in sorted(folders.items()):
-            if len(paths) > 1:
-                raise SourceError(
-                    f"class {name!r} would come from {len(paths)} folders ({_listing(sorted(paths))}) of {where}: "
-                    "the class of an image is the folder that directly contains it; rename or merge those "
-                    "folders so that each class is one folder, or pass --labels none"
-                )
-        items = tuple(SourceItem(r, p[-2], split=s) for r, p, s in zip(rels, inner, splits, strict=True))
-        return items, tuple(sorted(folders))
+        items = tuple(SourceItem(r, p[0], split=s) for r, p, s in zip(rels, inner, splits, strict=True))
+        return items, tuple(sorted({p[0] for p in inner}))
 
 
 def scan_folder(
