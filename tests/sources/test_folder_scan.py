@@ -15,6 +15,7 @@ import pytest
 import dlpack
 from dlpack.build import BuildResult
 from dlpack.errors import BadInputsError, SourceError
+from dlpack.sample import make_sample
 from dlpack.sources import FolderSource
 
 MakeTree = Callable[..., Path]
@@ -84,9 +85,7 @@ def test_unreadable_sub_folder_is_reported(
     assert sources(tmp_path / "o.zarr") == ["a/0.png"]
 
 
-def test_unreadable_source_folder_is_a_source_error(
-    make_tree: MakeTree, unreadable: Callable[[Path], None]
-) -> None:
+def test_unreadable_source_folder_is_a_source_error(make_tree: MakeTree, unreadable: Callable[[Path], None]) -> None:
     src = make_tree({"a/0.png": "rgb"})
     unreadable(src)
     with pytest.raises(SourceError, match="cannot read the source folder .*Permission denied"):
@@ -191,7 +190,9 @@ def test_split_folders_above_class_folders(make_tree: MakeTree, tmp_path: Path, 
     with dlpack.open(tmp_path / backend) as ds:
         assert ds.classes == ("Bag", "Coat", "Shirt")
         assert ds.manifest.splits == ("test", "train")
-        got = [(ds[i]["source"], ds.manifest.splits[ds[i]["split"]], ds.classes[ds[i]["label"]]) for i in range(len(ds))]
+        got = [
+            (ds[i]["source"], ds.manifest.splits[ds[i]["split"]], ds.classes[ds[i]["label"]]) for i in range(len(ds))
+        ]
         assert got == [(i.rel, i.split, i.label) for i in scan.items]
         batch = ds.get_batch(np.arange(len(ds)))
         assert batch["split"].dtype == np.int8
@@ -209,7 +210,10 @@ def test_split_names_are_case_insensitive(make_tree: MakeTree) -> None:
 
 def test_split_folders_with_images_directly_inside_are_unlabelled(make_tree: MakeTree) -> None:
     scan = FolderSource(make_tree({"train/0.png": "rgb", "test/1.png": "rgb"})).scan()
-    assert [(i.rel, i.split, i.label) for i in scan.items] == [("test/1.png", "test", None), ("train/0.png", "train", None)]
+    assert [(i.rel, i.split, i.label) for i in scan.items] == [
+        ("test/1.png", "test", None),
+        ("train/0.png", "train", None),
+    ]
     assert scan.classes == ()
 
 
@@ -229,16 +233,26 @@ def test_flat_class_layout_is_unchanged_and_has_no_split_array(make_tree: MakeTr
         assert ds.manifest.splits == ()
 
 
-def test_deeper_trees_take_the_folder_that_holds_the_image(make_tree: MakeTree) -> None:
-    scan = FolderSource(make_tree({"a/b/c.png": "rgb", "a/d.png": "rgb", "train/x/y/z.png": "rgb"})).scan()
-    assert [(i.rel, i.label) for i in scan.items] == [("a/b/c.png", "b"), ("a/d.png", "a"), ("train/x/y/z.png", "y")]
+def test_deeper_trees_take_the_top_folder_below_the_split(make_tree: MakeTree) -> None:
+    spec = {"a/b/c.png": "rgb", "a/d.png": "rgb", "e/lot 7/night/f.png": "rgb"}
+    scan = FolderSource(make_tree(spec)).scan()
+    assert [(i.rel, i.label) for i in scan.items] == [
+        ("a/b/c.png", "a"),
+        ("a/d.png", "a"),
+        ("e/lot 7/night/f.png", "e"),
+    ]
+    scan = FolderSource(make_tree({"train/x/y/z.png": "rgb", "test/w/v.png": "rgb"}, name="split")).scan()
+    assert [(i.rel, i.split, i.label) for i in scan.items] == [
+        ("test/w/v.png", "test", "w"),
+        ("train/x/y/z.png", "train", "x"),
+    ]
 
 
-def test_one_class_name_from_two_folders_is_refused(make_tree: MakeTree) -> None:
-    src = make_tree({"cat/images/0.png": "rgb", "dog/images/1.png": "rgb"})
-    with pytest.raises(SourceError, match=re.escape("class 'images' would come from 2 folders (cat/images, dog/images)")):
-        FolderSource(src).scan()
-    assert FolderSource(src, labels="none").scan().classes == ()
+def test_built_in_sample_keeps_its_four_classes(tmp_path: Path) -> None:
+    # Its lots, cameras and shifts are sub-folders of a class, not classes.
+    scan = FolderSource(make_sample(tmp_path / "raw", count=24, size=16)).scan()
+    assert scan.classes == ("crack", "good", "scratch", "spot")
+    assert any(i.rel.count("/") > 1 for i in scan.items)
 
 
 def test_summary_says_when_a_store_is_unlabelled(make_tree: MakeTree, tmp_path: Path) -> None:
@@ -317,7 +331,9 @@ def test_unsupported_image_formats_are_reported(make_tree: MakeTree, tmp_path: P
     src = make_tree({"a/0.png": "rgb", f"a/{name}": b"GIF89a"})
     assert reported(src) == {f"a/{name}": f"unsupported format {fmt}; convert it to PNG"}
     result = build(src, tmp_path / "o.zarr", on_error="skip")
-    assert [(e.path, e.reason) for e in result.skipped] == [(f"a/{name}", f"unsupported format {fmt}; convert it to PNG")]
+    assert [(e.path, e.reason) for e in result.skipped] == [
+        (f"a/{name}", f"unsupported format {fmt}; convert it to PNG")
+    ]
 
 
 def test_non_image_files_stay_ignored(make_tree: MakeTree) -> None:
