@@ -139,9 +139,14 @@ class BuildPlan:
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+#: Class names the summary lists before "... and N more".
+_SUMMARY_CLASSES = 20
+
+
 @dataclass(frozen=True)
 class BuildResult:
-    """What a build did: where the store is, how many images it holds, what was skipped, how fast."""
+    """What a build did: where the store is, how many images it holds, what was skipped, how fast,
+    its classes and how many samples each split holds."""
 
     path: Path
     count: int
@@ -156,19 +161,36 @@ class BuildResult:
     resume: str = ""
     #: What ``update`` changed: "updated: a added, r replaced, d removed; k of n blocks written", or "".
     update: str = ""
+    classes: tuple[str, ...] = ()
+    splits: dict[str, int] = field(default_factory=dict)
 
     @property
     def images_per_s(self) -> float:
         return self.count / self.seconds if self.seconds > 0 else float("inf")
 
     def summary(self) -> str:
-        """One closing line: images, input MB, output MB, seconds, images/s."""
+        """Closing lines: images, input MB, output MB, seconds, images/s; the classes; the splits and their sizes.
+
+        The classes are printed so that a wrong guess of the folder rules is visible at once.
+        """
         skipped = f", {len(self.skipped)} skipped" if self.skipped else ""
-        return (
+        lines = [
             f"packed {self.count} images{skipped}: {self.input_bytes / 1e6:.1f} MB in -> "
             f"{self.output_bytes / 1e6:.1f} MB out in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s) "
-            f"-> {self.path}" + "".join(f" ({note})" for note in (self.resume, self.update) if note)
-        )
+            f"-> {self.path}"
+        ]
+        lines[0] += "".join(f" ({note})" for note in (self.resume, self.update) if note)
+        if self.classes:
+            shown = ", ".join(self.classes[:_SUMMARY_CLASSES])
+            more = (
+                f", ... and {len(self.classes) - _SUMMARY_CLASSES} more" if len(self.classes) > _SUMMARY_CLASSES else ""
+            )
+            lines.append(f"classes ({len(self.classes)}): {shown}{more}")
+        else:
+            lines.append("classes: none (unlabelled)")
+        if self.splits:
+            lines.append("splits: " + ", ".join(f"{name} {n}" for name, n in sorted(self.splits.items())))
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -199,6 +221,15 @@ def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Sourc
     raise OptionError(f"src must be a folder path or a dlpack.sources.Source, got {type(src).__name__}")
 
 
+#: The ``split`` array is int8 with -1 for "no split".
+_MAX_SPLITS = 127
+
+
+def _split_names(items: Sequence[SourceItem]) -> tuple[str, ...]:
+    """The sorted split names the items use; the ``split`` array stores an index into them."""
+    return tuple(sorted({it.split for it in items if it.split is not None}))
+
+
 def scan_stage(source: Source) -> SourceScan:
     """1. List the source's items, and refuse a listing a store cannot hold."""
     scan = source.scan()
@@ -223,6 +254,9 @@ def scan_stage(source: Source) -> SourceScan:
             raise SourceError(
                 f"the source {where!r} labels {rel!r} {item.label!r}, which is not one of its classes {list(scan.classes)}"
             )
+    splits = _split_names(scan.items)
+    if len(splits) > _MAX_SPLITS:
+        raise SourceError(f"the source {where!r} lists {len(splits)} split names; a store holds at most {_MAX_SPLITS}")
     return scan
 
 
@@ -963,8 +997,9 @@ def _meta_arrays(
     samples: Sequence[_Sample],
     classes: Sequence[str],
     shapes: Sequence[tuple[int, ...]] | None,
+    splits: Sequence[str] = (),
 ) -> dict[str, tuple[ArraySpec, Any]]:
-    """The per-sample metadata arrays, by name: their specs and values."""
+    """The per-sample metadata arrays, by name: their specs and values (``split`` only when ``splits``)."""
     class_id = {c: i for i, c in enumerate(classes)}
     fixed: dict[str, tuple[np.ndarray, str | None]] = {
         "labels": (
@@ -983,6 +1018,10 @@ def _meta_arrays(
     }
     if shapes is not None:
         fixed["image_shapes"] = (np.array(shapes, dtype="<i4").reshape(-1, 3), None)
+    if splits:
+        split_id = {name: i for i, name in enumerate(splits)}
+        codes = [split_id[it.split] if it.split is not None else -1 for it in items]
+        fixed["split"] = (np.array(codes, dtype="|i1"), "split")
     arrays: dict[str, tuple[ArraySpec, Any]] = {
         name: (ArraySpec(name, arr.dtype.str, arr.shape[1:], key=key), arr) for name, (arr, key) in fixed.items()
     }
@@ -997,7 +1036,8 @@ def manifest_stage(
     """6. The per-sample arrays and the manifest of the written samples (the writer lists the arrays)."""
     items = [scan.items[k] for k in sel.keep]
     variable = plan.image.layout == "variable"
-    arrays = _meta_arrays(items, samples, scan.classes, [s.shape for s in samples] if variable else None)
+    splits = _split_names(scan.items)
+    arrays = _meta_arrays(items, samples, scan.classes, [s.shape for s in samples] if variable else None, splits)
     conversions = Counter(c for s in samples for c in s.conversions)
     target = plan.target
     manifest = Manifest(
@@ -1006,6 +1046,7 @@ def manifest_stage(
         backend=plan.backend,
         classes=scan.classes,
         labels=scan.labels,
+        splits=splits,
         resize={
             "mode": target.mode,
             "size": list(target.size) if target.size else None,
@@ -1485,4 +1526,6 @@ def build(
         conversions=dict(manifest.conversions),
         plan=plan,
         resume=resume,
+        classes=manifest.classes,
+        splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
     )

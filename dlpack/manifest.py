@@ -142,6 +142,9 @@ def _legacy_arrays(arrays: dict[str, Any], image: ImageSpec, compression: str) -
 class Manifest:
     """Versioned description of a store; ``arrays`` maps each per-sample array's name to its spec.
 
+    ``splits`` names the codes of the ``split`` array (present when the source assigns splits):
+    code ``k`` means ``splits[k]``, ``-1`` no split.
+
     ``plan`` is the build plan the store was written under (``dlpack.build.BuildPlan.to_dict()``),
     so a later resume or update can check that it continues the same plan; empty for stores
     written before it was recorded.
@@ -152,6 +155,7 @@ class Manifest:
     backend: str
     classes: tuple[str, ...] = ()
     labels: str = "none"
+    splits: tuple[str, ...] = ()
     resize: dict[str, Any] = field(default_factory=dict)
     compression: str = "none"
     shard_images: int = 0
@@ -170,6 +174,7 @@ class Manifest:
         """A JSON-ready dict."""
         d = asdict(self)
         d["classes"] = list(self.classes)
+        d["splits"] = list(self.splits)
         d["arrays"] = {name: spec.to_dict() for name, spec in self.arrays.items()}
         d["skipped"] = [{"path": e.path, "reason": e.reason} for e in self.skipped]
         return d
@@ -204,6 +209,7 @@ class Manifest:
             else:
                 kwargs["arrays"] = _legacy_arrays(arrays, kwargs["image"], kwargs.get("compression", "none"))
             kwargs["classes"] = tuple(kwargs.get("classes", ()))
+            kwargs["splits"] = tuple(kwargs.get("splits", ()))
             kwargs["skipped"] = tuple(InputFileError(**e) for e in kwargs.get("skipped", ()))
             kwargs["history"] = tuple(dict(h) for h in kwargs.get("history", ()))
             if not isinstance(kwargs.get("plan", {}), dict):

@@ -52,9 +52,13 @@ def test_auto_labels_come_from_class_folders(make_tree: MakeTree, tmp_path: Path
     assert ds.manifest.labels == "folders"
 
 
-def test_auto_labels_fall_back_to_none_with_a_top_level_image(make_tree: MakeTree, tmp_path: Path) -> None:
-    ds = build_open(make_tree({"a/0.png": "rgb", "top.png": "rgb"}), tmp_path / "o.zarr")
-    assert ds.classes == ()
+def test_auto_labels_with_a_top_level_image_raise_source_error(make_tree: MakeTree, tmp_path: Path) -> None:
+    # An unlabelled store from one stray image was a silent loss of every label: refused, naming it.
+    src = make_tree({"a/0.png": "rgb", "top.png": "rgb"})
+    with pytest.raises(SourceError, match="top.png.*--labels none"):
+        dlpack.build(src, tmp_path / "o.zarr", quiet=True, jobs=1)
+    assert siblings(tmp_path) == []
+    ds = build_open(src, tmp_path / "o.zarr", labels="none")
     assert [ds[i]["label"] for i in range(2)] == [-1, -1]
     assert ds.manifest.labels == "none"
 
@@ -312,8 +316,10 @@ def test_symlink_leaving_the_tree_is_reported(make_tree: MakeTree, tmp_path: Pat
 
 
 def test_symlink_inside_the_tree_is_packed_when_following(make_tree: MakeTree, tmp_path: Path) -> None:
-    src = make_tree(GOOD)
-    (src / "a/link.png").symlink_to(src / "a/good0.png")
+    # The target is hidden, so the link is the only path to it (a file reached twice is packed once).
+    src = make_tree({**GOOD, ".pool/good0.png": ("rgb", 10, 10)})
+    (src / ".pool/good0.png").write_bytes((src / "a/good0.png").read_bytes())
+    (src / "a/link.png").symlink_to(src / ".pool/good0.png")
     ds = build_open(src, tmp_path / "o.zarr", follow_symlinks=True)
     assert len(ds) == 3
     assert np.array_equal(ds[0]["image"], ds[2]["image"])  # good0.png, link.png

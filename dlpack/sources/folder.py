@@ -1,9 +1,31 @@
-"""Folder source: a recursive tree of image files, labels from class folders."""
+"""Folder source: a recursive tree of image files, labels from class folders, splits from split folders.
+
+The rules (also in docs/format.md, "Labels and splits of a folder"):
+
+- Items are the files under ``root`` whose suffix is an image suffix dlpack packs, hidden files and
+  folders (names starting with ``.``) excluded, in sorted order of relative path.
+- Every other input a user could expect to be packed is reported (the build fails on it, or lists it
+  in ``skipped`` under ``on_error="skip"``): folders that cannot be read, symlinks that are not
+  followed, loops, images in formats dlpack does not pack (GIF, JPEG 2000, HEIF, ...), files that are
+  not regular files, and names that are not valid UTF-8. Other files (``.txt``, ``.json``, ...)
+  are ignored.
+- Split: when every image sits under a top folder named ``train``, ``val``, ``validation`` or
+  ``test`` (any case), that folder is the image's split and the rules below apply below it.
+- Class: the top folder below the root (or below the split folder): ``cat/x.png`` is ``cat``,
+  ``cat/lot_7/night/x.png`` is ``cat`` too, ``train/cat/x.png`` is ``cat`` in split ``train``.
+  For the one-level layout this is what HALCON's ``read_dl_dataset_classification`` gives by
+  default (``last_folder``, the folder that directly contains the image); deeper trees differ on
+  purpose, because the folders below a class are usually lots, cameras or shifts, not classes.
+"""
 
 from __future__ import annotations
 
+import errno
+import heapq
 import os
-from dataclasses import dataclass
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputFileError, OptionError, SourceError
@@ -23,9 +45,178 @@ __all__ = [
     "check_header",
     "incomplete_reason",
     "normalise_header",
+    "SPLIT_NAMES",
+    "UNSUPPORTED_SUFFIXES",
 ]
 
 _LABELS = ("auto", "folders", "none")
+
+#: Top-level folder names (compared in lower case) that name a split rather than a class.
+SPLIT_NAMES: frozenset[str] = frozenset({"train", "val", "validation", "test"})
+
+#: Suffixes of image formats dlpack does not pack, with the format's name: reported, never ignored.
+UNSUPPORTED_SUFFIXES: dict[str, str] = {
+    ".gif": "GIF",
+    ".jp2": "JPEG 2000",
+    ".j2k": "JPEG 2000",
+    ".jpf": "JPEG 2000",
+    ".jpx": "JPEG 2000",
+    ".heic": "HEIF",
+    ".heif": "HEIF",
+    ".avif": "AVIF",
+    ".jxl": "JPEG XL",
+    ".exr": "OpenEXR",
+    ".hdr": "Radiance HDR",
+    ".pic": "Radiance HDR",
+    ".ico": "ICO",
+    ".svg": "SVG",
+    ".psd": "Photoshop PSD",
+    ".tga": "TGA",
+    ".dng": "camera raw (DNG)",
+    ".cr2": "camera raw (CR2)",
+    ".nef": "camera raw (NEF)",
+    ".arw": "camera raw (ARW)",
+}
+
+_MAX_LISTED = 5
+
+
+def _shown(rel: str) -> str:
+    """``rel`` as printable UTF-8: bytes that are not UTF-8 (surrogate-escaped by the OS layer) become ``\\xNN``."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _is_utf8(rel: str) -> bool:
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _listing(paths: Sequence[str]) -> str:
+    """The first few paths and how many more: ``a.png, b.png and 3 more``."""
+    head = ", ".join(_shown(p) for p in paths[:_MAX_LISTED])
+    return head + (f" and {len(paths) - _MAX_LISTED} more" if len(paths) > _MAX_LISTED else "")
+
+
+def _kind(name: str) -> str:
+    """``"image"``, ``"unsupported"``, ``"maybe-folder"`` (no suffix) or ``"other"``, from the name."""
+    suffix = os.path.splitext(name)[1].lower()
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
+    if suffix in UNSUPPORTED_SUFFIXES:
+        return "unsupported"
+    return "maybe-folder" if not suffix else "other"
+
+
+@dataclass
+class _Walk:
+    """What a scan has found so far (one scan's mutable state; never leaves :meth:`FolderSource.scan`)."""
+
+    real_root: str
+    follow: bool
+    files: list[str] = field(default_factory=list)
+    errors: list[InputFileError] = field(default_factory=list)
+    #: real path of every folder walked -> the relative path it is packed under ("" for the root)
+    dirs: dict[str, str] = field(default_factory=dict)
+    #: real path of every file packed -> its relative path (filled only when following links)
+    owners: dict[str, str] = field(default_factory=dict)
+    #: symlinks met while walking, as a heap of (relative path, path): handled after the real tree
+    links: list[tuple[str, str]] = field(default_factory=list)
+
+    def error(self, rel: str, reason: str) -> None:
+        self.errors.append(InputFileError(_shown(rel), reason))
+
+    def walk(self, top: str, top_rel: str, top_real: str) -> None:
+        """Walk the folder ``top`` (packed as ``top_rel``, really at ``top_real``) without following links."""
+        self.dirs[top_real] = top_rel
+        stack = [(top, top_rel, top_real)]
+        while stack:
+            path, rel_dir, real_dir = stack.pop()
+            try:
+                with os.scandir(path) as it:
+                    entries = list(it)
+            except OSError as exc:
+                if not rel_dir:
+                    raise SourceError(f"cannot read the source folder {path!r}: {exc.strerror or exc}") from exc
+                self.error(rel_dir + "/", f"cannot read folder: {exc.strerror or exc}; none of its images are packed")
+                continue
+            for entry in entries:
+                name = entry.name
+                if name.startswith("."):
+                    continue
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                if entry.is_symlink():
+                    heapq.heappush(self.links, (rel, entry.path))
+                    continue
+                try:
+                    # d_type from the listing: no stat call per file unless the file system lacks it
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    regular = not is_dir and entry.is_file(follow_symlinks=False)
+                except OSError as exc:
+                    if _kind(name) != "other":
+                        self.error(rel, f"cannot read: {exc.strerror or exc}")
+                    continue
+                real = os.path.join(real_dir, name)
+                if is_dir:
+                    self.dirs[real] = rel
+                    stack.append((entry.path, rel, real))
+                else:
+                    self.file(rel, real, regular)
+
+    def file(self, rel: str, real: str, regular: bool) -> None:
+        """A file (or a link to one) at ``rel`` whose real path is ``real``."""
+        kind = _kind(rel.rsplit("/", 1)[-1])
+        if kind in ("other", "maybe-folder"):
+            return
+        if not regular:
+            self.error(rel, "not a regular file (a FIFO, socket or device); not read")
+        elif kind == "unsupported":
+            fmt = UNSUPPORTED_SUFFIXES[os.path.splitext(rel)[1].lower()]
+            self.error(rel, f"unsupported format {fmt}; convert it to PNG")
+        elif not _is_utf8(rel):
+            self.error(rel, "the file name is not valid UTF-8 (source paths are stored as UTF-8); rename it")
+        elif real in self.owners:
+            self.error(rel, f"the same file as {self.owners[real]!r}, which is packed; not packed twice")
+        else:
+            if self.follow:
+                self.owners[real] = rel
+            self.files.append(rel)
+
+    def inside(self, real: str) -> bool:
+        return real == self.real_root or real.startswith(self.real_root.rstrip("/") + "/")
+
+    def link(self, rel: str, path: str) -> None:
+        """A symlink at ``rel``: followed only with ``follow``, only inside the root, and never twice."""
+        name = rel.rsplit("/", 1)[-1]
+        try:
+            target = os.path.realpath(path, strict=True)
+            mode = os.stat(target).st_mode
+        except OSError as exc:
+            if _kind(name) != "other":
+                what = "symlink loop" if exc.errno == errno.ELOOP else "broken symlink (its target does not exist)"
+                self.error(rel, f"{what}; not read")
+            return
+        is_dir = stat.S_ISDIR(mode)
+        shown = rel + "/" if is_dir else rel
+        if not is_dir and _kind(name) in ("other", "maybe-folder"):
+            return
+        if not self.inside(target):
+            self.error(shown, f"symlink to {_shown(target)!r} leaves the source folder; copy the files in")
+        elif not self.follow:
+            what = "a folder" if is_dir else "a file"
+            self.error(shown, f"is a symlink to {what}; pass --follow-symlinks to pack what it links to")
+        elif not is_dir:
+            self.file(rel, target, stat.S_ISREG(mode))
+        elif target in self.dirs:
+            owner = self.dirs[target]
+            if not owner or rel.startswith(owner + "/"):
+                self.error(shown, f"symlink loop: links to its own enclosing folder {owner or '.'!r}; not followed")
+            else:
+                self.error(shown, f"links to the folder {owner!r}, whose images are packed from there; not followed")
+        else:
+            self.walk(path, rel, target)
 
 
 @dataclass(frozen=True, init=False)
@@ -33,9 +224,15 @@ class FolderSource:
     """A folder tree of images; the first :class:`~dlpack.sources.Source`.
 
     Items are the image files under ``root`` (hidden files and folders excluded), in sorted order
-    of relative path. ``labels="auto"`` takes the first-level folder as the class when every image
-    sits in a sub-folder, ``"folders"`` requires that, ``"none"`` leaves every image unlabelled.
-    Symlinks are packed only with ``follow_symlinks`` and never when they leave the tree.
+    of relative path. An image's class is its top folder (``cat/x.png`` and ``cat/lot_7/x.png`` are
+    ``cat``). When every image is under a top folder named ``train``, ``val``, ``validation`` or
+    ``test`` (any case), that folder is the image's split instead, and the class is the folder below.
+    ``labels="auto"`` labels the images when every one sits in a class folder, leaves them
+    unlabelled when none does, and refuses a mix; ``"folders"`` requires class folders, ``"none"``
+    leaves every image unlabelled. Symlinks are followed only with ``follow_symlinks``, never out of
+    ``root``, never in a loop, and nothing is packed twice: a file or folder reached by its real path
+    is packed from there, one reached only through links from the sorted-first link; every other
+    path to it is reported in :attr:`SourceScan.errors`, like every other input that is not packed.
     """
 
     root: Path
@@ -50,49 +247,61 @@ class FolderSource:
         object.__setattr__(self, "follow_symlinks", bool(follow_symlinks))
 
     def scan(self) -> SourceScan:
-        """List the image files; raises :class:`~dlpack.errors.SourceError` for a missing or empty folder."""
-        root = base = self.root
-        if not base.exists():
+        """List the image files and their labels and splits.
+
+        Raises
+        ------
+        SourceError
+            The folder is missing, unreadable or holds no images, or its labels would be ambiguous
+            (images both in and outside class folders).
+        """
+        root = self.root
+        if not root.exists():
             raise SourceError(f"source folder {os.fspath(root)!r} does not exist")
-        if not base.is_dir():
+        if not root.is_dir():
             raise SourceError(f"source {os.fspath(root)!r} is not a folder")
-        real_base = base.resolve()
-        rels: list[str] = []
-        errors: list[InputFileError] = []
-        for dirpath, dirnames, filenames in os.walk(base, followlinks=self.follow_symlinks):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                if name.startswith(".") or os.path.splitext(name)[1].lower() not in IMAGE_SUFFIXES:
-                    continue
-                full = Path(dirpath, name)
-                rel = full.relative_to(base).as_posix()
-                if full.is_symlink():
-                    target = full.resolve()
-                    if not target.is_relative_to(real_base):
-                        errors.append(
-                            InputFileError(rel, f"symlink to {target} leaves the source folder; copy the file in")
-                        )
-                        continue
-                    if not self.follow_symlinks:
-                        errors.append(InputFileError(rel, "is a symlink; pass --follow-symlinks to pack linked files"))
-                        continue
-                rels.append(rel)
-        rels.sort()
+        walk = _Walk(os.path.realpath(root), self.follow_symlinks)
+        walk.walk(os.fspath(root), "", walk.real_root)
+        # Links last and in sorted order: a real path always wins over a link to the same place,
+        # and among links the sorted-first one.
+        while walk.links:
+            walk.link(*heapq.heappop(walk.links))
+        rels = sorted(walk.files)
+        errors = tuple(sorted(walk.errors, key=lambda e: e.path))
         if not rels and not errors:
+            suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
+            raise SourceError(f"no images found in {os.fspath(root)!r} (looked for {suffixes})")
+        items, classes = self._label(rels)
+        return SourceScan(items, classes, errors, "folders" if classes else "none")
+
+    def _label(self, rels: list[str]) -> tuple[tuple[SourceItem, ...], tuple[str, ...]]:
+        """Items with their splits and labels, and the sorted class names, by the rules in the class docstring."""
+        where = repr(os.fspath(self.root))
+        parts = [r.split("/") for r in rels]
+        by_split = bool(parts) and all(len(p) > 1 and p[0].lower() in SPLIT_NAMES for p in parts)
+        splits = [p[0].lower() if by_split else None for p in parts]
+        inner = [p[1:] if by_split else p for p in parts]
+        if by_split:
+            where = f"the split folders ({', '.join(sorted({p[0] + '/' for p in parts}))}) of {where}"
+        strays = [r for r, p in zip(rels, inner, strict=True) if len(p) == 1]
+        if self.labels == "none" or (self.labels == "auto" and len(strays) == len(rels)):
+            return tuple(SourceItem(r, None, split=s) for r, s in zip(rels, splits, strict=True)), ()
+        if strays:
+            if self.labels == "folders":
+                rule = "--labels folders needs every image inside a class folder"
+            else:
+                others = len(rels) - len(strays)
+                rule = (
+                    f"the other {others} {'is' if others == 1 else 'are'} in class folders, and --labels auto "
+                    "takes each image's class from its folder"
+                )
             raise SourceError(
-                f"no images found in {os.fspath(root)!r} (looked for {', '.join(sorted(IMAGE_SUFFIXES))})"
+                f"{len(strays)} image{'s sit' if len(strays) > 1 else ' sits'} directly in {where}: "
+                f"{_listing(strays)}; {rule}. Move them into class folders, or pass --labels none "
+                "to build an unlabelled store"
             )
-        nested = all("/" in r for r in rels)
-        if self.labels == "folders" and not nested:
-            flat = [r for r in rels if "/" not in r][:5]
-            raise SourceError(
-                f"labels=folders needs every image inside a class folder, but {', '.join(flat)} "
-                f"sit directly in {os.fspath(root)!r}; move them or use --labels none"
-            )
-        use_folders = self.labels == "folders" or (self.labels == "auto" and nested and bool(rels))
-        items = tuple(SourceItem(r, r.split("/", 1)[0] if use_folders else None) for r in rels)
-        classes = tuple(sorted({i.label for i in items if i.label is not None}))
-        return SourceScan(items, classes, tuple(errors), "folders" if classes else "none")
+        items = tuple(SourceItem(r, p[0], split=s) for r, p, s in zip(rels, inner, splits, strict=True))
+        return items, tuple(sorted({p[0] for p in inner}))
 
 
 def scan_folder(
