@@ -233,6 +233,22 @@ def test_a_huge_size_exits_2_at_once(make_tree: MakeTree, tmp_path: Path, capsys
     assert siblings(tmp_path) == ["src"]
 
 
+def test_shard_bytes_above_2_gib_is_refused() -> None:
+    with pytest.raises(OptionError, match="at most 2147483648"):
+        BuildOptions(shard_bytes=2**31 + 1)
+
+
+def test_a_write_block_above_the_bound_is_refused_before_it_is_allocated(
+    make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = make_tree({f"a/{i}.png": "rgb" for i in range(30)})
+    monkeypatch.setattr(build_module, "MAX_BLOCK_BYTES", 10_000)  # a block of 18 images of 3600 bytes is more
+    monkeypatch.setattr(build_module, "write_images", lambda *args: pytest.fail("the store was written"))
+    with pytest.raises(OptionError, match="write block"):
+        dlpack.build(src, tmp_path / "o.zarr", shard_bytes=2**16, quiet=True, jobs=1)
+    assert siblings(tmp_path) == ["src"]
+
+
 def test_a_size_within_max_pixels_still_builds(make_tree: MakeTree, tmp_path: Path) -> None:
     src = make_tree({"a/0.png": ("rgb", 4, 4)})
     dlpack.build(src, tmp_path / "o.zarr", size=(40, 25), allow_upscale=True, max_pixels=1000, quiet=True, jobs=1)
@@ -375,7 +391,9 @@ def test_a_foreign_file_at_the_old_name_is_not_deleted(make_tree: MakeTree, tmp_
     assert (old / "mine.txt").read_text() == "keep me"
 
 
-def test_remove_takes_the_zarr_marker_last(make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_remove_takes_the_zarr_marker_last(
+    make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = tmp_path / "s.zarr"
     dlpack.build(make_tree({"a/0.png": "rgb", "a/1.png": "rgb"}), store, quiet=True, jobs=1)
     removed: list[str] = []
