@@ -383,7 +383,7 @@ def _add_verify(sub: Any) -> None:
     p = sub.add_parser(
         "verify",
         help="check every image of a store against its checksum",
-        epilog="exit codes: 0 every image matches, 2 usage or input errors or an image does not match",
+        epilog="exit codes: 0 every image matches, 2 usage or input errors or an image does not match, 3 internal error",
     )
     p.add_argument("store")
     _add_json_flags(p, "the result (count, mismatched images)")
