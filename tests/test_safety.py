@@ -340,6 +340,20 @@ def test_overwrite_never_leaves_out_missing(
     assert siblings(tmp_path) == sorted([backend, "new", "src"])
 
 
+def test_publishing_a_new_out_never_replaces_one_that_appeared(tmp_path: Path) -> None:
+    new, out = tmp_path / "partial", tmp_path / "out.h5"
+    new.write_bytes(b"new store")
+    out.write_bytes(b"someone else's file")
+    try:
+        moved = build_module._rename_noreplace(new, out)
+    except StoreExistsError:
+        moved = None
+    if moved is False:
+        pytest.skip("no atomic no-replace rename on this platform or file system")
+    assert moved is None, "the file at OUT was replaced"
+    assert out.read_bytes() == b"someone else's file" and new.read_bytes() == b"new store"
+
+
 def test_publish_without_exchange_still_replaces(
     make_tree: MakeTree, tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
