@@ -883,9 +883,17 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
     except BaseException:
         os.replace(old, tmp)
         raise
-    if not exchanged:
+    if exchanged:
+        if owned_store(old) is None:  # something else was put at OUT since the check: put it back
+            _exchange(old, out)
+            os.replace(old, tmp)
+            check_replaceable(out)
+    else:
         os.replace(old, tmp)
         os.replace(out, old)
+        if owned_store(old) is None:
+            os.replace(old, out)
+            check_replaceable(out)
         os.replace(tmp, out)
     _remove(old)
 

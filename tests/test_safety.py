@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -338,6 +339,32 @@ def test_overwrite_never_leaves_out_missing(
     assert seen and all(present for _, present in seen), seen
     assert len(dlpack.open(out)) == 2
     assert siblings(tmp_path) == sorted([backend, "new", "src"])
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_a_foreign_out_swapped_in_after_the_check_is_put_back(
+    make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    out = tmp_path / "out.zarr"
+    dlpack.build(make_tree({"a/0.png": "rgb"}), out, quiet=True, jobs=1)
+    real_check = build_module.check_replaceable
+    swapped: list[bool] = []
+
+    def check_then_swap(path: Path) -> None:
+        real_check(path)
+        swapped.append(True)
+        if len(swapped) == 2:  # at publishing, another process replaces OUT between the check and the rename
+            shutil.rmtree(path)
+            path.mkdir()
+            (path / "mine.txt").write_text("keep me")
+
+    monkeypatch.setattr(build_module, "check_replaceable", check_then_swap)
+    if not exchange:
+        monkeypatch.setattr(build_module, "_exchange", lambda a, b: False)
+    with pytest.raises(StoreExistsError, match="not a dlpack store"):
+        dlpack.build(make_tree({"b/0.png": "rgb"}, "b"), out, overwrite=True, quiet=True, jobs=1)
+    assert (out / "mine.txt").read_text() == "keep me"
+    assert siblings(tmp_path) == ["b", "out.zarr", "src"]
 
 
 def test_publishing_a_new_out_never_replaces_one_that_appeared(tmp_path: Path) -> None:
