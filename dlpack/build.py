@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
+import functools
 import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
+import threading
 import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -270,12 +274,47 @@ class _Probe:
     error: str | None
 
 
+_FILE_KINDS = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a folder",
+}
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file; anything else raises OSError saying what it is.
+
+    A named pipe blocks its reader until a writer comes (forever, in a build) and opening a device
+    can have side effects, so the kind is checked before opening, and again on the open descriptor
+    (O_NONBLOCK keeps that open from blocking) in case the path was swapped in between.
+    """
+
+    def refuse(mode: int) -> OSError:
+        kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a plain file")
+        return OSError(errno.EINVAL, f"not a regular file ({kind}); only regular files are packed", os.fspath(path))
+
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise refuse(mode)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise refuse(mode)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _tail_ok(path: Path, header: ImageHeader) -> str | None:
     """Truncation check from the file's last bytes; the whole file is read only when they are unusual."""
     if header.format not in ("jpeg", "png"):
         return None
-    with open(path, "rb") as f:
-        f.seek(max(0, path.stat().st_size - 64))
+    with _open_regular(path) as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
         if incomplete_reason(f.read(), header.format, whole=False) is None:
             return None
         f.seek(0)
@@ -287,9 +326,9 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[_Probe
     for rel in rels:
         path = Path(root, rel)
         try:
-            with open(path, "rb") as f:
+            with _open_regular(path) as f:
                 head = f.read(HEADER_BYTES)
-            size = path.stat().st_size
+                size = os.fstat(f.fileno()).st_size
         except OSError as exc:
             out.append(_Probe(None, 0, f"cannot read: {exc.strerror or exc}"))
             continue
@@ -299,8 +338,12 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[_Probe
         header = probe_header(head)
         if header is None and size > len(head):
             # TIFF keeps its first IFD after the pixels, and JPEG metadata can exceed the head.
-            with open(path, "rb") as f:
-                header = probe_header(f.read())
+            try:
+                with _open_regular(path) as f:
+                    header = probe_header(f.read())
+            except OSError as exc:
+                out.append(_Probe(None, size, f"cannot read: {exc.strerror or exc}"))
+                continue
         if header is not None:
             header = normalise_header(header, head)
         if header is None:
@@ -311,7 +354,10 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[_Probe
         except DecodeError as exc:
             out.append(_Probe(header, size, str(exc)))
             continue
-        out.append(_Probe(header, size, _tail_ok(path, header)))
+        try:
+            out.append(_Probe(header, size, _tail_ok(path, header)))
+        except OSError as exc:
+            out.append(_Probe(header, size, f"cannot read: {exc.strerror or exc}"))
     return out
 
 
@@ -380,6 +426,24 @@ def _source_digest(scan: SourceScan, probes: Sequence[_Probe]) -> str:
     return h.hexdigest()
 
 
+#: The most bytes one write block may take in memory (a block is at least one image, whatever its size).
+MAX_BLOCK_BYTES = 2**31
+
+
+def _check_block_bytes(backend: type[Backend], spec: ImageSpec, count: int, opts: BuildOptions) -> None:
+    """Refuse a plan whose write block (one shard's images, held in memory at once) is too large."""
+    images = _image_array(spec, opts.compression)
+    if images.ragged:
+        return  # variable sizes are written in runs of a few images, each within max_pixels
+    item = images.item_nbytes
+    block = backend.block_rows(images, count, opts.shard_bytes) * item
+    if block > max(MAX_BLOCK_BYTES, item):
+        raise OptionError(
+            f"one write block would take {block / 2**30:.1f} GiB ({block // item} images of {item} bytes); "
+            f"lower shard_bytes (--shard-bytes, now {opts.shard_bytes}) to at most {MAX_BLOCK_BYTES}"
+        )
+
+
 def plan_stage(
     scan: SourceScan, probes: Sequence[_Probe], sel: _Selection, opts: BuildOptions, backend: str
 ) -> tuple[BuildPlan, _Selection]:
@@ -414,6 +478,13 @@ def plan_stage(
         except UpscaleError as exc:
             upscale[k] = InputFileError(scan.items[k].rel, str(exc))
             continue
+        if g.out_h * g.out_w > target.max_pixels:
+            # Refused here, before any buffer of that size exists: the options ask for it, not the file.
+            raise OptionError(
+                f"{scan.items[k].rel!r} would be stored as {g.out_w}x{g.out_h} = {g.out_h * g.out_w} pixels, "
+                f"more than max_pixels={target.max_pixels} (--max-pixels); choose a smaller size or max_side, "
+                "or raise max_pixels if the machine has the memory"
+            )
         sizes.add((g.out_h, g.out_w))
     sel = sel.drop(upscale)
     if len(sizes) == 1:
@@ -422,6 +493,7 @@ def plan_stage(
     else:
         spec = ImageSpec("variable", target.channels, target.dtype)
     kept = [scan.items[k] for k in sel.keep]
+    _check_block_bytes(get_backend(backend), spec, len(kept), opts)
     plan = BuildPlan(
         target=target,
         image=spec,
@@ -477,7 +549,7 @@ class _Sample:
 
 def prepare_file(root: str, plan: BuildPlan, rel: str, header: ImageHeader | None) -> tuple[np.ndarray, _Sample]:
     """Read one file and turn it into its stored form with :func:`~dlpack.sources.decode.prepare_image`."""
-    with open(Path(root, rel), "rb") as f:
+    with _open_regular(Path(root, rel)) as f:
         st = os.fstat(f.fileno())
         data = f.read()
     prepared = prepare_image(data, plan.target, header)
@@ -1068,11 +1140,28 @@ def manifest_stage(
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
+    """Remove a store or partial; a Zarr folder loses its manifest first and its marker last.
+
+    So a removal cut short by a kill leaves a folder that readers call incomplete and that the next
+    build still recognises as dlpack's (and removes).
+    """
+    if not path.is_dir() or path.is_symlink():
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        return
+    with contextlib.suppress(OSError):
+        (path / "manifest.json").unlink()
+    for child in sorted(path.iterdir()):
+        if child.name == "zarr.json":
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                child.unlink()
+    with contextlib.suppress(OSError):
+        (path / "zarr.json").unlink()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _not_ours(path: Path) -> str | None:
@@ -1128,10 +1217,16 @@ def clear_leftovers(out: Path) -> None:
     """
     old = old_path(out)
     if old.exists() or old.is_symlink():
-        if out.exists() or out.is_symlink():
+        reason = _not_ours(old)
+        if reason is not None:
+            raise StoreError(
+                f"{old} is where a build keeps the store it replaces, but it is not a dlpack store ({reason}); "
+                "remove or rename it, then build again"
+            )
+        if out.exists() or out.is_symlink() or owned_store(old) is None:
             _remove(old)
         else:
-            os.replace(old, out)
+            os.replace(old, out)  # killed after OUT was moved aside: the old store comes back
     tmp, journal = partial_path(out), journal_path(out)
     for path in (journal, journal.with_name(journal.name + ".tmp")):
         if (path.exists() or path.is_symlink()) and not _is_journal(path):
@@ -1153,17 +1248,112 @@ def clear_leftovers(out: Path) -> None:
     _remove(journal)  # its partial is gone (published or removed): nothing to continue
 
 
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace ``out`` unless it is a complete or partial dlpack store (its marker says so).
+
+    Raises
+    ------
+    StoreExistsError
+        ``out`` is a symbolic link, or anything without dlpack's marker (a folder, a file, a
+        plain Zarr group, an HDF5 file of someone else's).
+    """
+    if out.is_symlink():
+        raise StoreExistsError(
+            f"{out} is a symbolic link, not a dlpack store; --overwrite replaces only dlpack stores: "
+            "remove the link or choose another OUT"
+        )
+    if owned_store(out) is None:
+        what = "a folder" if out.is_dir() else "a file" if out.is_file() else "neither a file nor a folder"
+        raise StoreExistsError(
+            f"{out} exists and is not a dlpack store ({what} without dlpack's marker); --overwrite replaces "
+            "only dlpack stores: move it away yourself or choose another OUT"
+        )
+
+
 def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
-    """7. Move the finished store into place; an old store is replaced only after the new one is complete."""
-    if out.exists() or out.is_symlink():
-        if not overwrite:
-            raise StoreExistsError(f"{out} appeared while building; pass --overwrite to replace it")
-        old = old_path(out)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        _remove(old)
+    """7. Move the finished store into place; an old store is replaced only after the new one is complete.
+
+    Where the platform offers an atomic exchange (Linux ``renameat2``), OUT always holds a complete
+    store: the new one waits under the old name, then trades places with OUT in one step. Elsewhere
+    OUT is moved aside and the new store moved in, and a build killed in between leaves the old
+    store under the old name, where the next build's :func:`clear_leftovers` brings it back.
+    """
+    if not (out.exists() or out.is_symlink()):
+        if not _rename_noreplace(tmp, out):
+            os.replace(tmp, out)
+        return
+    if not overwrite:
+        raise StoreExistsError(f"{out} appeared while building; pass --overwrite to replace it")
+    check_replaceable(out)
+    old = old_path(out)
+    os.replace(tmp, old)
+    try:
+        exchanged = _exchange(old, out)
+    except BaseException:
+        os.replace(old, tmp)
+        raise
+    if exchanged:
+        if owned_store(old) is None:  # something else was put at OUT since the check: put it back
+            _exchange(old, out)
+            os.replace(old, tmp)
+            check_replaceable(out)
     else:
+        os.replace(old, tmp)
+        os.replace(out, old)
+        if owned_store(old) is None:
+            os.replace(old, out)
+            check_replaceable(out)
         os.replace(tmp, out)
+    _remove(old)
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+
+
+@functools.cache
+def _renameat2_function() -> Any:
+    """libc's ``renameat2`` (Linux, glibc 2.28+ or musl), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """``renameat2(src, dst, flags)``; False when this system or file system does not offer it."""
+    fn = _renameat2_function()
+    if fn is None:
+        return False
+    import ctypes
+
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(src), None, os.fspath(dst))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically; False (nothing done) where the platform cannot."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def _rename_noreplace(src: Path, dst: Path) -> bool:
+    """Move ``src`` to ``dst`` unless ``dst`` exists, atomically; False (nothing done) where the platform cannot."""
+    try:
+        return _renameat2(src, dst, _RENAME_NOREPLACE)
+    except FileExistsError:
+        raise StoreExistsError(f"{dst} appeared while building; pass --overwrite to replace it") from None
 
 
 # ---------------------------------------------------------------- update (build --update)
@@ -1434,9 +1624,50 @@ def _parallel(n_jobs: int, calls: list[Any]) -> Iterator[Any]:
         for fn, args, kwargs in calls:
             yield fn(*args, **kwargs)
         return
-    from joblib import Parallel
+    from joblib import Parallel, parallel_config
 
-    yield from Parallel(n_jobs=n_jobs, return_as="generator", pre_dispatch="2*n_jobs")(calls)
+    # Every worker watches this process from its start, so a killed build leaves no workers.
+    with parallel_config(backend="loky", initializer=_start_watchdog, initargs=(os.getpid(),)):
+        runner = Parallel(n_jobs=n_jobs, return_as="generator", pre_dispatch="2*n_jobs")
+    yield from runner(calls)
+
+
+_WATCHDOG_STARTED = False
+#: Seconds between a worker's checks that the build process is still there.
+_WATCHDOG_INTERVAL = 0.5
+
+
+def _start_watchdog(parent: int) -> None:
+    """In a worker process of the build process ``parent``: exit as soon as that process is gone.
+
+    Idle pool workers otherwise outlive a killed build for minutes (until the pool's idle timeout).
+    A dead parent's children are re-parented, so a changed parent pid is the signal; a worker that
+    was not started by ``parent`` itself checks that ``parent`` still exists. Nothing is started in
+    ``parent`` itself, whose own parent (a shell, a scheduler) may come and go.
+    """
+    global _WATCHDOG_STARTED
+    if _WATCHDOG_STARTED or os.getpid() == parent or sys.platform == "win32":
+        return
+    _WATCHDOG_STARTED = True
+    child = os.getppid() == parent
+
+    def gone() -> bool:
+        if child:
+            return os.getppid() != parent
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(_WATCHDOG_INTERVAL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dlpack-parent-watchdog", daemon=True).start()
 
 
 def _progress(total: int, desc: str, quiet: bool) -> Any:
@@ -1446,6 +1677,41 @@ def _progress(total: int, desc: str, quiet: bool) -> Any:
 
 
 # ---------------------------------------------------------------- the pipeline
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_paths(source: Source, out: Path) -> None:
+    """Refuse an ``out`` that is the source's root or contains it, or (for a folder) lies inside it.
+
+    Replacing OUT would delete the source images in the first two cases. A folder source walks its
+    whole tree, so a store inside it would become input of the next build of that folder.
+
+    Raises
+    ------
+    OptionError
+        With both paths, as given and resolved.
+    """
+    src = Path(source.root)
+    src_real, out_real = src.resolve(), out.resolve()
+    both = f"OUT {os.fspath(out)!r} and SRC {os.fspath(src)!r}"
+    if (os.fspath(out), os.fspath(src)) != (str(out_real), str(src_real)):
+        both += f" (resolved: {out_real} and {src_real})"
+    if out_real == src_real or _same_file(out, src):
+        raise OptionError(f"OUT is SRC: {both}; writing the store there would delete the source images")
+    if out_real in src_real.parents or any(_same_file(out, p) for p in src_real.parents):
+        raise OptionError(
+            f"OUT contains SRC: {both}; replacing OUT would delete the source images; choose an OUT outside SRC"
+        )
+    if isinstance(source, FolderSource) and src_real in out_real.parents:
+        raise OptionError(
+            f"OUT is inside SRC: {both}; the next build of SRC would read the store as input; choose an OUT outside SRC"
+        )
 
 
 def build(
@@ -1484,16 +1750,23 @@ def build(
     """
     opts = replace(options or BuildOptions(), **kwargs) if kwargs else (options or BuildOptions())
     t0 = time.perf_counter()
+    if isinstance(src, (str, os.PathLike)) and not os.fspath(src):
+        raise SourceError("the source path is empty; give the folder of images (use '.' for the current folder)")
+    if not os.fspath(out):
+        raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
     out_path = Path(out)
     backend = backend_for_path(out_path, opts.format, write=True)
     source = as_source(src, opts)
+    check_paths(source, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with BuildLock(out_path):
         clear_leftovers(out_path)
         if opts.update:
             return update_stage(source, out_path, backend, opts, t0)
-        if (out_path.exists() or out_path.is_symlink()) and not opts.overwrite:
-            raise StoreExistsError(f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it")
+        if out_path.exists() or out_path.is_symlink():
+            if not opts.overwrite:
+                raise StoreExistsError(f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it")
+            check_replaceable(out_path)
         root = source.root
         scan = scan_stage(source)
         probes = probe_stage(root, scan.items, opts)

@@ -1,7 +1,9 @@
 """The ``dlpack`` command: a thin argparse layer over the library.
 
 ``main(argv) -> int`` is the one place where library errors become messages and exit codes:
-0 success, 1 completed with skipped inputs, 2 usage or input errors, 130 interrupted.
+0 success, 1 completed with skipped inputs, 2 usage or input errors, 3 internal error (a bug:
+any other exception), 130 interrupted. Text printed for the terminal has control characters
+escaped (:func:`printable`), so a file name cannot move the cursor or recolour the terminal.
 
 The flags of ``build`` and ``bench`` are generated from the option dataclasses
 (:func:`add_option_arguments`): a field's name, type, default and help live on the field only.
@@ -16,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import types
 import typing
@@ -26,16 +29,41 @@ from typing import Any, Literal, TypeVar, Union
 from . import __version__
 from .errors import DlpackError, OptionError
 
-__all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag"]
+__all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag", "printable"]
 
 T = TypeVar("T")
 
-EXIT_CODES = "exit codes: 0 success, 2 usage or input errors"
-BUILD_EXIT_CODES = "exit codes: 0 success, 1 finished with skipped inputs (--on-error skip), 2 usage or input errors"
+#: Exit code of an unexpected exception: a bug in dlpack, never an input problem.
+EXIT_INTERNAL = 3
+EXIT_CODES = "exit codes: 0 success, 2 usage or input errors, 3 internal error"
+BUILD_EXIT_CODES = (
+    "exit codes: 0 success, 1 finished with skipped inputs (--on-error skip), 2 usage or input errors, 3 internal error"
+)
 ALL_EXIT_CODES = (
     "exit codes: 0 success, 1 build finished with skipped inputs (--on-error skip), 2 usage or input errors "
-    "(verify: an image does not match its checksum), 130 interrupted"
+    "(verify: an image does not match its checksum), 3 internal error (please report it), 130 interrupted"
 )
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape(ch: str) -> str:
+    return ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+
+
+def printable(text: object, keep: str = "\n") -> str:
+    """``text`` safe to print on a terminal: control and other invisible characters as escapes.
+
+    ANSI escape sequences, bidirectional overrides and lone surrogates (non-UTF-8 file names) in a
+    name would otherwise recolour the terminal, reorder the line or fail to print. Characters in
+    ``keep`` (a newline by default, for multi-line messages) are left as they are.
+    """
+    return "".join(ch if ch.isprintable() or ch in keep else _escape(ch) for ch in str(text))
+
+
+def _say(*parts: object, err: bool = False) -> None:
+    print(printable(" ".join(map(str, parts))), file=sys.stderr if err else sys.stdout)
 
 
 # ---------------------------------------------------------------- flags from option dataclasses
@@ -230,6 +258,9 @@ def _jsonable(x: Any) -> Any:
 def _emit_json(a: argparse.Namespace, doc: Any | str) -> None:
     """Print ``doc`` on stdout with ``--json``, write it to ``--json-file``; a str is already JSON."""
     text = doc if isinstance(doc, str) else json.dumps(_jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    # JSON escapes control characters itself; a lone surrogate (a non-UTF-8 file name) cannot be
+    # encoded as UTF-8, so it becomes its \uXXXX escape, which parses back to the same string.
+    text = _SURROGATE.sub(lambda m: _escape(m.group()), text)
     text = text.rstrip("\n") + "\n"
     if a.json_file is not None:
         Path(a.json_file).write_text(text, encoding="utf-8")
@@ -260,13 +291,13 @@ def _run_build(a: argparse.Namespace) -> int:
     _check_json_file(a)
     result = build(a.src, a.out, opts)
     if result.skipped:
-        print(f"dlpack: skipped {len(result.skipped)} unreadable input(s):", file=sys.stderr)
+        _say(f"dlpack: skipped {len(result.skipped)} unreadable input(s):", err=True)
         for e in result.skipped:
-            print(f"  {e}", file=sys.stderr)
+            _say(f"  {e}", err=True)
     if a.json or a.json_file is not None:
         _emit_json(a, {**dataclasses.asdict(result), "images_per_s": result.images_per_s})
     if not opts.quiet and not a.json:
-        print(result.summary())
+        _say(result.summary())
     return 1 if result.skipped else 0
 
 
@@ -300,9 +331,9 @@ def _run_info(a: argparse.Namespace) -> int:
         rows.append(("converted", ", ".join(f"{k}: {v}" for k, v in info["conversions"].items())))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+        _say(f"{k:<{width}}  {v}")
     for e in info["skipped"]:
-        print(f"  skipped {e['path']}: {e['reason']}")
+        _say(f"  skipped {e['path']}: {e['reason']}")
     return 0
 
 
@@ -342,7 +373,7 @@ def _run_bench(a: argparse.Namespace) -> int:
     if a.json or a.json_file is not None:
         _emit_json(a, report.to_json())
     if not a.json:
-        print(report.table())
+        _say(report.table())
     if a.plot:
         report.plot(a.plot)
     return 0
@@ -352,7 +383,7 @@ def _add_verify(sub: Any) -> None:
     p = sub.add_parser(
         "verify",
         help="check every image of a store against its checksum",
-        epilog="exit codes: 0 every image matches, 2 usage or input errors or an image does not match",
+        epilog="exit codes: 0 every image matches, 2 usage or input errors or an image does not match, 3 internal error",
     )
     p.add_argument("store")
     _add_json_flags(p, "the result (count, mismatched images)")
@@ -379,7 +410,7 @@ def _run_verify(a: argparse.Namespace) -> int:
         listing = "\n".join(f"  sample {i} ({src})" for i, src in bad[:50])
         raise StoreError(f"{len(bad)} of {n} images in {a.store} do not match their checksum:\n{listing}")
     if not a.json:
-        print(f"{a.store}: all {n} images match their checksums")
+        _say(f"{a.store}: all {n} images match their checksums")
     return 0
 
 
@@ -412,11 +443,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         # OSError: a disk full, a folder not writable, ...: the message names the path.
         if args.debug:
             raise
-        print(f"dlpack: error: {exc}", file=sys.stderr)
+        _say(f"dlpack: error: {exc}", err=True)
         return 2
     except KeyboardInterrupt:
         print("dlpack: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        # Anything else is a bug: its own exit code, never 1 ("finished with skipped inputs") or 2.
+        if args.debug:
+            raise
+        _say(
+            f"dlpack: internal error: {type(exc).__name__}: {exc}\n"
+            f"this is a bug in dlpack {__version__}; please report it with the command, and the traceback "
+            "that the same command shows with --debug (dlpack --debug COMMAND ...)",
+            err=True,
+        )
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

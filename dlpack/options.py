@@ -9,7 +9,7 @@ from typing import Literal
 
 from .errors import OptionError
 
-__all__ = ["BuildOptions", "parse_size", "IMAGE_SUFFIXES"]
+__all__ = ["BuildOptions", "parse_size", "available_cores", "IMAGE_SUFFIXES"]
 
 #: File name suffixes a folder source treats as images (lower case).
 IMAGE_SUFFIXES: frozenset[str] = frozenset(
@@ -17,13 +17,24 @@ IMAGE_SUFFIXES: frozenset[str] = frozenset(
 )
 
 
-
 def _format_names() -> tuple[str, ...]:
     from .backends import format_names  # the registry is the one list of formats
 
     return format_names()
+
+
 ResizeMode = Literal["stretch", "fit", "none"]
 Compression = Literal["none", "lz4", "zstd"]
+
+
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity and container CPU quota, else the machine's count."""
+    try:
+        from joblib import cpu_count
+    except ImportError:
+        sched = getattr(os, "sched_getaffinity", None)
+        return max(1, len(sched(0)) if sched is not None else os.cpu_count() or 1)
+    return max(1, int(cpu_count()))
 
 
 def parse_size(text: str | tuple[int, int]) -> tuple[int, int]:
@@ -78,14 +89,24 @@ class BuildOptions:
         default="auto",
         metadata={"help": "class labels from sub-folders: auto (when every image is in one), folders, none"},
     )
-    jobs: int = field(default=-1, metadata={"help": "worker processes, -1 for every core", "metavar": "N"})
+    jobs: int = field(
+        default=-1,
+        metadata={
+            "help": "worker processes, -1 for every core; at most the core count unless --force-jobs",
+            "metavar": "N",
+        },
+    )
+    # More processes than cores only adds memory and switching; a typo like --jobs 200 should not fork 200.
+    force_jobs: bool = field(default=False, metadata={"help": "use --jobs N even above the core count"})
     # "none" by measurement: see docs/benchmarks.md (compression halves random reads and
     # barely shrinks 8-bit photos with plain LZ4).
     compression: Compression = field(default="none", metadata={"help": "compression of the stored images"})
     on_error: Literal["fail", "skip"] = field(
         default="fail", metadata={"help": "on unreadable inputs: fail, or skip them and list them in the manifest"}
     )
-    overwrite: bool = field(default=False, metadata={"help": "replace OUT if it exists"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace OUT if it is a dlpack store (nothing else is ever replaced)"}
+    )
     no_resume: bool = field(
         default=False,
         metadata={"help": "start over instead of continuing a killed build of OUT from its finished blocks"},
@@ -93,8 +114,8 @@ class BuildOptions:
     update: bool = field(
         default=False,
         metadata={
-            "help": "update the store OUT from SRC: append new files, replace changed ones, mark deleted ones "
-            "removed; only the shards that change are written"
+            "help": "update the store OUT from SRC: append new files, replace changed ones (deleted ones are "
+            "refused unless --compact); only the shards that change are written"
         },
     )
     compact: bool = field(
@@ -145,8 +166,17 @@ class BuildOptions:
             raise OptionError("update keeps the store and overwrite replaces it: pass one of them")
         if self.max_pixels <= 0:
             raise OptionError(f"max_pixels must be > 0, got {self.max_pixels}")
+        if self.size is not None and self.size[0] * self.size[1] > self.max_pixels:
+            w, h = self.size
+            raise OptionError(
+                f"size {w}x{h} is {w * h} pixels per image, more than max_pixels={self.max_pixels} (--max-pixels); "
+                "choose a smaller size, or raise max_pixels if the machine has the memory"
+            )
         if self.shard_bytes < 2**16:
             raise OptionError(f"shard_bytes must be at least 65536, got {self.shard_bytes}")
+        # A shard is written from one block held in memory.
+        if self.shard_bytes > 2**31:
+            raise OptionError(f"shard_bytes must be at most 2147483648 (2 GiB), got {self.shard_bytes}")
 
     @property
     def resize_mode(self) -> ResizeMode:
@@ -157,8 +187,11 @@ class BuildOptions:
 
     @property
     def n_jobs(self) -> int:
-        """The number of worker processes to use."""
-        return (os.cpu_count() or 1) if self.jobs == -1 else self.jobs
+        """The number of worker processes to use: ``jobs``, at most the core count unless ``force_jobs``."""
+        cores = available_cores()
+        if self.jobs == -1:
+            return cores
+        return self.jobs if self.force_jobs else min(self.jobs, cores)
 
     def format_for(self, out: str | os.PathLike[str]) -> str:
         """The format of a new store at ``out``: ``format`` if given, else the registry's choice by suffix."""

@@ -119,6 +119,28 @@ def test_help_returns_0(argv: list[str], capsys: Capsys) -> None:
     assert "usage: dlpack" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["build", "--help"], ["info", "--help"], ["verify", "--help"]])
+def test_help_lists_the_internal_error_exit_code(argv: list[str], capsys: Capsys) -> None:
+    assert main(argv) == 0
+    assert "3 internal error" in " ".join(capsys.readouterr().out.split())
+
+
+def test_an_internal_error_in_a_subprocess_exits_3_not_1(src: Path, tmp_path: Path) -> None:
+    """The exit status the shell sees, through ``python -m dlpack``: 1 means "skipped inputs" only."""
+    code = (
+        "import importlib, sys\n"
+        "b = importlib.import_module('dlpack.build')\n"
+        "def boom(*a, **k): raise KeyError('plan')\n"
+        "b.plan_stage = boom\n"
+        "from dlpack.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    argv = ["build", str(src), str(tmp_path / "o.zarr"), "--quiet", "--jobs", "1"]
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "dlpack: internal error: KeyError" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_unknown_command_is_a_usage_error(capsys: Capsys) -> None:
     assert main(["pack"]) == 2
     assert "invalid choice" in capsys.readouterr().err
