@@ -285,7 +285,7 @@ def test_a_fifo_named_png_is_a_bad_input_not_a_hang(make_tree: MakeTree, tmp_pat
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "a/pipe.png: cannot read: not a regular file" in out, out
+    assert "a/pipe.png: " in out and "not a regular file" in out, out  # reported by the scan, never opened
     if on_error == "skip":
         assert out.startswith("packed 1 ")
     else:
