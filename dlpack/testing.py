@@ -61,8 +61,12 @@ def _spec(name: str, value: Any, compression: str = "none") -> ArraySpec:
     return ArraySpec(name, value.dtype.str, tuple(value.shape[1:]), key=name, compression=compression)
 
 
+#: Class names of the suite's stores: ``labels`` of sample_arrays are -1..4.
+CLASSES = ("a", "b", "c", "d", "e")
+
+
 def _manifest(backend: str, n: int) -> Manifest:
-    return Manifest(count=n, image=ImageSpec("fixed", 3, "|u1", 12, 10), backend=backend)
+    return Manifest(count=n, image=ImageSpec("fixed", 3, "|u1", 12, 10), backend=backend, classes=CLASSES)
 
 
 class BackendTests:

@@ -187,7 +187,7 @@ def test_label_out_of_range_is_refused_on_open(two_sources: tuple[Path, Path], t
 
 @pytest.mark.parametrize(
     "name, element, value, dtype",
-    [("labels", 0, 1, "<i4"), ("source_offsets", 2, 9, "<i8"), ("transform", 1, 0.5, "<f8")],
+    [("labels", 0, 1, "<i4"), ("source_offsets", 2, 9, "<i8"), ("transform", 1, 0.375, "<f8")],
 )
 def test_verify_finds_damage_to_any_per_sample_array(
     two_sources: tuple[Path, Path], tmp_path: Path, backend: str, name: str, element: int, value: Any, dtype: str
