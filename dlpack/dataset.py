@@ -45,7 +45,9 @@ class Dataset:
         image = "images" if m.image.layout == "fixed" else "image"
         missing = [n for n in (image, "labels", "checksum", "source") if n not in m.arrays]
         if missing:
-            raise StoreError(f"store {self.path} lacks the array(s) {', '.join(missing)} every dlpack store has; rebuild it")
+            raise StoreError(
+                f"store {self.path} lacks the array(s) {', '.join(missing)} every dlpack store has; rebuild it"
+            )
         if m.image.layout == "variable" and "image_shapes" not in m.arrays:
             raise StoreError(f"store {self.path} lacks image_shapes, which a variable-size store needs; rebuild it")
         self._reader.read_all("labels")  # range-checked against the classes, and checksummed, now
@@ -226,7 +228,9 @@ class Dataset:
                 bad.append((i, r.source(i)))
         if not bad:
             # The images' own checksum covers bytes the per-image CRCs do not (none, today).
-            problems = r.verify_arrays(skip=[n for s in r.arrays.values() for n in s.stored_names() if n not in image_arrays])
+            problems = r.verify_arrays(
+                skip=[n for s in r.arrays.values() for n in s.stored_names() if n not in image_arrays]
+            )
             if problems:
                 raise StoreError(f"store {self.path} is damaged:\n  " + "\n  ".join(problems) + "\nrebuild it")
         return bad

@@ -186,7 +186,7 @@ def _image_spec(d: Any) -> ImageSpec:
     for axis in ("height", "width"):
         v = d.get(axis)
         if layout == "fixed":
-            if _typed(v, int, f"image.{axis}") <= 0 or v > 2**31:
+            if not 0 < _typed(v, int, f"image.{axis}") <= 2**31:
                 raise StoreError(f"image.{axis} must be a positive integer, got {v!r}")
         elif v is not None:
             raise StoreError(f"image.{axis} must be null in a variable-size store, got {v!r}")
@@ -328,7 +328,9 @@ def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
     for e in _typed(kw.get("skipped", []), list, "skipped"):
         if not isinstance(e, dict) or set(e) != {"path", "reason"}:
             raise StoreError(f"each skipped entry must be {{path, reason}}, got {e!r}")
-        skipped.append(InputFileError(_typed(e["path"], str, "skipped path"), _typed(e["reason"], str, "skipped reason")))
+        skipped.append(
+            InputFileError(_typed(e["path"], str, "skipped path"), _typed(e["reason"], str, "skipped reason"))
+        )
     kw["skipped"] = tuple(skipped)
     arrays = kw.get("arrays", {})
     if all(isinstance(a, dict) and "layout" in a for a in arrays.values()):

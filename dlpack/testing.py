@@ -298,7 +298,7 @@ class BackendTests:
         path = self.build_store(tmp_path)
         with open_reader(path) as reader:
             m = reader.manifest
-            digests = {}
+            digests: dict[str, str] = {}
             for spec in m.arrays.values():
                 assert set(spec.sha256) == set(spec.stored_names()), spec.name
                 digests.update(spec.sha256)

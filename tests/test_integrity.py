@@ -119,7 +119,9 @@ def test_threaded_opens_during_rebuilds_never_mix(two_sources: tuple[Path, Path]
     assert seen["a"] + seen["b"] > 0
 
 
-def test_pickled_reader_refuses_a_store_rebuilt_since(two_sources: tuple[Path, Path], tmp_path: Path, backend: str) -> None:
+def test_pickled_reader_refuses_a_store_rebuilt_since(
+    two_sources: tuple[Path, Path], tmp_path: Path, backend: str
+) -> None:
     import pickle
 
     a, b = two_sources
@@ -195,9 +197,8 @@ def test_verify_finds_damage_to_any_per_sample_array(
     out = tmp_path / backend
     build(two_sources[0], out)
     poke(out, name, element, value, dtype)
-    with pytest.raises(StoreError, match=rf"{name}.*checksum"):
-        with dlpack.open(out) as ds:
-            ds.verify()
+    with pytest.raises(StoreError, match=rf"{name}.*checksum"), dlpack.open(out) as ds:
+        ds.verify()
 
 
 def test_edited_manifest_is_refused(two_sources: tuple[Path, Path], tmp_path: Path, backend: str) -> None:
@@ -208,9 +209,8 @@ def test_edited_manifest_is_refused(two_sources: tuple[Path, Path], tmp_path: Pa
         d["count"] = 4
 
     edit_manifest(out, smaller)
-    with pytest.raises(StoreError, match="manifest.*checksum"):
-        with dlpack.open(out) as ds:
-            ds.verify()
+    with pytest.raises(StoreError, match="manifest.*checksum"), dlpack.open(out) as ds:
+        ds.verify()
 
 
 def edit_manifest(path: Path, change: Callable[[dict[str, Any]], None]) -> None:

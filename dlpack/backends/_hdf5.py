@@ -27,7 +27,6 @@ from .base import (
     Mode,
     StoreReader,
     StoreWriter,
-    changed_error,
     check_mode,
 )
 
@@ -404,7 +403,9 @@ class Hdf5Reader(StoreReader):
         # Data kept outside the file could be any file on the system: a store is one file.
         if ds.external or ds.is_virtual:
             kind = "external storage" if ds.external else "a virtual dataset"
-            raise StoreError(f"{self.path}: array {stored_name!r} uses {kind}; dlpack reads only data inside the store file")
+            raise StoreError(
+                f"{self.path}: array {stored_name!r} uses {kind}; dlpack reads only data inside the store file"
+            )
         found = ds.attrs.get(DIGEST_ATTR)
         self.check_generation(stored_name, found.decode("ascii", "replace") if isinstance(found, bytes) else found)
         if ds.dtype.kind not in "biuf" or ds.ndim < 1:

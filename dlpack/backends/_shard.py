@@ -64,7 +64,9 @@ def parse_array_meta(meta: Any, where: Path) -> dict[str, Any]:
     grid = _obj(meta.get("chunk_grid"), "chunk_grid", where)
     if grid.get("name") != "regular":
         raise StoreError(f"{where}: only a regular chunk grid is supported")
-    shard_shape = _ints(_obj(grid.get("configuration"), "chunk_grid configuration", where).get("chunk_shape"), "chunk_shape", where, 1)
+    shard_shape = _ints(
+        _obj(grid.get("configuration"), "chunk_grid configuration", where).get("chunk_shape"), "chunk_shape", where, 1
+    )
     codecs = meta.get("codecs")
     if not isinstance(codecs, list) or len(codecs) != 1 or not isinstance(codecs[0], dict):
         raise StoreError(f"{where}: expected one sharding_indexed codec, found {codecs!r}")
@@ -81,7 +83,9 @@ def parse_array_meta(meta: Any, where: Path) -> dict[str, Any]:
     if conf.get("index_location", "end") != "end":
         raise StoreError(f"{where}: shard index at the start is not supported")
     inner_codecs = conf.get("codecs")
-    if not isinstance(inner_codecs, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in inner_codecs):
+    if not isinstance(inner_codecs, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("name"), str) for c in inner_codecs
+    ):
         raise StoreError(f"{where}: the inner codecs must be a list of named codecs, got {inner_codecs!r}")
     cke = _obj(meta.get("chunk_key_encoding", {"name": "default"}), "chunk_key_encoding", where)
     if cke.get("name") != "default":
@@ -91,7 +95,9 @@ def parse_array_meta(meta: Any, where: Path) -> dict[str, Any]:
         raise StoreError(f"{where}: chunk key separator must be '/' or '.', got {sep!r}")
     chunk_nbytes = math.prod(inner) * dtype.itemsize
     if chunk_nbytes > (_MAX_CHUNK if inner[0] == 1 else _MAX_MULTIROW_CHUNK):
-        raise StoreError(f"{where}: an inner chunk of {inner} {dtype} ({chunk_nbytes} bytes) is larger than dlpack reads")
+        raise StoreError(
+            f"{where}: an inner chunk of {inner} {dtype} ({chunk_nbytes} bytes) is larger than dlpack reads"
+        )
     cps = shard_shape[0] // inner[0]
     if cps * 16 + 4 > 2**40:
         raise StoreError(f"{where}: a shard of {cps} chunks would need an index larger than any file")
@@ -186,7 +192,9 @@ class ShardedArray:
                     os.close(fd)
             except FileNotFoundError:
                 if self.strict:  # dlpack writes every shard, so a missing one means damage (or a replaced store)
-                    raise StoreError(f"shard file {self.shard_file(s)} is missing; the store is damaged or was replaced") from None
+                    raise StoreError(
+                        f"shard file {self.shard_file(s)} is missing; the store is damaged or was replaced"
+                    ) from None
                 return None  # an absent shard holds only fill values
             except (OSError, ValueError) as exc:
                 raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
@@ -222,7 +230,9 @@ class ShardedArray:
                         f"shard {self.shard_file(s)} is corrupt or truncated (its index checksum does not match); "
                         "rebuild the store"
                     )
-                part = np.frombuffer(tail, dtype="<u8", count=2 * self.chunks_per_shard).reshape(-1, 2).astype(np.uint64)
+                part = (
+                    np.frombuffer(tail, dtype="<u8", count=2 * self.chunks_per_shard).reshape(-1, 2).astype(np.uint64)
+                )
                 ok = part[:, 0] != _MISSING
                 end = np.uint64(len(m) - table - 4)
                 off, nb = part[ok, 0], part[ok, 1]
@@ -233,9 +243,10 @@ class ShardedArray:
             if self.strict and bool(np.any(idx[:, 0] == _MISSING)):
                 c = int(np.flatnonzero(idx[:, 0] == _MISSING)[0])
                 raise StoreError(f"chunk {c} of {self.path} is missing from its shard; the store is damaged")
-            if self.decoder is None and self.strict and self.n_chunks:
-                if bool(np.any(idx[:, 1] != self.chunk_nbytes)):
-                    raise StoreError(f"{self.path}: an uncompressed chunk is not {self.chunk_nbytes} bytes; the store is damaged")
+            if self.decoder is None and self.strict and bool(np.any(idx[:, 1] != self.chunk_nbytes)):
+                raise StoreError(
+                    f"{self.path}: an uncompressed chunk is not {self.chunk_nbytes} bytes; the store is damaged"
+                )
             self._index = idx
         return self._index
 
@@ -277,7 +288,7 @@ class ShardedArray:
             out[...] = 0
             return
         m = self._maps[c // self.chunks_per_shard]
-        raw = np.frombuffer(m, dtype=np.uint8, count=int(nb), offset=int(off))  # type: ignore[arg-type]
+        raw = np.frombuffer(m, dtype=np.uint8, count=int(nb), offset=int(off))
         if self.decoder is not None:
             self._check_ratio(int(nb))
         if self.decoder is None:

@@ -356,7 +356,9 @@ class ZarrReader(StoreReader):
             if afd is not None:
                 os.close(afd)
             if self._replaced():
-                raise changed_error(self.path, f"array {stored_name!r} is gone: the store was rebuilt or replaced") from None
+                raise changed_error(
+                    self.path, f"array {stored_name!r} is gone: the store was rebuilt or replaced"
+                ) from None
             raise StoreError(f"store {self.path} has no array {stored_name!r} (missing {path / 'zarr.json'})") from None
         except (OSError, UnicodeDecodeError) as exc:
             if afd is not None:
@@ -366,15 +368,17 @@ class ZarrReader(StoreReader):
             attrs = meta.get("attributes") if isinstance(meta, dict) else None
             self.check_generation(stored_name, attrs.get(DIGEST_ATTR) if isinstance(attrs, dict) else None)
             codecs = meta.get("codecs") if isinstance(meta, dict) else None
-            sharded = isinstance(codecs, list) and len(codecs) == 1 and isinstance(codecs[0], dict)
-            if sharded and codecs[0].get("name") == "sharding_indexed":
+            first = codecs[0] if isinstance(codecs, list) and len(codecs) == 1 else None
+            if isinstance(first, dict) and first.get("name") == "sharding_indexed":
                 arr = ShardedArray(path, strict=True, meta=meta, dir_fd=afd)
                 try:
                     arr.map_all()
                 except StoreError:
                     arr.close()
                     if self._replaced():
-                        raise changed_error(self.path, f"array {stored_name!r} lost shards: the store was replaced") from None
+                        raise changed_error(
+                            self.path, f"array {stored_name!r} lost shards: the store was replaced"
+                        ) from None
                     raise
                 return arr
             return _ZarrPythonArray(path)

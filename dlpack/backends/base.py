@@ -152,7 +152,9 @@ class StoreReader(ABC):
         want = self.expected_digest(stored_name)
         if want is not None and found != want:
             shown = found[:12] if isinstance(found, str) and found else "none"
-            raise changed_error(self.path, f"array {stored_name!r} is generation {shown}, the manifest opened lists {want[:12]}")
+            raise changed_error(
+                self.path, f"array {stored_name!r} is generation {shown}, the manifest opened lists {want[:12]}"
+            )
 
     @abstractmethod
     def _open_array(self, stored_name: str) -> ArrayAccess:
@@ -312,9 +314,9 @@ class StoreReader(ABC):
         """The relative source path of sample ``index``."""
         if self._sources is None:
             off = self._ragged_offsets("source")
-            data = self._stored("source_data").read_rows(0, off[-1])
-            self._check_digest("source_data", data)
-            self._sources = (data.tobytes(), off)
+            raw = self._stored("source_data").read_rows(0, off[-1])
+            self._check_digest("source_data", raw)
+            self._sources = (raw.tobytes(), off)
         data, off = self._sources
         return data[off[index] : off[index + 1]].decode("utf-8")
 
@@ -341,7 +343,9 @@ class StoreReader(ABC):
                     problems.append(str(exc))
                     continue
                 if got != want:
-                    problems.append(f"array {stored!r} does not match its checksum (sha256 {got[:12]}..., recorded {want[:12]}...)")
+                    problems.append(
+                        f"array {stored!r} does not match its checksum (sha256 {got[:12]}..., recorded {want[:12]}...)"
+                    )
         if self.manifest.generation and all(s.sha256 for s in self.arrays.values()):
             digests = {k: v for s in self.arrays.values() for k, v in s.sha256.items()}
             if store_generation(n, digests) != self.manifest.generation:

@@ -95,7 +95,9 @@ def test_count_must_match_every_array(zstore: Path) -> None:
         lambda m: m["codecs"][0]["configuration"]["codecs"][0].update(configuration={"endian": "big"}),
     ],
 )
-def test_crafted_array_metadata_is_a_store_error(zstore: Path, bounded: None, change: Callable[[dict[str, Any]], None]) -> None:
+def test_crafted_array_metadata_is_a_store_error(
+    zstore: Path, bounded: None, change: Callable[[dict[str, Any]], None]
+) -> None:
     edit_json(zstore / "images" / "zarr.json", change)
     with pytest.raises(StoreError):
         open_and_read(zstore)
@@ -104,7 +106,10 @@ def test_crafted_array_metadata_is_a_store_error(zstore: Path, bounded: None, ch
 def test_separator_pointing_outside_the_store_reads_nothing_there(zstore: Path, tmp_path: Path) -> None:
     outside = tmp_path / "secret"
     outside.mkdir()
-    edit_json(zstore / "labels" / "zarr.json", lambda m: m["chunk_key_encoding"].update(configuration={"separator": "/../../secret/"}))
+    edit_json(
+        zstore / "labels" / "zarr.json",
+        lambda m: m["chunk_key_encoding"].update(configuration={"separator": "/../../secret/"}),
+    )
     opened: list[str] = []
     real_open = os.open
 
@@ -121,7 +126,10 @@ def test_separator_pointing_outside_the_store_reads_nothing_there(zstore: Path, 
 
 def test_shard_index_larger_than_its_file_is_refused(zstore: Path, bounded: None) -> None:
     # A forged shard shape (and index CRC that cannot match) must not allocate a table of that size.
-    edit_json(zstore / "images" / "zarr.json", lambda m: m["chunk_grid"]["configuration"].update(chunk_shape=[2**30, 10, 12, 3]))
+    edit_json(
+        zstore / "images" / "zarr.json",
+        lambda m: m["chunk_grid"]["configuration"].update(chunk_shape=[2**30, 10, 12, 3]),
+    )
     with pytest.raises(StoreError):
         open_and_read(zstore)
 
