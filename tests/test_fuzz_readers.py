@@ -9,6 +9,7 @@ The normal run is short; a longer one by hand:
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -94,6 +95,7 @@ def paths(d: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
 
 
 def mutate(doc: Any, path: tuple[Any, ...], value: Any, delete: bool) -> Any:
+    value = copy.deepcopy(value)  # sampled values are shared objects: never mutate them in place
     if not path:
         return value
     node = doc
