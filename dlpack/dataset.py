@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .backends import StoreReader, open_reader, open_writer
-from .errors import OptionError, SampleIndexError, StoreExistsError
+from .errors import OptionError, SampleIndexError, StoreError, StoreExistsError
 from .loader import Loader, LoaderOptions
 from .manifest import ArraySpec, Manifest
 
@@ -35,19 +35,32 @@ class Dataset:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        self._setup(Path(path), None)
+
+    def _setup(self, path: Path, pin: str | None) -> None:
+        self.path = path
         self._reader: StoreReader = open_reader(self.path)
+        self._reader._pin = pin  # a copy must read the very store its original opened
         m = self._reader.manifest  # fail now, not at the first sample, on incomplete or newer stores
+        image = "images" if m.image.layout == "fixed" else "image"
+        missing = [n for n in (image, "labels", "checksum", "source") if n not in m.arrays]
+        if missing:
+            raise StoreError(
+                f"store {self.path} lacks the array(s) {', '.join(missing)} every dlpack store has; rebuild it"
+            )
+        if m.image.layout == "variable" and "image_shapes" not in m.arrays:
+            raise StoreError(f"store {self.path} lacks image_shapes, which a variable-size store needs; rebuild it")
+        self._reader.read_all("labels")  # range-checked against the classes, and checksummed, now
         self.backend = m.backend
         self._keyed = [
             (spec.key, spec) for spec in m.arrays.values() if spec.key and spec.name not in ("images", "labels")
         ]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path}
+        return {"path": self.path, "pin": self._reader.__getstate__()["pin"]}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
+        self._setup(state["path"], state.get("pin"))
 
     @property
     def reader(self) -> StoreReader:
@@ -184,18 +197,42 @@ class Dataset:
         return f"<dlpack.Dataset {str(self.path)!r}: {m.count} images, {size}x{m.image.channels}, {self.backend}>"
 
     def verify(self) -> list[tuple[int, str]]:
-        """Re-read every image and compare its CRC-32 with the stored checksum.
+        """Check the whole store: every array against its recorded checksum, the sample count of
+        every array, the offsets of ragged arrays (rising, ending at their data's length), labels
+        against the classes, and every image against its own CRC-32.
 
-        Returns ``(index, source)`` of each mismatch; an empty list means the store is intact.
-        Structural damage (a missing or truncated shard) raises :class:`~dlpack.StoreError`.
+        The manifest's own checksum and the labels were checked when the store was opened.
+
+        Returns
+        -------
+        list of (int, str)
+            ``(index, source)`` of each image whose pixels do not match its CRC-32; empty when the
+            store is intact.
+
+        Raises
+        ------
+        StoreError
+            Any damage outside the images (an array that does not match its checksum, a wrong
+            count, broken offsets, a missing or truncated file), listing every problem found.
         """
         r = self._reader
+        image_arrays = r.spec("images" if self.manifest.image.layout == "fixed" else "image").stored_names()
+        problems = r.verify_arrays(skip=image_arrays)
+        if problems:
+            raise StoreError(f"store {self.path} is damaged:\n  " + "\n  ".join(problems) + "\nrebuild it")
         expected = r.read_all("checksum")
         bad = []
         for i in range(len(self)):
             img = np.ascontiguousarray(r.read_image(i))
             if zlib.crc32(img.data) != int(expected[i]):
                 bad.append((i, r.source(i)))
+        if not bad:
+            # The images' own checksum covers bytes the per-image CRCs do not (none, today).
+            problems = r.verify_arrays(
+                skip=[n for s in r.arrays.values() for n in s.stored_names() if n not in image_arrays]
+            )
+            if problems:
+                raise StoreError(f"store {self.path} is damaged:\n  " + "\n  ".join(problems) + "\nrebuild it")
         return bad
 
     def info(self) -> dict[str, Any]:

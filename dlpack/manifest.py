@@ -5,8 +5,11 @@ The manifest is written last, so its presence marks a complete store (docs/forma
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -14,11 +17,26 @@ import numpy as np
 
 from .errors import FormatVersionError, InputFileError, OptionError, StoreError
 
-__all__ = ["FORMAT_VERSION", "ArraySpec", "ImageSpec", "Manifest"]
+__all__ = ["FORMAT_VERSION", "ArraySpec", "ImageSpec", "Manifest", "sha256_hex", "store_generation"]
 
-#: Bumped whenever a reader of the previous version could misread a new store.
+#: Bumped whenever a reader of the previous version could misread a new store. Checksums and the
+#: generation were added within version 1: a reader that ignores them reads such a store correctly.
 FORMAT_VERSION = 1
 FORMAT_NAME = "dlpack"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_COMPRESSIONS = ("none", "lz4", "zstd")
+
+
+def sha256_hex(data: bytes | str) -> str:
+    """SHA-256 hex digest of ``data`` (str as UTF-8)."""
+    return hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
+
+
+def store_generation(count: int, digests: Mapping[str, str]) -> str:
+    """A store's generation: a digest of its sample count and every stored array's SHA-256, so two
+    stores share it only when every array holds the same bytes."""
+    doc = json.dumps({"count": count, "arrays": dict(sorted(digests.items()))}, sort_keys=True, separators=(",", ":"))
+    return sha256_hex(doc)
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,10 @@ class ArraySpec:
     ragged: bool = False
     key: str | None = None
     compression: str = "none"
+    #: SHA-256 hex of each stored array's bytes (C order, little-endian), by stored name; filled in
+    #: by the writer's ``commit``. It says which bytes an array holds, not what kind of array it is,
+    #: so it takes no part in comparing specs.
+    sha256: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _ARRAY_NAME.fullmatch(self.name):
@@ -82,13 +104,22 @@ class ArraySpec:
         if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape):
             raise OptionError(f"array {self.name!r}: trailing shape must be positive integers, got {self.shape!r}")
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
-        if self.compression not in ("none", "lz4", "zstd"):
+        if math.prod(self.shape) * dt.itemsize >= 2**40:
+            raise OptionError(f"array {self.name!r}: one sample of shape {self.shape} would take over 1 TiB")
+        if self.compression not in _COMPRESSIONS:
             raise OptionError(f"array {self.name!r}: compression must be none, lz4 or zstd, got {self.compression!r}")
+        if self.key is not None and not isinstance(self.key, str):
+            raise OptionError(f"array {self.name!r}: key must be a string or null, got {self.key!r}")
+        digests = dict(self.sha256)
+        for stored, digest in digests.items():
+            if stored not in self.stored_names() or not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+                raise OptionError(f"array {self.name!r}: bad checksum entry {stored!r}: {digest!r}")
+        object.__setattr__(self, "sha256", digests)
 
     @property
     def item_nbytes(self) -> int:
         """Bytes of one sample (fixed) or one row (ragged)."""
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def stored_names(self) -> tuple[str, ...]:
         """The names of the arrays that hold it on disk."""
@@ -97,26 +128,70 @@ class ArraySpec:
         return (self.name,)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "dtype": self.dtype,
             "shape": list(self.shape),
             "layout": "ragged" if self.ragged else "fixed",
             "key": self.key,
             "compression": self.compression,
         }
+        if self.sha256:
+            d["sha256"] = dict(sorted(self.sha256.items()))
+        return d
 
     @classmethod
     def from_dict(cls, name: str, d: dict[str, Any]) -> ArraySpec:
+        if not isinstance(d, dict):
+            raise StoreError(f"array {name!r}: its entry must be an object, got {type(d).__name__}")
         if d.get("layout") not in ("fixed", "ragged"):
             raise StoreError(f"array {name!r}: layout must be fixed or ragged, got {d.get('layout')!r}")
+        shape = d.get("shape", [])
+        if not isinstance(shape, list) or len(shape) > 32:
+            raise StoreError(f"array {name!r}: shape must be a list of at most 32 integers, got {shape!r}")
+        digests = d.get("sha256", {})
+        if not isinstance(digests, dict):
+            raise StoreError(f"array {name!r}: sha256 must be an object, got {digests!r}")
         return cls(
             name,
-            d["dtype"],
-            tuple(d.get("shape", ())),
+            _typed(d.get("dtype"), str, f"array {name!r} dtype"),
+            tuple(shape),
             d["layout"] == "ragged",
             d.get("key"),
-            d.get("compression", "none"),
+            _typed(d.get("compression", "none"), str, f"array {name!r} compression"),
+            digests,
         )
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
+    """``value`` when it is a ``kind`` (bool is no int here), else a StoreError naming ``what``."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise StoreError(f"{what} must be {'an integer' if kind is int else 'a ' + kind.__name__}, got {value!r}")
+    return value
+
+
+def _image_spec(d: Any) -> ImageSpec:
+    """An ImageSpec from the manifest's ``image`` object, every field checked."""
+    if not isinstance(d, dict):
+        raise StoreError(f"image must be an object, got {d!r}")
+    layout = d.get("layout")
+    if layout not in ("fixed", "variable"):
+        raise StoreError(f"image.layout must be fixed or variable, got {layout!r}")
+    channels = _typed(d.get("channels"), int, "image.channels")
+    if channels not in (1, 3):
+        raise StoreError(f"image.channels must be 1 or 3, got {channels}")
+    dtype = d.get("dtype")
+    if dtype not in ("|u1", "<u2"):
+        raise StoreError(f"image.dtype must be '|u1' or '<u2', got {dtype!r}")
+    size: list[int | None] = []
+    for axis in ("height", "width"):
+        v = d.get(axis)
+        if layout == "fixed":
+            if not 0 < _typed(v, int, f"image.{axis}") <= 2**31:
+                raise StoreError(f"image.{axis} must be a positive integer, got {v!r}")
+        elif v is not None:
+            raise StoreError(f"image.{axis} must be null in a variable-size store, got {v!r}")
+        size.append(v)
+    return ImageSpec(layout, channels, dtype, size[0], size[1])
 
 
 def _legacy_arrays(arrays: dict[str, Any], image: ImageSpec, compression: str) -> dict[str, ArraySpec]:
@@ -167,6 +242,8 @@ class Manifest:
     history: tuple[dict[str, Any], ...] = ()
     checksum: str = "crc32"
     dlpack_version: str = ""
+    #: :func:`store_generation` of the arrays as committed ("" in stores written before it was recorded).
+    generation: str = ""
     format_version: int = FORMAT_VERSION
     format: str = FORMAT_NAME
 
@@ -184,45 +261,95 @@ class Manifest:
         return json.dumps(self.to_dict(), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "") -> Manifest:
-        """Validate and build; a newer ``format_version`` is refused."""
+    def check_version(cls, d: Any, where: str = "") -> None:
+        """Refuse what is not a dlpack manifest, or one of a newer ``format_version``."""
         where = f" in {where}" if where else ""
         if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
             raise StoreError(f"not a dlpack manifest{where}")
         version = d.get("format_version")
-        if not isinstance(version, int):
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise StoreError(f"manifest{where} has no integer format_version")
         if version > FORMAT_VERSION:
             raise FormatVersionError(
                 f"store{where} uses format version {version}, but this dlpack reads up to "
                 f"{FORMAT_VERSION}; upgrade with: pip install -U dlpack-datasets"
             )
-        try:
-            known = {f.name for f in fields(cls)}
-            kwargs = {k: v for k, v in d.items() if k in known}
-            kwargs["image"] = ImageSpec(**kwargs["image"])
-            arrays = kwargs.get("arrays", {})
-            if not isinstance(arrays, dict):
-                raise TypeError("arrays must be an object")
-            if all(isinstance(a, dict) and "layout" in a for a in arrays.values()):
-                kwargs["arrays"] = {n: ArraySpec.from_dict(n, a) for n, a in arrays.items()}
-            else:
-                kwargs["arrays"] = _legacy_arrays(arrays, kwargs["image"], kwargs.get("compression", "none"))
-            kwargs["classes"] = tuple(kwargs.get("classes", ()))
-            kwargs["splits"] = tuple(kwargs.get("splits", ()))
-            kwargs["skipped"] = tuple(InputFileError(**e) for e in kwargs.get("skipped", ()))
-            kwargs["history"] = tuple(dict(h) for h in kwargs.get("history", ()))
-            if not isinstance(kwargs.get("plan", {}), dict):
-                raise TypeError(f"plan must be an object, got {type(kwargs['plan']).__name__}")
-            return cls(**kwargs)
-        except (KeyError, TypeError, IndexError, OptionError) as exc:
-            raise StoreError(f"manifest{where} is malformed: {exc}") from exc
 
     @classmethod
-    def from_json(cls, text: str | bytes, where: str = "") -> Manifest:
-        """Parse JSON text written by :meth:`to_json`."""
+    def from_dict(cls, d: dict[str, Any], where: str = "") -> Manifest:
+        """Validate every field's type and range, and build; a newer ``format_version`` is refused."""
+        cls.check_version(d, where)
+        try:
+            return cls(**_manifest_kwargs(d))
+        except (KeyError, TypeError, IndexError, ValueError, OptionError, StoreError) as exc:
+            w = f" in {where}" if where else ""
+            raise StoreError(f"manifest{w} is malformed: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = "", sha256: str | None = None) -> Manifest:
+        """Parse JSON text written by :meth:`to_json`; with ``sha256``, the text must have that digest
+        (checked after the version, so a newer store still says it is newer)."""
+        w = f" in {where}" if where else ""
         try:
             d = json.loads(text)
-        except ValueError as exc:
-            raise StoreError(f"manifest{' in ' + where if where else ''} is not valid JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise StoreError(f"manifest{w} is not valid JSON: {exc}") from exc
+        cls.check_version(d, where)
+        if sha256 is not None:
+            got = sha256_hex(text)
+            if got != sha256:
+                raise StoreError(
+                    f"manifest{w} does not match its checksum (sha256 {got[:12]}..., recorded {sha256[:12]}...): "
+                    "it was edited or damaged; rebuild the store"
+                )
         return cls.from_dict(d, where)
+
+
+def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
+    """Manifest constructor arguments from a parsed manifest, every known field type-checked."""
+    known = {f.name for f in fields(Manifest)}
+    kw = {k: v for k, v in d.items() if k in known}
+    count = _typed(kw.get("count"), int, "count")
+    if not 0 <= count < 2**63:
+        raise StoreError(f"count must be between 0 and 2**63, got {count}")
+    kw["image"] = _image_spec(kw.get("image"))
+    for name in ("backend", "labels", "checksum", "dlpack_version", "generation", "format"):
+        if name in kw:
+            _typed(kw[name], str, name)
+    if kw.get("generation", "") and not _HEX64.fullmatch(kw["generation"]):
+        raise StoreError(f"generation must be 64 hex digits, got {kw['generation']!r}")
+    if kw.get("compression", "none") not in _COMPRESSIONS:
+        raise StoreError(f"compression must be none, lz4 or zstd, got {kw.get('compression')!r}")
+    if _typed(kw.get("shard_images", 0), int, "shard_images") < 0:
+        raise StoreError(f"shard_images must be >= 0, got {kw['shard_images']}")
+    for name in ("resize", "plan", "conversions", "arrays"):
+        _typed(kw.get(name, {}), dict, name)
+    for k, v in kw.get("conversions", {}).items():
+        if _typed(v, int, f"conversions[{k!r}]") < 0:
+            raise StoreError(f"conversions[{k!r}] must be >= 0, got {v}")
+    classes = _typed(kw.get("classes", []), list, "classes")
+    for c in classes:
+        _typed(c, str, "each class name")
+    kw["classes"] = tuple(classes)
+    splits = _typed(kw.get("splits", []), list, "splits")
+    for name in splits:
+        _typed(name, str, "each split name")
+    kw["splits"] = tuple(splits)
+    history = _typed(kw.get("history", []), list, "history")
+    for h in history:
+        _typed(h, dict, "each history entry")
+    kw["history"] = tuple(dict(h) for h in history)
+    skipped = []
+    for e in _typed(kw.get("skipped", []), list, "skipped"):
+        if not isinstance(e, dict) or set(e) != {"path", "reason"}:
+            raise StoreError(f"each skipped entry must be {{path, reason}}, got {e!r}")
+        skipped.append(
+            InputFileError(_typed(e["path"], str, "skipped path"), _typed(e["reason"], str, "skipped reason"))
+        )
+    kw["skipped"] = tuple(skipped)
+    arrays = kw.get("arrays", {})
+    if all(isinstance(a, dict) and "layout" in a for a in arrays.values()):
+        kw["arrays"] = {n: ArraySpec.from_dict(n, a) for n, a in arrays.items()}
+    else:
+        kw["arrays"] = _legacy_arrays(arrays, kw["image"], kw.get("compression", "none"))
+    return kw

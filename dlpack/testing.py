@@ -30,7 +30,7 @@ from .backends import (
     register_backend,
 )
 from .errors import IncompleteStoreError, OptionError, StoreError, StoreExistsError, StoreNotFoundError
-from .manifest import ImageSpec, Manifest
+from .manifest import ImageSpec, Manifest, store_generation
 
 __all__ = ["BackendTests", "sample_arrays"]
 
@@ -61,8 +61,12 @@ def _spec(name: str, value: Any, compression: str = "none") -> ArraySpec:
     return ArraySpec(name, value.dtype.str, tuple(value.shape[1:]), key=name, compression=compression)
 
 
+#: Class names of the suite's stores: ``labels`` of sample_arrays are -1..4.
+CLASSES = ("a", "b", "c", "d", "e")
+
+
 def _manifest(backend: str, n: int) -> Manifest:
-    return Manifest(count=n, image=ImageSpec("fixed", 3, "|u1", 12, 10), backend=backend)
+    return Manifest(count=n, image=ImageSpec("fixed", 3, "|u1", 12, 10), backend=backend, classes=CLASSES)
 
 
 class BackendTests:
@@ -287,6 +291,78 @@ class BackendTests:
         with pytest.raises(StoreError, match="pickled"):
             pickle.dumps(writer)
         writer.abort()
+
+    # ------------------------------------------------------------------ integrity and generations
+
+    def test_commit_records_a_checksum_per_stored_array_and_the_generation(self, tmp_path: Path) -> None:
+        path = self.build_store(tmp_path)
+        with open_reader(path) as reader:
+            m = reader.manifest
+            digests: dict[str, str] = {}
+            for spec in m.arrays.values():
+                assert set(spec.sha256) == set(spec.stored_names()), spec.name
+                digests.update(spec.sha256)
+            assert m.generation == store_generation(N, digests)
+            assert reader.verify_arrays() == []
+
+    def test_same_arrays_give_the_same_generation(self, tmp_path: Path) -> None:
+        one = self.build_store(tmp_path / "one")
+        two = self.build_store(tmp_path / "two")
+        other = self.build_store(tmp_path / "other", sample_arrays(seed=3))
+        gens = []
+        for path in (one, two, other):
+            with open_reader(path) as reader:
+                gens.append(reader.manifest.generation)
+        assert gens[0] == gens[1] != gens[2]
+
+    def test_commit_refuses_a_manifest_whose_count_differs_from_the_arrays(self, tmp_path: Path) -> None:
+        writer = self.new_writer(self.store_path(tmp_path))
+        self.write(writer, {"labels": sample_arrays()["labels"]})
+        with pytest.raises(StoreError, match="manifest says"):
+            writer.commit(_manifest(self.backend, N - 1))
+        writer.abort()
+
+    def test_reader_sees_its_generation_or_refuses_after_an_array_is_replaced(self, tmp_path: Path) -> None:
+        arrays = sample_arrays()
+        path = self.build_store(tmp_path, arrays)
+        reader = open_reader(path)
+        assert reader.manifest.count == N  # the manifest is pinned now, the arrays on first use
+        try:
+            writer = open_writer(path, "r+")
+            writer.delete_array("weight")
+            self.write(writer, {"weight": np.arange(N, dtype=np.float64)})
+            writer.commit(_manifest(self.backend, N))
+        except StoreError as exc:  # a backend may refuse to write while a reader has the store open
+            assert "open" in str(exc)
+        try:
+            got = reader.read_all("weight")
+        except StoreError as exc:
+            assert "changed while it was open" in str(exc)
+        else:
+            assert np.array_equal(got, arrays["weight"])
+        assert np.array_equal(reader.read_all("labels"), arrays["labels"])  # untouched arrays still read
+        reader.close()
+
+    def test_pickled_reader_refuses_a_store_rewritten_since(self, tmp_path: Path) -> None:
+        import shutil
+
+        path = self.build_store(tmp_path)
+        with open_reader(path) as reader:
+            blob = pickle.dumps(reader)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        self.build_store(tmp_path, sample_arrays(seed=5))
+        copy = pickle.loads(blob)
+        with pytest.raises(StoreError, match="changed while it was open"):
+            copy.read_all("labels")
+
+    def test_labels_outside_the_classes_are_refused(self, tmp_path: Path) -> None:
+        arrays = {"labels": np.array([0, 1, 7] + [0] * (N - 3), dtype=np.int32)}
+        path = self.build_store(tmp_path, arrays)
+        with open_reader(path) as reader, pytest.raises(StoreError, match=r"holds 7 at sample 2"):
+            reader.read_all("labels")
 
     # ------------------------------------------------------------------ registry
 

@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import IncompleteStoreError, MissingExtraError, StoreError, StoreExistsError, StoreNotFoundError
-from ..manifest import ArraySpec, Manifest
-from .base import DEFAULT_SHARD_BYTES, ArrayAccess, Backend, Mode, StoreReader, StoreWriter, check_mode
+from ..manifest import ArraySpec, Manifest, sha256_hex
+from .base import (
+    DEFAULT_SHARD_BYTES,
+    DIGEST_ATTR,
+    ArrayAccess,
+    Backend,
+    Mode,
+    StoreReader,
+    StoreWriter,
+    check_mode,
+)
 
 __all__ = ["Hdf5Backend", "Hdf5Reader", "Hdf5Writer"]
 
@@ -26,6 +36,32 @@ MANIFEST = "manifest"
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Blocks written through h5py travel from workers to the main process by pickling: keep them small.
 _PICKLED_BLOCK = 4 * 2**20
+#: Free space kept in reserve on top of what a write needs: HDF5 crashes the process (SIGSEGV)
+#: when the disk fills while it writes its own metadata, so dlpack refuses before that can happen.
+SPACE_MARGIN = 64 * 2**20
+_MANIFEST_ATTR = "dlpack_manifest_sha256"
+
+
+def ensure_space(path: Path, nbytes: int, what: str) -> None:
+    """Raise a StoreError unless the file system of ``path`` has ``nbytes`` + the margin free."""
+    free = shutil.disk_usage(path.parent if not path.is_dir() else path).free
+    need = int(nbytes) + SPACE_MARGIN
+    if free < need:
+        raise StoreError(
+            f"not enough free space for {what} in {path}: {need / 2**20:.0f} MiB needed "
+            f"(with a {SPACE_MARGIN // 2**20} MiB margin), {free / 2**20:.0f} MiB free; free some space and build again"
+        )
+
+
+def _h5_error(path: Path, exc: OSError) -> StoreError:
+    """An h5py open error as a StoreError; a lock held by a reader gets its own message."""
+    text = str(exc)
+    if "lock" in text.lower() or "already open" in text.lower():
+        return StoreError(
+            f"{path} is open elsewhere (HDF5 refuses to write a file a reader has open): "
+            f"close its readers and try again ({text})"
+        )
+    return StoreError(f"cannot open {path} for writing: {text}")
 
 
 def _filter_kwargs(name: str) -> dict[str, Any]:
@@ -91,7 +127,10 @@ class Hdf5Writer(StoreWriter):
             import h5py
 
             _load_plugins()
-            self._h_file = h5py.File(self.path, "r+")
+            try:
+                self._h_file = h5py.File(self.path, "r+")
+            except OSError as exc:
+                raise _h5_error(self.path, exc) from exc
         return self._h_file
 
     def _close(self) -> None:
@@ -108,6 +147,7 @@ class Hdf5Writer(StoreWriter):
         if self.mode == "w-" or (self.mode == "a" and not exists):
             if exists:
                 raise StoreExistsError(f"{self.path} already exists")
+            ensure_space(self.path, 0, "a new HDF5 store")
             with h5py.File(self.path, "w-") as f:
                 f.attrs["dlpack_format"] = "dlpack"
             return
@@ -139,6 +179,7 @@ class Hdf5Writer(StoreWriter):
         import h5py
 
         dtype = np.dtype(spec.dtype)
+        ensure_space(self.path, rows * spec.item_nbytes, f"array {name!r}")
         f = self._file()
         filt = _filter_kwargs(spec.compression)
         offset: int | None = None
@@ -158,6 +199,7 @@ class Hdf5Writer(StoreWriter):
             dset = h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(dtype), space, dcpl=dcpl)
             got = dset.get_offset()
             offset = None if got is None else int(got)
+        f[name].attrs[DIGEST_ATTR] = ""  # "being written": no committed manifest lists this array yet
         self._close()  # workers may now write raw blocks; the file reopens for the next h5py call
         self._raw[name] = (
             offset,
@@ -219,6 +261,7 @@ class Hdf5Writer(StoreWriter):
     def _write_rows(self, name: str, start: int, rows: np.ndarray) -> None:
         offset, row_nbytes, _ = self._raw[name]
         if offset is None:
+            ensure_space(self.path, rows.nbytes, f"array {name!r}")
             ds = self._file()[name]
             stop = start + len(rows)
             if stop > ds.shape[0]:
@@ -242,13 +285,27 @@ class Hdf5Writer(StoreWriter):
             del f[name]  # HDF5 does not give the space back; a rebuild compacts the file
         self._raw.pop(name, None)
 
+    def _stored_rows(self, name: str) -> int:
+        return int(self._file()[name].shape[0])
+
+    def _read_stored(self, name: str, start: int, stop: int) -> np.ndarray:
+        return np.asarray(self._file()[name][start:stop])
+
+    def _set_digest(self, name: str, digest: str) -> None:
+        ensure_space(self.path, 0, f"the checksum of {name!r}")
+        self._file()[name].attrs[DIGEST_ATTR] = digest
+        self._close()  # workers may write raw blocks next
+
     def _write_manifest(self, manifest: Manifest) -> None:
         import h5py
 
+        text = manifest.to_json()
+        ensure_space(self.path, 2 * len(text.encode("utf-8")), "the manifest")
         f = self._file()
         if MANIFEST in f:
             del f[MANIFEST]
-        f.create_dataset(MANIFEST, data=manifest.to_json(), dtype=h5py.string_dtype("utf-8"))
+        f.attrs[_MANIFEST_ATTR] = sha256_hex(text)
+        f.create_dataset(MANIFEST, data=text, dtype=h5py.string_dtype("utf-8"))
         f.attrs["dlpack_format_version"] = manifest.format_version
         self._close()
 
@@ -321,6 +378,8 @@ class Hdf5Reader(StoreReader):
         self._map: mmap.mmap | None = None
 
     def _file(self) -> Any:
+        """The open file (one inode for the reader's life: a file renamed over the path later is
+        not seen); opening it reads and pins the manifest."""
         if self._f is None:
             import h5py
 
@@ -328,41 +387,85 @@ class Hdf5Reader(StoreReader):
             if not self.path.exists():
                 raise StoreNotFoundError(f"{self.path} does not exist")
             try:
-                self._f = h5py.File(self.path, "r")
+                f = h5py.File(self.path, "r")
             except OSError as exc:
                 raise StoreError(f"{self.path} is not a readable HDF5 file: {exc}") from exc
+            try:
+                manifest = self._read_manifest(f)
+            except BaseException:
+                f.close()
+                raise
+            self._f = f
+            if self._manifest is None:
+                self._manifest = manifest
         return self._f
+
+    def _read_manifest(self, f: Any) -> Manifest:
+        import h5py
+
+        if MANIFEST not in f:
+            if f.attrs.get("dlpack_format") == "dlpack":
+                raise IncompleteStoreError(
+                    f"{self.path} is an incomplete dlpack store (no manifest: the build failed or was "
+                    "killed); run dlpack build again with --overwrite"
+                )
+            raise StoreNotFoundError(f"{self.path} is an HDF5 file but not a dlpack store (no manifest)")
+        node = f[MANIFEST]
+        if not isinstance(node, h5py.Dataset) or node.shape != () or node.dtype.kind not in "OS":
+            raise StoreError(f"{self.path}: /manifest is not a scalar string")
+        raw = node[()]
+        try:
+            text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError as exc:
+            raise StoreError(f"{self.path}: /manifest is not UTF-8: {exc}") from exc
+        digest = f.attrs.get(_MANIFEST_ATTR)
+        if isinstance(digest, bytes):
+            digest = digest.decode("ascii", "replace")
+        if digest is not None and not isinstance(digest, str):
+            raise StoreError(f"{self.path}: {_MANIFEST_ATTR} must be a string")
+        manifest = Manifest.from_json(text, str(self.path), sha256=digest)
+        self._pin_manifest(text)
+        return manifest
 
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            f = self._file()
-            if MANIFEST not in f:
-                if f.attrs.get("dlpack_format") == "dlpack":
-                    raise IncompleteStoreError(
-                        f"{self.path} is an incomplete dlpack store (no manifest: the build failed or was "
-                        "killed); run dlpack build again with --overwrite"
-                    )
-                raise StoreNotFoundError(f"{self.path} is an HDF5 file but not a dlpack store (no manifest)")
-            raw = f[MANIFEST][()]
-            self._manifest = Manifest.from_json(raw.decode("utf-8") if isinstance(raw, bytes) else raw, str(self.path))
+            self._file()
+        assert self._manifest is not None
         return self._manifest
 
     def _open_array(self, stored_name: str) -> ArrayAccess:
+        import h5py
+
         f = self._file()
         if stored_name not in f:
             raise StoreError(f"store {self.path} has no array {stored_name!r}")
         ds = f[stored_name]
+        if not isinstance(ds, h5py.Dataset):
+            raise StoreError(f"{self.path}: {stored_name!r} is not a dataset")
+        # Data kept outside the file could be any file on the system: a store is one file.
+        if ds.external or ds.is_virtual:
+            kind = "external storage" if ds.external else "a virtual dataset"
+            raise StoreError(
+                f"{self.path}: array {stored_name!r} uses {kind}; dlpack reads only data inside the store file"
+            )
+        found = ds.attrs.get(DIGEST_ATTR)
+        self.check_generation(stored_name, found.decode("ascii", "replace") if isinstance(found, bytes) else found)
+        if ds.dtype.kind not in "biuf" or ds.ndim < 1:
+            raise StoreError(f"{self.path}: array {stored_name!r} has dtype {ds.dtype} and {ds.ndim} axes")
         offset = ds.id.get_offset()
         if ds.chunks is None and offset is not None and ds.size:
             if self._map is None:
-                with open(self.path, "rb") as fh:
-                    self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                # The descriptor HDF5 itself reads through: the map is of the very file (inode)
+                # whose manifest this reader pinned, even if another file was renamed over the path.
+                handle = f.id.get_vfd_handle()
+                if not isinstance(handle, int):
+                    raise StoreError(f"{self.path}: the HDF5 file driver gives no file descriptor to map")
+                self._map = mmap.mmap(handle, 0, access=mmap.ACCESS_READ)
             count = int(np.prod(ds.shape, dtype=np.int64))
-            try:
-                view = np.frombuffer(self._map, dtype=ds.dtype, count=count, offset=int(offset)).reshape(ds.shape)
-            except ValueError as exc:
-                raise StoreError(f"array {stored_name!r} of {self.path} reaches past the end of the file") from exc
+            if int(offset) + count * ds.dtype.itemsize > len(self._map):
+                raise StoreError(f"array {stored_name!r} of {self.path} reaches past the end of the file")
+            view = np.frombuffer(self._map, dtype=ds.dtype, count=count, offset=int(offset)).reshape(ds.shape)
             return _MappedArray(view, count * ds.dtype.itemsize)
         return _H5Array(ds)
 
@@ -387,8 +490,11 @@ class Hdf5Backend(Backend):
     def detect(cls, path: Path) -> bool:
         if not path.is_file():
             return False
-        with open(path, "rb") as f:
-            return f.read(8) == _SIGNATURE
+        try:
+            with open(path, "rb") as f:
+                return f.read(8) == _SIGNATURE
+        except OSError:
+            return False
 
     @classmethod
     def is_own(cls, path: Path) -> bool:

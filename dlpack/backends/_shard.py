@@ -9,6 +9,7 @@ costs one memory copy. The store stays standard: zarr-python and tensorstore rea
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 from pathlib import Path
@@ -18,9 +19,92 @@ import numpy as np
 
 from ..errors import StoreError
 
-__all__ = ["ShardedArray"]
+__all__ = ["ShardedArray", "parse_array_meta"]
 
 _MISSING = np.uint64(2**64 - 1)
+#: An inner chunk of one sample may be this large (a 2**28-pixel RGB uint16 image is 1.5 GiB) ...
+_MAX_CHUNK = 2**31
+#: ... one of several rows (small values, ragged data) this large (dlpack writes about 1-2 MiB).
+_MAX_MULTIROW_CHUNK = 2**26
+#: A compressed chunk may decode to at most this many times its stored bytes, or _RATIO_FLOOR.
+_MAX_RATIO = 2**16
+_RATIO_FLOOR = 2**22
+_MAX_DIMS = 32
+
+
+def _ints(value: Any, what: str, where: Path, minimum: int) -> list[int]:
+    if not isinstance(value, list) or not 1 <= len(value) <= _MAX_DIMS:
+        raise StoreError(f"{where}: {what} must be a list of 1-{_MAX_DIMS} integers, got {value!r}")
+    for v in value:
+        if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v < 2**53:
+            raise StoreError(f"{where}: {what} must hold integers >= {minimum}, got {value!r}")
+    return list(value)
+
+
+def _obj(value: Any, what: str, where: Path) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise StoreError(f"{where}: {what} must be an object, got {value!r}")
+    return value
+
+
+def parse_array_meta(meta: Any, where: Path) -> dict[str, Any]:
+    """Check a sharded array's ``zarr.json`` (types, ranges, dlpack's layout) and return the facts
+    the reader needs; anything else is a StoreError naming the file."""
+    where = where / "zarr.json"
+    meta = _obj(meta, "the metadata", where)
+    if meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
+        raise StoreError(f"{where}: not Zarr v3 array metadata")
+    shape = _ints(meta.get("shape"), "shape", where, 0)
+    try:
+        dtype = np.dtype(meta.get("data_type"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{where}: data_type {meta.get('data_type')!r} is not a NumPy dtype") from exc
+    if dtype.kind not in "biuf" or dtype.hasobject:
+        raise StoreError(f"{where}: data_type {meta.get('data_type')!r} is not a plain numeric type")
+    grid = _obj(meta.get("chunk_grid"), "chunk_grid", where)
+    if grid.get("name") != "regular":
+        raise StoreError(f"{where}: only a regular chunk grid is supported")
+    shard_shape = _ints(
+        _obj(grid.get("configuration"), "chunk_grid configuration", where).get("chunk_shape"), "chunk_shape", where, 1
+    )
+    codecs = meta.get("codecs")
+    if not isinstance(codecs, list) or len(codecs) != 1 or not isinstance(codecs[0], dict):
+        raise StoreError(f"{where}: expected one sharding_indexed codec, found {codecs!r}")
+    if codecs[0].get("name") != "sharding_indexed":
+        raise StoreError(f"{where}: expected one sharding_indexed codec, found {codecs[0].get('name')!r}")
+    conf = _obj(codecs[0].get("configuration"), "sharding configuration", where)
+    inner = _ints(conf.get("chunk_shape"), "inner chunk_shape", where, 1)
+    if not (len(shard_shape) == len(inner) == len(shape)):
+        raise StoreError(f"{where}: shape, shard shape and chunk shape have different lengths")
+    if shard_shape[1:] != shape[1:] or inner[1:] != shape[1:]:
+        raise StoreError(f"{where}: only arrays sharded and chunked along the first axis are supported")
+    if shard_shape[0] % inner[0]:
+        raise StoreError(f"{where}: the shard length {shard_shape[0]} is not a multiple of the chunk length {inner[0]}")
+    if conf.get("index_location", "end") != "end":
+        raise StoreError(f"{where}: shard index at the start is not supported")
+    inner_codecs = conf.get("codecs")
+    if not isinstance(inner_codecs, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("name"), str) for c in inner_codecs
+    ):
+        raise StoreError(f"{where}: the inner codecs must be a list of named codecs, got {inner_codecs!r}")
+    cke = _obj(meta.get("chunk_key_encoding", {"name": "default"}), "chunk_key_encoding", where)
+    if cke.get("name") != "default":
+        raise StoreError(f"{where}: chunk key encoding {cke.get('name')!r} is not supported (dlpack writes 'default')")
+    sep = _obj(cke.get("configuration", {}), "chunk_key_encoding configuration", where).get("separator", "/")
+    if sep not in ("/", "."):  # anything else could name a file outside the array's folder
+        raise StoreError(f"{where}: chunk key separator must be '/' or '.', got {sep!r}")
+    chunk_nbytes = math.prod(inner) * dtype.itemsize
+    if chunk_nbytes > (_MAX_CHUNK if inner[0] == 1 else _MAX_MULTIROW_CHUNK):
+        raise StoreError(
+            f"{where}: an inner chunk of {inner} {dtype} ({chunk_nbytes} bytes) is larger than dlpack reads"
+        )
+    cps = shard_shape[0] // inner[0]
+    if cps * 16 + 4 > 2**40:
+        raise StoreError(f"{where}: a shard of {cps} chunks would need an index larger than any file")
+    return {
+        "shape": tuple(shape), "dtype": dtype.newbyteorder("<"), "chunk_len": inner[0], "chunks_per_shard": cps,
+        "chunk_nbytes": chunk_nbytes, "codecs": inner_codecs, "sep": sep,
+    }  # fmt: skip
 
 
 def crc32c(data: bytes) -> int:
@@ -31,6 +115,9 @@ def crc32c(data: bytes) -> int:
 
 def _decoder(codecs: list[dict[str, Any]], where: Path) -> Any:
     """A numcodecs codec for the inner chunks' bytes-to-bytes codec, or None for raw bytes."""
+    for c in codecs:
+        if c["name"] == "bytes" and (c.get("configuration") or {}).get("endian", "little") != "little":
+            raise StoreError(f"{where}: big-endian chunks are not supported (dlpack writes little-endian)")
     extra = [c for c in codecs if c["name"] != "bytes"]
     if not extra:
         return None
@@ -54,70 +141,87 @@ class ShardedArray:
     re-mapping per epoch costs more than half the throughput.
     """
 
-    def __init__(self, path: Path, strict: bool = False) -> None:
+    def __init__(self, path: Path, strict: bool = False, meta: Any = None, dir_fd: int | None = None) -> None:
         self.path = path
         self.strict = strict
-        try:
-            meta = json.loads((path / "zarr.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"cannot read array metadata {path / 'zarr.json'}: {exc}") from exc
-        self.shape = tuple(meta["shape"])
-        self.dtype = np.dtype(meta["data_type"]).newbyteorder("<")
-        codecs = meta["codecs"]
-        if len(codecs) != 1 or codecs[0]["name"] != "sharding_indexed":
-            raise StoreError(f"{path}: expected one sharding_indexed codec, found {[c['name'] for c in codecs]}")
-        conf = codecs[0]["configuration"]
-        shard_shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
-        inner = conf["chunk_shape"]
-        if list(shard_shape[1:]) != list(self.shape[1:]) or list(inner[1:]) != list(self.shape[1:]):
-            raise StoreError(f"{path}: only arrays sharded and chunked along the first axis are supported")
-        if conf.get("index_location", "end") != "end":
-            raise StoreError(f"{path}: shard index at the start is not supported")
-        self.chunk_len = int(inner[0])
-        self.chunks_per_shard = int(shard_shape[0]) // self.chunk_len
+        #: A handle on the array's folder: shard files are opened through it, so they come from the
+        #: folder whose zarr.json was read even if the store is replaced meanwhile (POSIX).
+        self._dir_fd = dir_fd
+        if meta is None:
+            try:
+                meta = json.loads((path / "zarr.json").read_text())
+            except (OSError, ValueError, RecursionError) as exc:
+                raise StoreError(f"cannot read array metadata {path / 'zarr.json'}: {exc}") from exc
+        facts = parse_array_meta(meta, path)
+        self.shape: tuple[int, ...] = facts["shape"]
+        self.dtype: np.dtype[Any] = facts["dtype"]
+        self.chunk_len: int = facts["chunk_len"]
+        self.chunks_per_shard: int = facts["chunks_per_shard"]
         self.chunk_shape = (self.chunk_len, *self.shape[1:])
-        self.chunk_nbytes = int(np.prod(self.chunk_shape)) * self.dtype.itemsize
+        self.chunk_nbytes: int = facts["chunk_nbytes"]
         self.rows_per_shard = self.chunk_len * self.chunks_per_shard
         self.n_chunks = -(-self.shape[0] // self.chunk_len) if self.shape[0] else 0
         self.n_shards = -(-self.n_chunks // self.chunks_per_shard) if self.n_chunks else 0
-        self.decoder = _decoder(conf["codecs"], path)
-        sep = meta["chunk_key_encoding"].get("configuration", {}).get("separator", "/")
-        self._key_tail: str = sep.join("0" for _ in self.shape[1:])
-        self._sep: str = str(sep)
-        self._maps: list[mmap.mmap | None] = [None] * self.n_shards
+        self.decoder = _decoder(facts["codecs"], path)
+        self._sep: str = facts["sep"]
+        self._key_tail: str = self._sep.join("0" for _ in self.shape[1:])
+        # Filled as shards are mapped (a dict: its size follows the files found, not the metadata's claim).
+        self._maps: dict[int, mmap.mmap] = {}
         self._index: np.ndarray | None = None  # [n_chunks, 2] uint64: (offset, nbytes) within its shard
         self._views: list[np.ndarray | None] | None = None
 
+    def shard_key(self, s: int) -> str:
+        """The key of shard ``s``, relative to the array's folder."""
+        return self._sep.join(["c", str(s)] + ([self._key_tail] if self._key_tail else []))
+
     def shard_file(self, s: int) -> Path:
         """The file of shard ``s``."""
-        key = self._sep.join(["c", str(s)] + ([self._key_tail] if self._key_tail else []))
-        return self.path / key
+        return self.path / self.shard_key(s)
 
     def _map(self, s: int) -> mmap.mmap | None:
-        m = self._maps[s]
+        m = self._maps.get(s)
         if m is None:
             try:
-                with open(self.shard_file(s), "rb") as f:
-                    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                if self._dir_fd is not None:
+                    fd = os.open(self.shard_key(s), os.O_RDONLY, dir_fd=self._dir_fd)
+                else:
+                    fd = os.open(self.shard_file(s), os.O_RDONLY)
+                try:
+                    m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                finally:
+                    os.close(fd)
             except FileNotFoundError:
-                if self.strict:  # dlpack writes every shard, so a missing one means damage
-                    raise StoreError(f"shard file {self.shard_file(s)} is missing; rebuild the store") from None
+                if self.strict:  # dlpack writes every shard, so a missing one means damage (or a replaced store)
+                    raise StoreError(
+                        f"shard file {self.shard_file(s)} is missing; the store is damaged or was replaced"
+                    ) from None
                 return None  # an absent shard holds only fill values
             except (OSError, ValueError) as exc:
                 raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
             self._maps[s] = m
         return m
 
+    def map_all(self) -> None:
+        """Map every shard now (through the folder handle), then let the handle go: what this array
+        reads afterwards cannot change when the store is replaced. Checks the index of each."""
+        try:
+            _ = self.index
+        finally:
+            self._dir_fd = None
+
     @property
     def index(self) -> np.ndarray:
         """Every chunk's (offset, nbytes) in its shard, read from the shard tails once."""
         if self._index is None:
-            idx = np.full((self.n_shards * self.chunks_per_shard, 2), _MISSING, dtype=np.uint64)
             table = 16 * self.chunks_per_shard
-            for s in range(self.n_shards):
+            parts: list[np.ndarray] = []
+            on_disk = 0
+            for s in range(self.n_shards):  # each shard must exist (strict) before the next is counted
                 m = self._map(s)
                 if m is None:
+                    parts.append(np.full((self.chunks_per_shard, 2), _MISSING, dtype=np.uint64))
                     continue
+                on_disk += len(m)
                 if len(m) < table + 4:
                     raise StoreError(f"shard {self.shard_file(s)} is truncated ({len(m)} bytes)")
                 tail = m[len(m) - table - 4 :]
@@ -126,15 +230,33 @@ class ShardedArray:
                         f"shard {self.shard_file(s)} is corrupt or truncated (its index checksum does not match); "
                         "rebuild the store"
                     )
-                part = np.frombuffer(tail, dtype="<u8", count=2 * self.chunks_per_shard).reshape(-1, 2)
+                part = (
+                    np.frombuffer(tail, dtype="<u8", count=2 * self.chunks_per_shard).reshape(-1, 2).astype(np.uint64)
+                )
                 ok = part[:, 0] != _MISSING
                 end = np.uint64(len(m) - table - 4)
                 off, nb = part[ok, 0], part[ok, 1]
                 if np.any(off > end) or np.any(nb > end - np.minimum(off, end)):  # no uint64 wrap-around
                     raise StoreError(f"shard {self.shard_file(s)} is corrupt: its index points past the data")
-                idx[s * self.chunks_per_shard : (s + 1) * self.chunks_per_shard] = part
-            self._index = idx[: self.n_chunks]
+                parts.append(part)
+            idx = np.concatenate(parts)[: self.n_chunks] if parts else np.empty((0, 2), dtype=np.uint64)
+            if self.strict and bool(np.any(idx[:, 0] == _MISSING)):
+                c = int(np.flatnonzero(idx[:, 0] == _MISSING)[0])
+                raise StoreError(f"chunk {c} of {self.path} is missing from its shard; the store is damaged")
+            if self.decoder is None and self.strict and bool(np.any(idx[:, 1] != self.chunk_nbytes)):
+                raise StoreError(
+                    f"{self.path}: an uncompressed chunk is not {self.chunk_nbytes} bytes; the store is damaged"
+                )
+            self._index = idx
         return self._index
+
+    def _check_ratio(self, nb: int | np.ndarray) -> None:
+        """A compressed chunk must not claim to decode to far more than it could (a bound on memory)."""
+        if np.any(np.maximum(_RATIO_FLOOR, np.asarray(nb, dtype=np.float64) * _MAX_RATIO) < self.chunk_nbytes):
+            raise StoreError(
+                f"{self.path}: a compressed chunk would decode to {self.chunk_nbytes} bytes, more than "
+                f"{_MAX_RATIO} times its stored size; the store is damaged"
+            )
 
     def shard_views(self) -> list[np.ndarray | None]:
         """Per shard, an array view of its chunks when they are stored raw and in order (as dlpack
@@ -144,7 +266,7 @@ class ShardedArray:
             idx, per = self.index, self.chunks_per_shard
             for s in range(self.n_shards):
                 part = idx[s * per : (s + 1) * per]
-                m = self._maps[s]
+                m = self._maps.get(s)
                 regular = (
                     self.decoder is None
                     and m is not None
@@ -166,7 +288,9 @@ class ShardedArray:
             out[...] = 0
             return
         m = self._maps[c // self.chunks_per_shard]
-        raw = np.frombuffer(m, dtype=np.uint8, count=int(nb), offset=int(off))  # type: ignore[arg-type]
+        raw = np.frombuffer(m, dtype=np.uint8, count=int(nb), offset=int(off))
+        if self.decoder is not None:
+            self._check_ratio(int(nb))
         if self.decoder is None:
             if nb != self.chunk_nbytes:
                 raise StoreError(f"chunk {c} of {self.path} has {nb} bytes, expected {self.chunk_nbytes}")
@@ -190,8 +314,10 @@ class ShardedArray:
             raise StoreError(
                 f"rows {start}:{stop} are outside {self.path} of {self.shape[0]} rows; the store is damaged"
             )
-        out = np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
         views, rps = self.shard_views(), self.rows_per_shard
+        if self.decoder is not None and stop > start:  # bound the allocation by what the chunks can hold
+            self._check_ratio(self.index[start // self.chunk_len : -(-stop // self.chunk_len), 1])
+        out = np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
         pos = start
         while pos < stop:
             view = views[pos // rps]
@@ -227,13 +353,13 @@ class ShardedArray:
     def close(self) -> None:
         """Unmap every shard."""
         self._views = None
-        for m in self._maps:
-            if m is not None:
-                try:
-                    m.close()
-                except BufferError:
-                    pass  # a caller still holds a view; the map goes when it does
-        self._maps = [None] * self.n_shards
+        for m in self._maps.values():
+            try:
+                m.close()
+            except BufferError:
+                pass  # a caller still holds a view; the map goes when it does
+        self._maps = {}
+        self._index = None
 
     def warm(self) -> None:
         """Read the index and map every shard now, so the first batch pays no setup."""
@@ -241,4 +367,6 @@ class ShardedArray:
 
     def nbytes_on_disk(self) -> int:
         """Bytes of every shard file."""
+        if len(self._maps) == self.n_shards:
+            return sum(len(m) for m in self._maps.values())
         return sum(os.path.getsize(self.shard_file(s)) for s in range(self.n_shards) if self.shard_file(s).exists())

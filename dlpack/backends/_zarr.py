@@ -18,14 +18,28 @@ from typing import Any
 import numpy as np
 
 from ..errors import IncompleteStoreError, StoreError, StoreExistsError, StoreNotFoundError
-from ..manifest import ArraySpec, Manifest
+from ..manifest import ArraySpec, Manifest, sha256_hex
 from ._shard import ShardedArray, crc32c
-from .base import DEFAULT_SHARD_BYTES, ArrayAccess, Backend, Mode, StoreReader, StoreWriter, check_mode
+from .base import (
+    DEFAULT_SHARD_BYTES,
+    DIGEST_ATTR,
+    ArrayAccess,
+    Backend,
+    Mode,
+    StoreReader,
+    StoreWriter,
+    changed_error,
+    check_mode,
+)
 
 __all__ = ["ZarrBackend", "ZarrReader", "ZarrWriter"]
 
 MANIFEST = "manifest.json"
 _MISSING = 2**64 - 1
+#: Directory handles pin what a reader opened (POSIX); elsewhere files are opened by path.
+_DIR_FD = os.open in os.supports_dir_fd and hasattr(os, "O_DIRECTORY")
+#: zarr.json and manifest.json larger than this are refused before they are read.
+_MAX_JSON = 256 * 2**20
 
 
 def _compressors(name: str, itemsize: int) -> Any:
@@ -45,6 +59,33 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _read_text(name: str, dir_fd: int | None, folder: Path) -> str:
+    """File ``name`` of ``folder`` (opened through ``dir_fd`` when given) as UTF-8, size-bounded."""
+    fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd) if dir_fd is not None else os.open(folder / name, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > _MAX_JSON:
+            raise StoreError(f"{folder / name} is {size} bytes, too large for dlpack metadata")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read().decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+def _json(text: str, where: Path) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise StoreError(f"{where} is not valid JSON: {exc}") from exc
+
+
+def _marker(group_meta: Any) -> dict[str, Any] | None:
+    """dlpack's marker in a group's zarr.json, or None."""
+    attrs = group_meta.get("attributes") if isinstance(group_meta, dict) else None
+    marker = attrs.get("dlpack") if isinstance(attrs, dict) else None
+    return marker if isinstance(marker, dict) and marker.get("format") == "dlpack" else None
 
 
 @dataclass
@@ -121,8 +162,22 @@ class ZarrWriter(StoreWriter):
             compressors=_compressors(spec.compression, dtype.itemsize),
             fill_value=0,
             config={"write_empty_chunks": True},
+            attributes={DIGEST_ATTR: ""},  # "being written": no committed manifest lists this array yet
         )
         self._layout[name] = _Layout(rows, spec.shape, dtype.str, chunk, shard_rows, spec.compression)
+
+    def _stored_rows(self, name: str) -> int:
+        return self._layout_of(name).rows
+
+    def _read_stored(self, name: str, start: int, stop: int) -> np.ndarray:
+        return ShardedArray(self.path / name, strict=True).read_rows(start, stop)
+
+    def _set_digest(self, name: str, digest: str) -> None:
+        path = self.path / name / "zarr.json"
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta.setdefault("attributes", {})[DIGEST_ATTR] = digest
+        _atomic_write(path, json.dumps(meta, indent=2))
+        self._h_arrays.pop(name, None)
 
     def _layout_of(self, name: str) -> _Layout:
         lay = self._layout.get(name)
@@ -193,12 +248,15 @@ class ZarrWriter(StoreWriter):
         path = self._shard_path(name, lay, s)
         path.parent.mkdir(parents=True, exist_ok=True)
         table = index.tobytes()
-        with open(path, "wb") as f:
+        # A new file renamed over the old one: a reader that mapped the old shard keeps it whole.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
             f.write(data.data)
             if pad:
                 f.write(bytes(pad * lay.row_nbytes))
             f.write(table)
             f.write(crc32c(table).to_bytes(4, "little"))
+        os.replace(tmp, path)
 
     def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:
         try:
@@ -272,9 +330,15 @@ class ZarrWriter(StoreWriter):
 
     def _write_manifest(self, manifest: Manifest) -> None:
         self._h_arrays.clear()
+        text = manifest.to_json()
         g = self._group("r+")
-        g.attrs["dlpack"] = {"format": "dlpack", "format_version": manifest.format_version, "complete": True}
-        _atomic_write(self.path / MANIFEST, manifest.to_json())
+        g.attrs["dlpack"] = {
+            "format": "dlpack",
+            "format_version": manifest.format_version,
+            "complete": True,
+            "manifest_sha256": sha256_hex(text),
+        }
+        _atomic_write(self.path / MANIFEST, text)
 
     def abort(self) -> None:
         self._h_arrays.clear()
@@ -312,50 +376,141 @@ class _ZarrPythonArray:
 
 
 class ZarrReader(StoreReader):
-    """Reads every array through :class:`ShardedArray` (direct shard access)."""
+    """Reads every array through :class:`ShardedArray` (direct shard access).
+
+    One generation: the store folder is opened once (a directory handle) and the manifest, the
+    group metadata and every array are read through that handle, so a store renamed over this path
+    later (``--overwrite``) is not seen; each array's ``zarr.json`` must carry the checksum the
+    manifest lists for it, and all shards of an array are mapped together when it is first used.
+    """
 
     def __init__(self, path: str | Path, mode: Mode = "r") -> None:
         super().__init__(path, mode)
         self._manifest: Manifest | None = None
+        self._fd: int | None = None
+
+    def _root(self) -> int | None:
+        """The handle on the store folder, opened (and the manifest read and pinned) on first use."""
+        if self._fd is None and _DIR_FD:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                raise StoreNotFoundError(f"no store at {self.path}") from None
+            except OSError as exc:
+                raise StoreError(f"{self.path} is not a dlpack store folder: {exc}") from exc
+            try:
+                manifest = _load_manifest(self.path, fd, self._pin_manifest)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+            if self._manifest is None:
+                self._manifest = manifest
+        return self._fd
 
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            self._manifest = read_manifest(self.path)
+            if _DIR_FD:
+                self._root()
+            else:
+                self._manifest = _load_manifest(self.path, None, self._pin_manifest)
+        assert self._manifest is not None
         return self._manifest
 
     def _open_array(self, stored_name: str) -> ArrayAccess:
+        root = self._root() if _DIR_FD else None
         path = self.path / stored_name
+        afd: int | None = None
         try:
-            meta = json.loads((path / "zarr.json").read_text(encoding="utf-8"))
+            if root is not None:
+                afd = os.open(stored_name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=root)
+            meta = _json(_read_text("zarr.json", afd, path), path / "zarr.json")
         except FileNotFoundError:
+            if afd is not None:
+                os.close(afd)
+            if self._replaced():
+                raise changed_error(
+                    self.path, f"array {stored_name!r} is gone: the store was rebuilt or replaced"
+                ) from None
             raise StoreError(f"store {self.path} has no array {stored_name!r} (missing {path / 'zarr.json'})") from None
-        except (OSError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError) as exc:
+            if afd is not None:
+                os.close(afd)
             raise StoreError(f"cannot read array metadata {path / 'zarr.json'}: {exc}") from exc
-        codecs = meta.get("codecs") if isinstance(meta, dict) else None
-        if isinstance(codecs, list) and len(codecs) == 1 and codecs[0].get("name") == "sharding_indexed":
-            return ShardedArray(path, strict=True)
-        return _ZarrPythonArray(path)
+        try:
+            attrs = meta.get("attributes") if isinstance(meta, dict) else None
+            self.check_generation(stored_name, attrs.get(DIGEST_ATTR) if isinstance(attrs, dict) else None)
+            codecs = meta.get("codecs") if isinstance(meta, dict) else None
+            first = codecs[0] if isinstance(codecs, list) and len(codecs) == 1 else None
+            if isinstance(first, dict) and first.get("name") == "sharding_indexed":
+                arr = ShardedArray(path, strict=True, meta=meta, dir_fd=afd)
+                try:
+                    arr.map_all()
+                except StoreError:
+                    arr.close()
+                    if self._replaced():
+                        raise changed_error(
+                            self.path, f"array {stored_name!r} lost shards: the store was replaced"
+                        ) from None
+                    raise
+                return arr
+            return _ZarrPythonArray(path)
+        finally:
+            if afd is not None:
+                os.close(afd)
+
+    def _replaced(self) -> bool:
+        """Whether the folder at this path is no longer the one this reader opened."""
+        if self._fd is None:
+            return False
+        try:
+            mine = os.fstat(self._fd)
+            now = os.stat(self.path)
+        except OSError:
+            return True
+        return (mine.st_dev, mine.st_ino) != (now.st_dev, now.st_ino) or mine.st_nlink == 0
 
     def close(self) -> None:
         super().close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _load_manifest(path: Path, dir_fd: int | None, pin: Any = None) -> Manifest:
+    """The manifest of the Zarr store at ``path`` (read through ``dir_fd`` when given), checked
+    against the checksum in the group metadata; ``pin(text)`` records or checks what was read."""
+    try:
+        group = _json(_read_text("zarr.json", dir_fd, path), path / "zarr.json")
+    except FileNotFoundError:
+        group = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StoreError(f"cannot read {path / 'zarr.json'}: {exc}") from exc
+    marker = _marker(group)
+    try:
+        text = _read_text(MANIFEST, dir_fd, path)
+    except FileNotFoundError:
+        if marker is not None:
+            raise IncompleteStoreError(
+                f"{path} is an incomplete dlpack store (no {MANIFEST}: the build failed or was killed); "
+                "run dlpack build again with --overwrite"
+            ) from None
+        raise StoreNotFoundError(f"{path} is not a dlpack store (no {MANIFEST})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StoreError(f"cannot read {path / MANIFEST}: {exc}") from exc
+    digest = marker.get("manifest_sha256") if marker is not None else None
+    if digest is not None and not isinstance(digest, str):
+        raise StoreError(f"{path / 'zarr.json'}: manifest_sha256 must be a string")
+    manifest = Manifest.from_json(text, str(path), sha256=digest)
+    if pin is not None:
+        pin(text)
+    return manifest
 
 
 def read_manifest(path: Path) -> Manifest:
     """The manifest of a Zarr store, with errors that say what is wrong."""
-    mpath = path / MANIFEST
-    if not mpath.exists():
-        if ZarrBackend.is_own(path):
-            raise IncompleteStoreError(
-                f"{path} is an incomplete dlpack store (no {MANIFEST}: the build failed or was killed); "
-                "run dlpack build again with --overwrite"
-            )
-        raise StoreNotFoundError(f"{path} is not a dlpack store (no {MANIFEST})")
-    try:
-        text = mpath.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise StoreError(f"cannot read {mpath}: {exc}") from exc
-    return Manifest.from_json(text, str(path))
+    return _load_manifest(path, None)
 
 
 class ZarrBackend(Backend):
@@ -371,11 +526,10 @@ class ZarrBackend(Backend):
         if not path.is_dir() or path.is_symlink():
             return False
         try:
-            attrs = json.loads((path / "zarr.json").read_text(encoding="utf-8")).get("attributes", {})
-        except (OSError, ValueError, AttributeError):
+            meta = json.loads((path / "zarr.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
             return False
-        marker = attrs.get("dlpack") if isinstance(attrs, dict) else None
-        return isinstance(marker, dict) and marker.get("format") == "dlpack"
+        return _marker(meta) is not None
 
     @classmethod
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader:

@@ -17,16 +17,18 @@ name and suffix and checks capability flags in one place.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
 from ..errors import OptionError, StoreError
-from ..manifest import ArraySpec, Manifest
+from ..manifest import ArraySpec, Manifest, sha256_hex, store_generation
 
 __all__ = ["ArrayAccess", "ArraySpec", "Backend", "Mode", "StoreReader", "StoreWriter", "DEFAULT_SHARD_BYTES"]
 
@@ -37,6 +39,32 @@ DEFAULT_SHARD_BYTES = 32 * 2**20
 #: Arrays whose samples are smaller than this are read whole once and indexed in memory.
 _SMALL_SAMPLE = 4096
 _SMALL_ARRAY = 64 * 2**20
+#: Attribute of every stored array's metadata (Zarr ``zarr.json`` attributes, HDF5 dataset
+#: attribute): the SHA-256 of its bytes once committed, "" while it is being written.
+DIGEST_ATTR = "dlpack_sha256"
+#: Rows hashed per read when checksumming a whole array (bounded memory).
+_HASH_BYTES = 32 * 2**20
+
+
+def array_digest(read_rows: Any, rows: int, row_nbytes: int, dtype: str) -> str:
+    """SHA-256 hex of a stored array's bytes (C order, little-endian), read in bounded blocks."""
+    h = hashlib.sha256()
+    step = max(1, _HASH_BYTES // max(1, row_nbytes))
+    le = np.dtype(dtype).newbyteorder("<")
+    for start in range(0, rows, step):
+        block = np.ascontiguousarray(read_rows(start, min(rows, start + step)), dtype=le)
+        h.update(block.data.cast("B") if block.size else b"")
+    return h.hexdigest()
+
+
+def stored_dtype(spec: ArraySpec, stored: str) -> str:
+    """The dtype of stored array ``stored`` of ``spec`` (offsets are int64)."""
+    return "<i8" if spec.ragged and stored.endswith("_offsets") else spec.dtype
+
+
+def changed_error(path: Path, detail: str) -> StoreError:
+    """The error a reader raises when its store is no longer the one it opened."""
+    return StoreError(f"store {path} changed while it was open ({detail}); reopen it")
 
 
 def check_mode(mode: str, allowed: Sequence[str]) -> None:
@@ -96,12 +124,37 @@ class StoreReader(ABC):
         self._whole: dict[str, np.ndarray] = {}
         self._offsets: dict[str, list[int]] = {}
         self._sources: tuple[bytes, list[int]] | None = None
+        #: SHA-256 of the manifest text this reader opened: every later (re)open must find the same.
+        self._pin: str | None = None
 
     # ------------------------------------------------------------------ backend hooks
 
     @property
     @abstractmethod
     def manifest(self) -> Manifest: ...
+
+    def _pin_manifest(self, text: str | bytes) -> None:
+        """Record the manifest this reader sees, or refuse one that differs from what it pinned."""
+        got = sha256_hex(text)
+        if self._pin is not None and got != self._pin:
+            raise changed_error(self.path, f"manifest {self._pin[:12]}, found {got[:12]}")
+        self._pin = got
+
+    def expected_digest(self, stored_name: str) -> str | None:
+        """The SHA-256 the manifest records for stored array ``stored_name`` (None: not recorded)."""
+        for spec in self.manifest.arrays.values():
+            if stored_name in spec.stored_names():
+                return spec.sha256.get(stored_name)
+        return None
+
+    def check_generation(self, stored_name: str, found: object) -> None:
+        """Refuse a stored array whose metadata digest is not the one the opened manifest lists."""
+        want = self.expected_digest(stored_name)
+        if want is not None and found != want:
+            shown = found[:12] if isinstance(found, str) and found else "none"
+            raise changed_error(
+                self.path, f"array {stored_name!r} is generation {shown}, the manifest opened lists {want[:12]}"
+            )
 
     @abstractmethod
     def _open_array(self, stored_name: str) -> ArrayAccess:
@@ -125,8 +178,32 @@ class StoreReader(ABC):
     def _stored(self, stored_name: str) -> ArrayAccess:
         acc = self._access.get(stored_name)
         if acc is None:
-            acc = self._access[stored_name] = self._open_array(stored_name)
+            acc = self._open_array(stored_name)
+            self._check_layout(stored_name, acc)
+            self._access[stored_name] = acc
         return acc
+
+    def _check_layout(self, stored_name: str, acc: ArrayAccess) -> None:
+        """The stored array's shape and dtype must be what the manifest says (checked once, at open)."""
+        n = len(self)
+        for spec in self.arrays.values():
+            if stored_name not in spec.stored_names():
+                continue
+            if spec.ragged and stored_name.endswith("_offsets"):
+                want: tuple[int, ...] | None = (n + 1,)
+            elif spec.ragged:
+                want = None  # any number of rows; the offsets bound them
+            else:
+                want = (n, *spec.shape)
+            dtype = np.dtype(stored_dtype(spec, stored_name))
+            shape_ok = tuple(acc.shape) == want if want is not None else tuple(acc.shape[1:]) == spec.shape
+            if not shape_ok or len(acc.shape) < 1 or np.dtype(acc.dtype).newbyteorder("<") != dtype.newbyteorder("<"):
+                expect = list(want) if want is not None else ["rows", *spec.shape]
+                raise StoreError(
+                    f"array {stored_name!r} of {self.path} is {acc.dtype} {list(acc.shape)}, the manifest says "
+                    f"{dtype} {expect}; the store is damaged, rebuild it"
+                )
+            return
 
     def __len__(self) -> int:
         return self.manifest.count
@@ -141,19 +218,38 @@ class StoreReader(ABC):
         return spec.item_nbytes <= _SMALL_SAMPLE and spec.item_nbytes * len(self) <= _SMALL_ARRAY
 
     def read_all(self, name: str) -> np.ndarray:
-        """A whole fixed array ``[N, *shape]``, read once and cached (for small per-sample arrays)."""
+        """A whole fixed array ``[N, *shape]``, read once, checked against its checksum, and cached
+        (for small per-sample arrays). ``labels`` are also checked against the manifest's classes."""
         arr = self._whole.get(name)
         if arr is None:
-            spec = self._fixed(name)
-            acc = self._stored(name)
-            n = len(self)
-            if acc.shape[0] < n or tuple(acc.shape[1:]) != spec.shape:
-                raise StoreError(
-                    f"array {name!r} of {self.path} has shape {list(acc.shape)}, the manifest says "
-                    f"{[n, *spec.shape]}; the store is damaged, rebuild it"
-                )
-            arr = self._whole[name] = acc.read_rows(0, n)
+            self._fixed(name)
+            arr = self._stored(name).read_rows(0, len(self))
+            if name == "labels":
+                self._check_labels(arr)
+            self._check_digest(name, arr)
+            self._whole[name] = arr
         return arr
+
+    def _check_digest(self, stored_name: str, arr: np.ndarray) -> None:
+        want = self.expected_digest(stored_name)
+        if want is None or stored_name in ("images", "image_data"):
+            return  # pixels have per-image CRCs, which verify compares sample by sample
+        got = sha256_hex(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes())
+        if got != want:
+            raise StoreError(
+                f"array {stored_name!r} of {self.path} does not match its checksum (sha256 {got[:12]}..., "
+                f"recorded {want[:12]}...); the store is damaged, rebuild it"
+            )
+
+    def _check_labels(self, labels: np.ndarray) -> None:
+        k = len(self.manifest.classes)
+        bad = np.flatnonzero((labels < -1) | (labels >= k))
+        if len(bad):
+            i = int(bad[0])
+            raise StoreError(
+                f"array 'labels' of {self.path} holds {int(labels[i])} at sample {i}, outside -1..{k - 1} for "
+                f"{k} classes ({len(bad)} such samples); the store is damaged, rebuild it"
+            )
 
     def meta(self, name: str) -> np.ndarray:
         """A whole per-sample array by its stored name (``labels``, ``checksum``, ``source_offsets`` ...)."""
@@ -181,10 +277,14 @@ class StoreReader(ABC):
             acc = self._stored(name + "_offsets")
             raw = acc.read_rows(0, acc.shape[0])
             n = len(self)
-            if len(raw) != n + 1 or (n and (raw[0] != 0 or np.any(np.diff(raw) < 0))):
+            if len(raw) != n + 1 or raw[0] != 0 or np.any(np.diff(raw) < 0):
                 raise StoreError(f"{name}_offsets of {self.path} is damaged (not {n + 1} rising offsets); rebuild it")
-            if n and int(raw[-1]) > self._stored(name + "_data").shape[0]:
-                raise StoreError(f"{name}_offsets of {self.path} points past {name}_data; rebuild it")
+            if int(raw[-1]) != self._stored(name + "_data").shape[0]:
+                raise StoreError(
+                    f"{name}_offsets of {self.path} ends at {int(raw[-1])}, {name}_data has "
+                    f"{self._stored(name + '_data').shape[0]} rows; the store is damaged, rebuild it"
+                )
+            self._check_digest(name + "_offsets", raw)
             off = self._offsets[name] = raw.tolist()  # plain ints: indexing NumPy per item costs microseconds
         return off
 
@@ -214,10 +314,45 @@ class StoreReader(ABC):
         """The relative source path of sample ``index``."""
         if self._sources is None:
             off = self._ragged_offsets("source")
-            acc = self._stored("source_data")
-            self._sources = (acc.read_rows(0, acc.shape[0]).tobytes(), off)
+            raw = self._stored("source_data").read_rows(0, off[-1])
+            self._check_digest("source_data", raw)
+            self._sources = (raw.tobytes(), off)
         data, off = self._sources
         return data[off[index] : off[index + 1]].decode("utf-8")
+
+    def verify_arrays(self, skip: Sequence[str] = ()) -> list[str]:
+        """Re-read every stored array (but those in ``skip``) and compare it with its recorded
+        checksum and the manifest's count; returns one line per problem (empty: all intact)."""
+        problems: list[str] = []
+        n = len(self)
+        for spec in self.arrays.values():
+            for stored in spec.stored_names():
+                if stored in skip:
+                    continue
+                want = spec.sha256.get(stored)
+                try:
+                    acc = self._stored(stored)
+                    if spec.ragged and stored.endswith("_offsets"):
+                        self._offsets.pop(spec.name, None)
+                        self._ragged_offsets(spec.name)
+                    if want is None:
+                        continue
+                    row = int(np.prod(acc.shape[1:], dtype=np.int64)) * np.dtype(acc.dtype).itemsize
+                    got = array_digest(acc.read_rows, acc.shape[0], row, stored_dtype(spec, stored))
+                except StoreError as exc:
+                    problems.append(str(exc))
+                    continue
+                if got != want:
+                    problems.append(
+                        f"array {stored!r} does not match its checksum (sha256 {got[:12]}..., recorded {want[:12]}...)"
+                    )
+        if self.manifest.generation and all(s.sha256 for s in self.arrays.values()):
+            digests = {k: v for s in self.arrays.values() for k, v in s.sha256.items()}
+            if store_generation(n, digests) != self.manifest.generation:
+                problems.append("the manifest's generation does not match its arrays' checksums")
+        elif self.manifest.generation:
+            problems.append("the manifest has a generation but not every array has a checksum")
+        return problems
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -250,10 +385,13 @@ class StoreReader(ABC):
         self._sources = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "mode": self.mode}
+        if self._pin is None:
+            _ = self.manifest  # pin what this reader sees, so the copy reads the same store or refuses
+        return {"path": self.path, "mode": self.mode, "pin": self._pin}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], state["mode"])  # type: ignore[misc]
+        self._pin = state.get("pin")
 
     def __enter__(self) -> StoreReader:
         return self
@@ -284,6 +422,8 @@ class StoreWriter(ABC):
         self.arrays: dict[str, ArraySpec] = {}
         self.count: int | None = None
         self._ragged: dict[str, _RaggedBuffer] = {}
+        #: Stored arrays this writer created or wrote into: ``commit`` checksums them.
+        self._touched: set[str] = set()
 
     # ------------------------------------------------------------------ backend hooks
 
@@ -310,6 +450,18 @@ class StoreWriter(ABC):
     def _stored_layout(self, name: str) -> tuple[int, int]:
         """``(chunk, shard_rows)`` of stored array ``name``: rows per inner chunk and per shard."""
 
+    @abstractmethod
+    def _read_stored(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of stored array ``name`` as written (to checksum them at commit)."""
+
+    @abstractmethod
+    def _stored_rows(self, name: str) -> int:
+        """Rows of stored array ``name`` as written."""
+
+    @abstractmethod
+    def _set_digest(self, name: str, digest: str) -> None:
+        """Record ``digest`` in stored array ``name``'s own metadata (attribute :data:`DIGEST_ATTR`)."""
+
     # ------------------------------------------------------------------ arrays
 
     def create_array(self, spec: ArraySpec, count: int) -> None:
@@ -332,6 +484,7 @@ class StoreWriter(ABC):
         else:
             self._create_stored(spec.name, spec, count, chunk, rows)
         self.arrays[spec.name] = spec
+        self._touched.update(spec.stored_names())
 
     def attach_array(self, spec: ArraySpec, count: int) -> None:
         """Register fixed array ``spec`` that ``create_array`` already made in this store, keeping its data.
@@ -406,6 +559,7 @@ class StoreWriter(ABC):
             raise StoreError(f"store {self.path} has no array {name!r}")
         for stored in spec.stored_names():
             self._delete_stored(stored)
+            self._touched.discard(stored)
         self._ragged.pop(name, None)
 
     def block_len(self, name: str) -> int:
@@ -426,6 +580,11 @@ class StoreWriter(ABC):
         if spec is None:
             raise StoreError(f"store {self.path} has no array {name!r}; create_array it first")
         assert self.count is not None
+        if name not in self._touched and not spec.ragged:
+            # Written in place after a commit: readers that opened the committed store must see it
+            # as changed from now on, not a mix of old and new rows.
+            self._set_digest(name, "")
+            self._touched.add(name)
         if not spec.ragged:
             arr = np.asarray(values)
             if arr.shape[1:] != spec.shape:
@@ -456,15 +615,32 @@ class StoreWriter(ABC):
             buf.written += len(rows)
 
     def commit(self, manifest: Manifest) -> None:
-        """Write buffered data and ragged offsets, then the manifest (listing this writer's arrays)."""
-        from dataclasses import replace
-
+        """Write buffered data and ragged offsets, checksum every array this writer wrote (and any
+        without a checksum), record each in its array's metadata, then write the manifest (listing
+        this writer's arrays, their checksums and the store's generation)."""
+        if self.count is not None and manifest.count != self.count:
+            raise StoreError(f"the manifest says {manifest.count} samples, the arrays of {self.path} have {self.count}")
         for name, buf in self._ragged.items():
             if buf.samples != self.count:
                 raise StoreError(f"ragged array {name!r} has {buf.samples} of {self.count} samples written")
             self._flush_ragged(name, final=True)
             self._write_rows(name + "_offsets", 0, np.asarray(buf.offsets, dtype="<i8"))
-        self._write_manifest(replace(manifest, arrays=dict(sorted(self.arrays.items()))))
+        arrays: dict[str, ArraySpec] = {}
+        for name, spec in sorted(self.arrays.items()):
+            digests = dict(spec.sha256)
+            for stored in spec.stored_names():
+                if stored in self._touched or stored not in digests:
+                    dtype = stored_dtype(spec, stored)
+                    row = spec.item_nbytes if dtype == spec.dtype else 8
+                    digest = array_digest(partial_rows(self, stored), self._stored_rows(stored), row, dtype)
+                    self._set_digest(stored, digest)
+                    digests[stored] = digest
+            arrays[name] = replace(spec, sha256=digests)
+        self.arrays = arrays
+        self._touched.clear()
+        every = {k: v for spec in arrays.values() for k, v in spec.sha256.items()}
+        generation = store_generation(manifest.count, every)
+        self._write_manifest(replace(manifest, arrays=arrays, generation=generation))
 
     def abort(self) -> None:  # noqa: B027 - optional hook
         """Close handles after a failure (the caller deletes a store it created)."""
@@ -480,6 +656,11 @@ class StoreWriter(ABC):
 
     def _reset_handles(self) -> None:  # noqa: B027 - optional hook
         """Set up the (unpickled) handle attributes, named ``_h_*``, of a copy in a worker process."""
+
+
+def partial_rows(writer: StoreWriter, stored: str) -> Any:
+    """``read_rows(start, stop)`` of one stored array of ``writer``."""
+    return lambda start, stop: writer._read_stored(stored, start, stop)
 
 
 def _offsets_layout(count: int, shard_bytes: int) -> tuple[int, int]:
