@@ -155,13 +155,17 @@ class Hdf5Writer(StoreWriter):
             raise StoreNotFoundError(f"no store at {self.path} to open with mode {self.mode!r}")
         if not _has_marker(self.path):
             raise StoreError(f"{self.path} is not a dlpack store; dlpack writes only into its own stores")
-        reader = Hdf5Reader(self.path)
-        try:
-            if MANIFEST in reader._file():
-                self.arrays = dict(reader.manifest.arrays)
-                self.count = reader.manifest.count
+        _load_plugins()
+        with h5py.File(self.path, "r") as f:
+            if MANIFEST in f:  # a complete store; a partial one (resume) has its arrays attached later
+                reader = Hdf5Reader(self.path)
+                try:
+                    self.arrays = dict(reader.manifest.arrays)
+                    self.count = reader.manifest.count
+                finally:
+                    reader.close()
             for name in self._stored_names():
-                ds = reader._file()[name]
+                ds = f[name]
                 offset = ds.id.get_offset() if ds.chunks is None and ds.compression is None else None
                 row = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
                 self._raw[name] = (
@@ -169,8 +173,6 @@ class Hdf5Writer(StoreWriter):
                     row,
                     _block_rows(row, offset is not None, ds.shape[0], self.shard_bytes),
                 )
-        finally:
-            reader.close()
 
     def _stored_names(self) -> list[str]:
         return [n for spec in self.arrays.values() for n in spec.stored_names()]

@@ -509,6 +509,8 @@ class StoreWriter(ABC):
         self._attach_stored(spec.name, spec, count)
         self.count = count
         self.arrays[spec.name] = spec
+        # Being written again: its checksum is taken at commit (and worker copies never touch it).
+        self._touched.update(spec.stored_names())
 
     def read_block(self, name: str, start: int, stop: int) -> np.ndarray:
         """Samples ``start .. stop`` of fixed array ``name`` as written so far (to check a partial store's blocks).
