@@ -226,7 +226,7 @@ class _Fd2Capture:
             os.register_at_fork(after_in_child=self._after_fork)
 
     def _reset(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._active = 0  # decodes running
         self._starts = 0  # decodes started so far (tells a decode whether another began during it)
         self._alone = False  # a decode is being repeated with no other running
@@ -245,9 +245,11 @@ class _Fd2Capture:
 
     def _redirect(self) -> None:
         if self._file is None:
-            fd = tempfile.TemporaryFile(buffering=0)  # noqa: SIM115 (kept open for the process)
-            self._file = os.dup(fd.fileno())
-            fd.close()
+            if hasattr(os, "memfd_create"):
+                self._file = os.memfd_create("dlpack-decode-messages", os.MFD_CLOEXEC)
+            else:
+                with tempfile.TemporaryFile(buffering=0) as f:
+                    self._file = os.dup(f.fileno())
             import fcntl
 
             # O_APPEND: writers always add at the end, also after the file is emptied.
@@ -260,13 +262,15 @@ class _Fd2Capture:
         self._saved = os.dup(2)
         os.dup2(self._file, 2)
 
-    def _restore(self) -> None:
+    def _restore(self, size: int) -> None:
         assert self._saved is not None and self._file is not None
-        self._pass_on(final=True)
+        if size:
+            self._pass_on(size, final=True)
         os.dup2(self._saved, 2)
         os.close(self._saved)
         self._saved = None
-        os.ftruncate(self._file, 0)
+        if size:
+            os.ftruncate(self._file, 0)
         self._passed = 0
 
     def _size(self) -> int:
@@ -284,10 +288,11 @@ class _Fd2Capture:
             start += len(chunk)
         return b"".join(chunks)
 
-    def _pass_on(self, final: bool) -> None:
-        """Copy other writers' complete lines (all of them when ``final``) to the real descriptor 2."""
+    def _pass_on(self, end: int, final: bool) -> None:
+        """Copy other writers' complete lines up to ``end`` (all when ``final``) to the real descriptor 2."""
         assert self._saved is not None
-        end = self._size()
+        if end <= self._passed:
+            return
         data = self._read(self._passed, end)
         if not final:
             data = data[: data.rfind(b"\n") + 1]
@@ -323,14 +328,15 @@ class _Fd2Capture:
             result = fn()
         finally:
             with self._cond:
-                text = self._read(start, self._size())
+                end = self._size()
+                text = self._read(start, end)
                 crowded = crowded or self._starts != first
                 self._active -= 1
                 if self._active == 0:
-                    self._restore()
+                    self._restore(end)
                     self._cond.notify_all()
                 else:
-                    self._pass_on(final=False)
+                    self._pass_on(end, final=False)
         lines = _library_lines(text)
         if lines and crowded:
             return self._run_alone(fn)
@@ -350,8 +356,9 @@ class _Fd2Capture:
                 try:
                     result = fn()
                 finally:
-                    text = self._read(0, self._size())
-                    self._restore()
+                    end = self._size()
+                    text = self._read(0, end)
+                    self._restore(end)
             finally:
                 self._alone = False
                 self._cond.notify_all()

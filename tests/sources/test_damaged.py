@@ -141,7 +141,7 @@ def test_warnings_are_attributed_to_their_own_file_across_threads() -> None:
     good = [_encode(".jpg", _texture(seed=s), [cv2.IMWRITE_JPEG_QUALITY, 90]) for s in range(3, 9)]
     bad = [truncated_with_end_marker(), overwritten_mid_scan(1), overwritten_mid_scan(2)]
     expected = [decode_image(g) for g in good]
-    files = (good + bad) * 6
+    files = (good + bad) * 8  # a multiple of the 4 threads: every wave meets at the barrier
     barrier = threading.Barrier(4)
 
     def decode(data: bytes) -> np.ndarray | str:
