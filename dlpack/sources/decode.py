@@ -40,6 +40,7 @@ from .probe import MAX_TIFF_PAGES, ImageHeader, probe_header, tiff_pages
 
 __all__ = [
     "DecodeError",
+    "NOT_AN_IMAGE",
     "TargetSpec",
     "PreparedImage",
     "prepare_image",
@@ -57,6 +58,10 @@ T = TypeVar("T")
 
 class DecodeError(ValueError):
     """A file is not a usable image; the message is the reason shown to the user."""
+
+
+#: The reason given for a file whose header is none of the formats dlpack reads.
+NOT_AN_IMAGE = "not an image: the header is not PNG, JPEG, BMP, TIFF, WebP or PNM"
 
 
 def read_source_file(path: str | os.PathLike[str]) -> bytes:
@@ -430,10 +435,13 @@ def decode_image(
 
     if header is None:
         header = probe_header(data[:65536]) or probe_header(data)
-        if header is not None:
-            header = normalise_header(header, data[:32])
+        if header is None:
+            # OpenCV decodes more formats (PAM, Sun raster, ...) than the probe reads; the pixel
+            # limit is checked on the probed header, so those are refused here as the build does.
+            raise DecodeError(NOT_AN_IMAGE)
+        header = normalise_header(header, data[:32])
     check_header(header, max_pixels)
-    fmt = header.format if header is not None else None
+    fmt = header.format
     reason = incomplete_reason(data, fmt)
     if reason:
         raise DecodeError(reason)
@@ -463,7 +471,7 @@ def decode_image(
     if img.ndim == 2:
         img = img[:, :, None]
     c = img.shape[2]
-    gray_alpha = header is not None and header.channels == 1 and header.has_alpha
+    gray_alpha = header.channels == 1 and header.has_alpha
     if c == 2 or (c == 4 and gray_alpha):
         img = img[:, :, :1]
     elif c == 4:
@@ -475,7 +483,7 @@ def decode_image(
         raise DecodeError(f"unsupported channel count {c}")
     if img.ndim == 2:
         img = img[:, :, None]
-    if header is not None and fmt == "tiff" and header.orientation != 1 and not _cv2_orients_tiff():
+    if fmt == "tiff" and header.orientation != 1 and not _cv2_orients_tiff():
         img = np.ascontiguousarray(apply_orientation(img, header.orientation))
     return img
 
