@@ -4,14 +4,25 @@
 folder reader and the examples call it, so they agree on every rule (docs/format.md, "Decoding
 rules"). Decoding reads bytes and calls ``cv2.imdecode`` (``cv2.imread`` cannot open non-ASCII
 paths on every platform).
+
+The C libraries behind ``cv2.imdecode`` report some damage only as a line on file descriptor 2:
+libjpeg decodes a JPEG whose scan data is cut short or garbled, fills the rest with gray and prints
+"Corrupt JPEG data: ...", libtiff prints an error and returns the pixels it could read. Each decode
+therefore runs with descriptor 2 sent to a private file (:func:`library_messages`); the lines it
+catches decide whether the file is damaged, and never reach the user's terminal.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,10 +36,11 @@ from ..transforms.functional import (
     plan_geometry,
     resize_image,
 )
-from .probe import ImageHeader, probe_header
+from .probe import MAX_TIFF_PAGES, ImageHeader, probe_header, tiff_pages
 
 __all__ = [
     "DecodeError",
+    "NOT_AN_IMAGE",
     "TargetSpec",
     "PreparedImage",
     "prepare_image",
@@ -37,11 +49,19 @@ __all__ = [
     "check_header",
     "normalise_header",
     "incomplete_reason",
+    "library_messages",
+    "damage_reason",
 ]
+
+T = TypeVar("T")
 
 
 class DecodeError(ValueError):
     """A file is not a usable image; the message is the reason shown to the user."""
+
+
+#: The reason given for a file whose header is none of the formats dlpack reads.
+NOT_AN_IMAGE = "not an image: the header is not PNG, JPEG, BMP, TIFF, WebP or PNM"
 
 
 def read_source_file(path: str | os.PathLike[str]) -> bytes:
@@ -57,12 +77,24 @@ def read_source_file(path: str | os.PathLike[str]) -> bytes:
 
 
 def check_header(header: ImageHeader | None, max_pixels: int) -> None:
-    """Refuse images whose header promises more pixels than ``max_pixels`` (decompression bombs)."""
-    if header is not None and header.width * header.height > max_pixels:
+    """Refuse images whose header promises more pixels than ``max_pixels`` (decompression bombs), and
+    multi-page TIFFs."""
+    if header is None:
+        return
+    if header.width * header.height > max_pixels:
         raise DecodeError(
             f"image is {header.width}x{header.height} = {header.width * header.height:,} pixels, over the "
             f"limit of {max_pixels:,} (raise max_pixels if this is intended)"
         )
+    _check_pages(header.pages)
+
+
+def _check_pages(pages: int) -> None:
+    """Refuse a TIFF of more than one page: packing only the first would drop the rest silently."""
+    if pages > MAX_TIFF_PAGES:
+        raise DecodeError(f"TIFF with more than {MAX_TIFF_PAGES:,} pages; dlpack packs single images: split the pages")
+    if pages > 1:
+        raise DecodeError(f"TIFF with {pages} pages; dlpack packs single images: split the pages")
 
 
 def normalise_header(header: ImageHeader, head: bytes) -> ImageHeader:
@@ -124,6 +156,250 @@ def incomplete_reason(data: bytes, fmt: str | None, whole: bool = True) -> str |
     return None
 
 
+# ---------------------------------------------------------------- what the C libraries print
+
+# Every warning libjpeg(-turbo) prints while decoding (jerror.h's JWRN_* texts); its errors end the
+# decode through OpenCV and are not printed. Only the first warning of a decode is printed.
+_LIBJPEG = re.compile(
+    r"(Corrupt JPEG data|Premature end of JPEG file|Inconsistent progression sequence|Invalid SOS parameters"
+    r"|Unknown Adobe color transform|Warning: unknown JFIF revision|Application transferred too many scanlines)"
+)
+# The ones about the pixel data; the rest describe metadata dlpack does not use.
+_LIBJPEG_DAMAGE = re.compile(
+    r"(Corrupt JPEG data|Premature end of JPEG file|Inconsistent progression sequence|Invalid SOS parameters)"
+)
+_LIBPNG = re.compile(r"libpng (warning|error): (.*)")
+# OpenCV's own log lines ("[ WARN:0@1.2] global grfmt_png.cpp:834 read_chunk ..."), which also carry
+# libtiff's messages, and the text of a cv::Exception logged with them.
+_OPENCV_LOG = re.compile(r"\[ ?(FATAL|ERROR|WARN|INFO|DEBUG|VERBOSE)[:\]][^\]]*\] (?:global \S+ )?(.*)")
+_OPENCV_TEXT = re.compile(r"OpenCV\(\d")
+
+
+def _is_library_line(line: str) -> bool:
+    """Whether a line on descriptor 2 comes from the image libraries (the rest belongs to someone else)."""
+    return bool(_LIBJPEG.match(line) or _LIBPNG.match(line) or _OPENCV_LOG.match(line) or _OPENCV_TEXT.match(line))
+
+
+def damage_reason(messages: list[str]) -> str | None:
+    """The reason a decode that printed ``messages`` read a damaged file, or None when they are harmless.
+
+    Parameters
+    ----------
+    messages : list of str
+        The lines the image libraries printed while decoding one file (see :func:`library_messages`).
+
+    Returns
+    -------
+    str or None
+        Any libjpeg warning about the pixel data, any libpng error, a libpng CRC error or a warning about
+        the image data, and any error OpenCV logs (libtiff's errors among them) make the file damaged.
+        Other warnings (an unusable colour profile, an unknown tag) are harmless.
+    """
+    for line in messages:
+        if _LIBJPEG_DAMAGE.match(line):
+            return f"corrupt JPEG data (libjpeg: {line})"
+        png = _LIBPNG.match(line)
+        if png:
+            kind, text = png.groups()
+            if kind == "error" or "CRC" in text or text.startswith("IDAT") or "image data" in text:
+                return f"corrupt PNG data (libpng: {text})"
+            continue
+        log = _OPENCV_LOG.match(line)
+        if log and log.group(1) in ("FATAL", "ERROR"):
+            text = log.group(2).strip()
+            if text.startswith("TIFF_Error"):
+                return f"corrupt TIFF data (libtiff: {text[len('TIFF_Error') :].strip()})"
+            return f"not an image or corrupt (OpenCV: {text})"
+    return None
+
+
+class _Fd2Capture:
+    """Sends file descriptor 2 to a private file while decodes run, and gives each decode its own lines.
+
+    Descriptor 2 belongs to the whole process, so concurrent decodes (the bench decodes on threads,
+    and OpenCV releases the GIL) share one capture: it is set up when the first decode starts and
+    undone when the last one ends. A decode that ran alone owns every library line of its window; a
+    decode that overlapped others and saw library lines runs again with no other decode running, so a
+    warning is never pinned on the wrong file (damaged files are rare: the repeat costs nothing on
+    clean data). Lines that are not the libraries' are copied to the real descriptor 2.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        self._usable = hasattr(os, "pread") and hasattr(os, "register_at_fork")
+        if self._usable:
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._active = 0  # decodes running
+        self._starts = 0  # decodes started so far (tells a decode whether another began during it)
+        self._alone = False  # a decode is being repeated with no other running
+        self._saved: int | None = None  # the real descriptor 2 while captured
+        self._file: int | None = None
+        self._passed = 0  # bytes of the file already scanned for other writers' lines
+
+    def _after_fork(self) -> None:
+        """In a forked child: give descriptor 2 back and forget the parent's state (and file)."""
+        if self._saved is not None:
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+        if self._file is not None:
+            os.close(self._file)
+        self._reset()
+
+    def _redirect(self) -> None:
+        if self._file is None:
+            if hasattr(os, "memfd_create"):
+                self._file = os.memfd_create("dlpack-decode-messages", os.MFD_CLOEXEC)
+            else:
+                with tempfile.TemporaryFile(buffering=0) as f:
+                    self._file = os.dup(f.fileno())
+            import fcntl
+
+            # O_APPEND: writers always add at the end, also after the file is emptied.
+            fcntl.fcntl(self._file, fcntl.F_SETFL, fcntl.fcntl(self._file, fcntl.F_GETFL) | os.O_APPEND)
+        if sys.stderr is not None:
+            try:
+                sys.stderr.flush()  # what Python buffered goes to the terminal, not into the capture
+            except (OSError, ValueError):
+                pass
+        self._saved = os.dup(2)
+        os.dup2(self._file, 2)
+
+    def _restore(self, size: int) -> None:
+        assert self._saved is not None and self._file is not None
+        if size:
+            self._pass_on(size, final=True)
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._saved = None
+        if size:
+            os.ftruncate(self._file, 0)
+        self._passed = 0
+
+    def _size(self) -> int:
+        assert self._file is not None
+        return os.fstat(self._file).st_size
+
+    def _read(self, start: int, end: int) -> bytes:
+        assert self._file is not None
+        chunks = []
+        while start < end:
+            chunk = os.pread(self._file, end - start, start)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            start += len(chunk)
+        return b"".join(chunks)
+
+    def _pass_on(self, end: int, final: bool) -> None:
+        """Copy other writers' complete lines up to ``end`` (all when ``final``) to the real descriptor 2."""
+        assert self._saved is not None
+        if end <= self._passed:
+            return
+        data = self._read(self._passed, end)
+        if not final:
+            data = data[: data.rfind(b"\n") + 1]
+        self._passed += len(data)
+        keep = [
+            line
+            for line in data.splitlines(keepends=True)
+            if line.strip() and not _is_library_line(line.decode("utf-8", "replace").strip())
+        ]
+        if keep:
+            try:
+                os.write(self._saved, b"".join(keep))
+            except OSError:
+                pass
+
+    def run(self, fn: Callable[[], T]) -> tuple[T, list[str]]:
+        """Call ``fn`` with descriptor 2 captured; its result and the library lines it printed."""
+        if not self._usable:
+            return fn(), []
+        with self._cond:
+            while self._alone:
+                self._cond.wait()
+            try:
+                if self._active == 0:
+                    self._redirect()
+            except OSError:
+                self._usable = False  # no temporary file or descriptor: decode as before
+                return fn(), []
+            self._active += 1
+            self._starts += 1
+            first, crowded, start = self._starts, self._active > 1, self._size()
+        try:
+            result = fn()
+        finally:
+            with self._cond:
+                end = self._size()
+                text = self._read(start, end)
+                crowded = crowded or self._starts != first
+                self._active -= 1
+                if self._active == 0:
+                    self._restore(end)
+                    self._cond.notify_all()
+                else:
+                    self._pass_on(end, final=False)
+        lines = _library_lines(text)
+        if lines and crowded:
+            return self._run_alone(fn)
+        return result, lines
+
+    def _run_alone(self, fn: Callable[[], T]) -> tuple[T, list[str]]:
+        """Call ``fn`` again once no other decode runs, holding new ones back, so its lines are its own."""
+        with self._cond:
+            while self._alone:
+                self._cond.wait()
+            self._alone = True
+            try:
+                while self._active:
+                    self._cond.wait()
+                self._redirect()
+                text = b""
+                try:
+                    result = fn()
+                finally:
+                    end = self._size()
+                    text = self._read(0, end)
+                    self._restore(end)
+            finally:
+                self._alone = False
+                self._cond.notify_all()
+        return result, _library_lines(text)
+
+
+def _library_lines(text: bytes) -> list[str]:
+    lines = (line.strip() for line in text.decode("utf-8", "replace").splitlines())
+    return [line for line in lines if line and _is_library_line(line)]
+
+
+_CAPTURE = _Fd2Capture()
+
+
+def library_messages(fn: Callable[[], T]) -> tuple[T, list[str]]:
+    """Call ``fn`` (a decode) with file descriptor 2 captured; its result and what the image libraries printed.
+
+    Thread-safe: concurrent calls share one capture, and each gets the lines its own call printed.
+    Lines on descriptor 2 that do not come from the image libraries are passed on to it. Where
+    descriptors cannot be captured (no ``os.pread``, no temporary file), ``fn`` runs as is and the
+    list is empty.
+
+    Parameters
+    ----------
+    fn : callable
+        Called once, or twice when its lines must be told apart from a concurrent call's; it must not
+        itself call :func:`library_messages`.
+
+    Returns
+    -------
+    tuple
+        ``fn``'s result and the library lines (libjpeg and libpng messages, OpenCV's log lines).
+    """
+    return _CAPTURE.run(fn)
+
+
 @functools.lru_cache(maxsize=1)
 def _cv2_orients_tiff() -> bool:
     """Whether this OpenCV applies the TIFF orientation tag itself (5.x does, even with IMREAD_UNCHANGED)."""
@@ -150,35 +426,52 @@ def decode_image(
 
     Alpha is dropped (not composited); palettes are expanded to RGB; JPEG EXIF orientation is
     applied (also TIFF's orientation tag).
+
+    Raises :class:`DecodeError` for a file that is not a usable image: truncated, a TIFF of more than
+    one page, or damaged by the image libraries' own account (see :func:`damage_reason`; their
+    messages are caught, never printed).
     """
     import cv2  # on first use: ``import dlpack`` stays light
 
     if header is None:
         header = probe_header(data[:65536]) or probe_header(data)
-        if header is not None:
-            header = normalise_header(header, data[:32])
+        if header is None:
+            # OpenCV decodes more formats (PAM, Sun raster, ...) than the probe reads; the pixel
+            # limit is checked on the probed header, so those are refused here as the build does.
+            raise DecodeError(NOT_AN_IMAGE)
+        header = normalise_header(header, data[:32])
     check_header(header, max_pixels)
-    fmt = header.format if header is not None else None
+    fmt = header.format
     reason = incomplete_reason(data, fmt)
     if reason:
         raise DecodeError(reason)
+    if fmt == "tiff":
+        # The probe may have seen only the file's head; the whole file shows every page.
+        _check_pages(tiff_pages(data))
     buf = np.frombuffer(data, dtype=np.uint8)
-    try:
-        if fmt == "jpeg":
-            # IMREAD_ANYCOLOR keeps gray as gray and, unlike IMREAD_UNCHANGED, applies EXIF orientation.
-            img = cv2.imdecode(buf, cv2.IMREAD_ANYCOLOR)
-        else:
-            img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
-    except cv2.error as exc:
-        raise DecodeError(f"not an image or corrupt (OpenCV: {str(exc).strip().splitlines()[-1]})") from exc
+    # IMREAD_ANYCOLOR keeps gray as gray and, unlike IMREAD_UNCHANGED, applies EXIF orientation.
+    flags = cv2.IMREAD_ANYCOLOR if fmt == "jpeg" else cv2.IMREAD_UNCHANGED
+
+    def decode() -> np.ndarray | None | cv2.error:
+        try:
+            return cv2.imdecode(buf, flags)
+        except cv2.error as exc:
+            return exc
+
+    img, messages = library_messages(decode)
+    reason = damage_reason(messages)
+    if isinstance(img, cv2.error):
+        raise DecodeError(reason or f"not an image or corrupt (OpenCV: {str(img).strip().splitlines()[-1]})") from img
     if img is None:
-        raise DecodeError("not an image or corrupt (OpenCV could not decode it)")
+        raise DecodeError(reason or "not an image or corrupt (OpenCV could not decode it)")
+    if reason:
+        raise DecodeError(reason)
     if img.dtype not in (np.uint8, np.uint16):
         raise DecodeError(f"unsupported pixel type {img.dtype}; dlpack stores 8- and 16-bit images")
     if img.ndim == 2:
         img = img[:, :, None]
     c = img.shape[2]
-    gray_alpha = header is not None and header.channels == 1 and header.has_alpha
+    gray_alpha = header.channels == 1 and header.has_alpha
     if c == 2 or (c == 4 and gray_alpha):
         img = img[:, :, :1]
     elif c == 4:
@@ -190,7 +483,7 @@ def decode_image(
         raise DecodeError(f"unsupported channel count {c}")
     if img.ndim == 2:
         img = img[:, :, None]
-    if header is not None and fmt == "tiff" and header.orientation != 1 and not _cv2_orients_tiff():
+    if fmt == "tiff" and header.orientation != 1 and not _cv2_orients_tiff():
         img = np.ascontiguousarray(apply_orientation(img, header.orientation))
     return img
 

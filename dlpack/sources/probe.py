@@ -11,9 +11,11 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["HEADER_BYTES", "ImageHeader", "probe_header"]
+__all__ = ["HEADER_BYTES", "MAX_TIFF_PAGES", "ImageHeader", "probe_header", "tiff_pages"]
 
 HEADER_BYTES = 65536
+#: How many IFDs (pages) of a TIFF chain are walked at most; a longer chain counts as one more.
+MAX_TIFF_PAGES = 10_000
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_BIT_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
@@ -43,6 +45,9 @@ class ImageHeader:
         8 or 16: the decoded array is ``uint8`` or ``uint16``.
     orientation : int
         EXIF orientation 1..8 (JPEG Exif, TIFF tag 274); 1 when absent.
+    pages : int
+        Pages (IFDs) of a TIFF found in the bytes given, at most ``MAX_TIFF_PAGES + 1``; more may
+        follow beyond them. 1 for every other format.
     """
 
     format: str
@@ -52,6 +57,7 @@ class ImageHeader:
     has_alpha: bool
     bit_depth: int
     orientation: int = 1
+    pages: int = 1
 
     @property
     def oriented_size(self) -> tuple[int, int]:
@@ -96,14 +102,21 @@ def probe_header(data: bytes) -> ImageHeader | None:
 
 
 def _header(
-    fmt: str, width: int, height: int, channels: int, has_alpha: bool, bit_depth: int, orientation: int = 1
+    fmt: str,
+    width: int,
+    height: int,
+    channels: int,
+    has_alpha: bool,
+    bit_depth: int,
+    orientation: int = 1,
+    pages: int = 1,
 ) -> ImageHeader | None:
     """Build an :class:`ImageHeader`, or return ``None`` for an empty image."""
     if width <= 0 or height <= 0:
         return None
     if not 1 <= orientation <= 8:
         orientation = 1
-    return ImageHeader(fmt, width, height, channels, has_alpha, bit_depth, orientation)
+    return ImageHeader(fmt, width, height, channels, has_alpha, bit_depth, orientation, pages)
 
 
 def _probe_png(data: bytes) -> ImageHeader | None:
@@ -266,7 +279,50 @@ def _probe_tiff(data: bytes) -> ImageHeader | None:
     else:
         return None
     bit_depth = 16 if bits > 8 else 8
-    return _header("tiff", tags[256], tags[257], channels, has_alpha, bit_depth, tags.get(274, 1))
+    pages = _tiff_chain(data, ifd, order)
+    return _header("tiff", tags[256], tags[257], channels, has_alpha, bit_depth, tags.get(274, 1), pages)
+
+
+def tiff_pages(data: bytes) -> int:
+    """Count the pages (IFDs) of a classic TIFF by walking its chain of IFDs.
+
+    Parameters
+    ----------
+    data : bytes
+        The file, or its first bytes: IFDs beyond them are not counted.
+
+    Returns
+    -------
+    int
+        The number of distinct IFDs reached, at most ``MAX_TIFF_PAGES + 1`` (a longer chain stops
+        there); the walk also stops at an IFD seen before (a loop) or one that cannot be read. 0 when
+        ``data`` is not a TIFF or its first IFD cannot be read. Never raises on bad input.
+    """
+    if not data.startswith((b"II*\x00", b"MM\x00*")) or len(data) < 8:
+        return 0
+    order = "<" if data.startswith(b"II") else ">"
+    (ifd,) = struct.unpack_from(order + "I", data, 4)
+    return _tiff_chain(data, ifd, order)
+
+
+def _tiff_chain(data: bytes, first: int, order: str) -> int:
+    """How many distinct, readable IFDs the chain starting at ``first`` holds (bounded)."""
+    seen: set[int] = set()
+    offset = first
+    # Offset 0 ends the chain; an offset seen before is a loop (a damaged or hostile file).
+    while offset and offset not in seen and len(seen) <= MAX_TIFF_PAGES:
+        if offset + 2 > len(data):
+            break
+        (count,) = struct.unpack_from(order + "H", data, offset)
+        link = offset + 2 + 12 * count
+        if link + 4 > len(data):
+            # The IFD's entries reach past the bytes given; it counts only if it is the first.
+            if not seen:
+                seen.add(offset)
+            break
+        seen.add(offset)
+        (offset,) = struct.unpack_from(order + "I", data, link)
+    return len(seen)
 
 
 def _probe_webp(data: bytes) -> ImageHeader | None:
