@@ -11,7 +11,8 @@ Run by hand (not part of the tests; several minutes at the default count on 2 co
    untimed, so the page cache is warm. Reported: wall time, images/s, the peak RSS of the build
    process (``ru_maxrss`` from ``wait4``: its own peak, or a reaped worker's if larger), the peak
    of the summed RSS of the build process and its worker processes (sampled every 0.2 s from
-   /proc), and the store's file count and bytes. The file count stays small (shards, not one file
+   /proc), the store's file count and bytes, and the share of the CPUs that other processes used
+   meanwhile (/proc/stat minus the build's and this script's CPU time). The file count stays small (shards, not one file
    per image).
 2. **Loader.** For each store, a fresh Python process opens it and iterates ``--epochs`` epochs
    with ``ds.loader(batch_size=B, workers=2, prefetch=4, seed=0)`` (random order), checking that
@@ -41,6 +42,7 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _cpu import busy_cpu_s  # noqa: E402
 from build import machine_info  # noqa: E402
 
 SIDE = 32
@@ -95,24 +97,29 @@ def _statm() -> tuple[int, int]:
     return resident, resident - shared
 
 
-def _tree_rss(root: int) -> int:
-    """Summed resident bytes of ``root`` and its descendants, from /proc."""
+def _tree(root: int) -> dict[int, tuple[int, float]]:
+    """Resident bytes and CPU seconds of ``root`` and each of its descendants, by pid, from /proc."""
     children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0, [root]
+        pid = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    out: dict[int, tuple[int, float]] = {}
+    todo = [root]
     while todo:
         pid = todo.pop()
         todo.extend(children.get(pid, []))
         try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+            out[pid] = (int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE, cpu.get(pid, 0.0))
         except (OSError, IndexError, ValueError):
             pass  # the process ended between the scan and the read
-    return total
+    return out
 
 
 # ---------------------------------------------------------------- build
@@ -126,6 +133,18 @@ def _file_count(store: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
+def _other_share(busy0: float | None, busy1: float | None, own_s: float, wall: float) -> float | None:
+    """The share of all CPUs that other processes used during ``wall`` seconds (/proc/stat minus ours)."""
+    if busy0 is None or busy1 is None:
+        return None
+    return max(0.0, (busy1 - busy0) - own_s) / (wall * (os.cpu_count() or 1))
+
+
+def _self_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def run_build(src: Path, out: Path, jobs: int, count: int, env: dict[str, str]) -> dict[str, Any]:
     """One ``python -m dlpack build`` subprocess: wall time, peak RSS, file count."""
     if out.is_dir():
@@ -136,6 +155,8 @@ def run_build(src: Path, out: Path, jobs: int, count: int, env: dict[str, str]) 
     cmd = [sys.executable, "-m", "dlpack", "build", str(src), str(out), "--size", f"{SIDE}x{SIDE}"]
     cmd += ["--jobs", str(jobs), "--quiet", "--json-file", str(summary)]
     peak_tree = 0
+    tree_cpu: dict[int, float] = {}
+    busy0, self0 = busy_cpu_s(), _self_cpu_s()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
     done = threading.Event()
@@ -143,14 +164,21 @@ def run_build(src: Path, out: Path, jobs: int, count: int, env: dict[str, str]) 
     def sample() -> None:
         nonlocal peak_tree
         while not done.wait(0.2):
-            peak_tree = max(peak_tree, _tree_rss(proc.pid))
+            tree = _tree(proc.pid)
+            peak_tree = max(peak_tree, sum(rss for rss, _ in tree.values()))
+            tree_cpu.update((pid, cpu) for pid, (_, cpu) in tree.items())
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - t0
+    busy1 = busy_cpu_s()
     done.set()
     sampler.join()
+    # wait4's usage covers the build and only the workers it reaped; the samples see every worker
+    # (up to the last sample). Ours is the sampler thread.
+    build_cpu = max(usage.ru_utime + usage.ru_stime, sum(tree_cpu.values()))
+    own = build_cpu + _self_cpu_s() - self0
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"build exited {proc.returncode}: {' '.join(cmd)}")
@@ -165,6 +193,8 @@ def run_build(src: Path, out: Path, jobs: int, count: int, env: dict[str, str]) 
         "peak_tree_rss_bytes": peak_tree,
         "files": files,
         "store_bytes": nbytes,
+        "cpu_seconds": build_cpu,
+        "other_cpu_share": _other_share(busy0, busy1, own, seconds),
         "summary": packed,
     }
 
@@ -210,10 +240,14 @@ def run_loader(store: Path, a: argparse.Namespace, env: dict[str, str]) -> dict[
     """:func:`loader_epochs` in a fresh interpreter, so one store's maps do not inflate the other's RSS."""
     cmd = [sys.executable, __file__, "--loader-only", str(store), "--epochs", str(a.epochs)]
     cmd += ["--batch-size", str(a.batch_size), "--workers", str(a.workers)]
+    busy0, t0, times0 = busy_cpu_s(), time.perf_counter(), os.times()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall, times1, busy1 = time.perf_counter() - t0, os.times(), busy_cpu_s()
     if proc.returncode != 0:
         raise SystemExit(f"loader run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    own = sum(times1[:4]) - sum(times0[:4])  # this process and the loader process (waited for)
+    result["other_cpu_share"] = _other_share(busy0, busy1, own, wall)
     return result
 
 
@@ -224,15 +258,23 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f}"
 
 
+def _pct(share: float | None) -> str:
+    return "?" if share is None else f"{100 * share:.0f} %"
+
+
 def report(builds: dict[str, dict[str, Any]], loads: dict[str, dict[str, Any]]) -> None:
-    print("\nbuild    seconds  images/s  peak RSS MB  peak RSS tree MB  files  store MB")
+    print("\nbuild    seconds  images/s  peak RSS MB  peak RSS tree MB  files  store MB  CPU s  others' CPU")
     for name, b in builds.items():
         print(
             f"{name:<8} {b['seconds']:>7.1f} {b['images_per_s']:>9,.0f} {_mb(b['peak_rss_bytes']):>12}"
             f" {_mb(b['peak_tree_rss_bytes']):>17} {b['files']:>6} {_mb(b['store_bytes']):>9}"
+            f" {b['cpu_seconds']:>6.1f} {_pct(b['other_cpu_share']):>12}"
         )
     for name, r in loads.items():
-        print(f"\nloader {name}: {r['count']:,} images, batch {r['batch_size']}, {r['workers']} workers, prefetch 4")
+        print(
+            f"\nloader {name}: {r['count']:,} images, batch {r['batch_size']}, {r['workers']} workers, prefetch 4; "
+            f"others used {_pct(r['other_cpu_share'])} of the CPUs"
+        )
         print("epoch  images/s  RSS MB  anon MB")
         for row in r["epochs"]:
             label = "open" if row["epoch"] is None else str(row["epoch"])
