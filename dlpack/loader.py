@@ -307,13 +307,13 @@ class Loader:
     def _check_idle(self, action: str) -> None:
         if self._live_pass() is not None:
             raise StateError(
-                f"{action}: this loader is already being iterated; finish or close the first iterator, "
+                f"cannot {action}: this loader is already being iterated; finish or close the first iterator, "
                 "or make a second loader"
             )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         with self._live_lock:
-            self._check_idle("iter")
+            self._check_idle("start a second pass")
             gen = self._pass()
             self._live = weakref.ref(gen)
         return gen
