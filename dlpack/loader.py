@@ -14,11 +14,13 @@ epoch, so per-epoch views and online augmentation draw their randomness from
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import threading
+import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -197,6 +199,11 @@ class Loader:
     A batch of a store is ``{"image": B x H x W x C, "label": (B,), "index": (B,), "source": [str]}``
     plus its keyed arrays (``image`` is a list for variable-size stores). Iterating a whole epoch
     advances to the next; :meth:`set_epoch` jumps to any epoch.
+
+    One pass at a time: the loader's epoch and position are one state, so while an iterator over
+    it is live (neither exhausted, closed nor garbage-collected), a second ``iter()``,
+    :meth:`set_epoch` and :meth:`load_state_dict` raise :class:`~dlpack.StateError`; make a second
+    loader to read the same data twice at once.
     """
 
     def __init__(
@@ -216,6 +223,10 @@ class Loader:
         self._position = 0  # batches of the current epoch already handed out
         self._threads: tuple[int, ThreadPoolExecutor] | None = None
         self._order_cache: tuple[int, np.ndarray] | None = None
+        # The live pass, weakly: a dropped iterator frees the loader even if it never started
+        # (an unstarted generator runs no ``finally``).
+        self._live: weakref.ref[Generator[dict[str, Any], None, None]] | None = None
+        self._live_lock = threading.Lock()
         layout = source.image_layout()
         # Batches per worker task: enough for about 2 MiB, so small images amortise the handoff.
         self._group = 1
@@ -256,6 +267,7 @@ class Loader:
         """Start ``epoch`` from its first batch (its order depends only on seed and epoch)."""
         if not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise OptionError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self._check_idle("set_epoch")
         self.epoch = int(epoch)
         self._position = 0
 
@@ -287,11 +299,31 @@ class Loader:
         batch = self.source.get_batch(indices, epoch, out)
         return self.transform(batch) if self.transform is not None else batch
 
+    def _live_pass(self) -> Generator[dict[str, Any], None, None] | None:
+        """The iterator of the pass in progress, or None."""
+        gen = self._live() if self._live is not None else None
+        return gen if gen is not None and inspect.getgeneratorstate(gen) != inspect.GEN_CLOSED else None
+
+    def _check_idle(self, action: str) -> None:
+        if self._live_pass() is not None:
+            raise StateError(
+                f"cannot {action}: this loader is already being iterated; finish or close the first iterator, "
+                "or make a second loader"
+            )
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        with self._live_lock:
+            self._check_idle("start a second pass")
+            gen = self._pass()
+            self._live = weakref.ref(gen)
+        return gen
+
+    def _pass(self) -> Generator[dict[str, Any], None, None]:
+        """One pass: the rest of the current epoch, then the epoch advances."""
         batches = self.batches()
         start = self._position
         if batches and start >= len(batches):  # resumed at an epoch's end: go on with the next
-            self.set_epoch(self.epoch + 1)
+            self.epoch, self._position = self.epoch + 1, 0
             batches, start = self.batches(), 0
         o = self.options
         epoch = self.epoch
@@ -353,7 +385,12 @@ class Loader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; refuses a state of another dataset, world size or order."""
+        """Resume from :meth:`state_dict`; refuses a state of another dataset, world size or order.
+
+        The position may be at most the epoch's number of batches on this rank (equal to it is the
+        "epoch just finished" state: the next pass starts the following epoch).
+        """
+        self._check_idle("load_state_dict")
         if not isinstance(state, dict) or not isinstance(state.get("version"), int):
             raise StateError("not a dlpack loader state (no integer 'version')")
         if not isinstance(state.get("options"), dict):
@@ -387,6 +424,12 @@ class Loader:
         epoch, position = state.get("epoch"), state.get("position")
         if not isinstance(epoch, int) or not isinstance(position, int) or epoch < 0 or position < 0:
             raise StateError(f"state has an invalid epoch/position: {epoch!r}/{position!r}")
+        total = len(self.batches(epoch))
+        if position > total:
+            raise StateError(
+                f"state position {position} is past the end of epoch {epoch}, which has {total} batches "
+                f"on rank {self.options.rank} of {self.options.world_size}; was it edited or made for another loader?"
+            )
         self.epoch, self._position = epoch, position
 
     def __repr__(self) -> str:

@@ -86,7 +86,8 @@ class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
 class TorchLoader:
     """Iterable of ``{"image": NCHW tensor, "label": int64 tensor, "index": int64 tensor}``.
 
-    Delegates order, epochs, prefetch and resume to the wrapped :class:`dlpack.Loader`.
+    Delegates order, epochs, prefetch and resume to the wrapped :class:`dlpack.Loader`, including
+    its rule of one live pass at a time.
     """
 
     def __init__(
@@ -116,7 +117,12 @@ class TorchLoader:
         self.loader.load_state_dict(state)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for batch in self.loader:
+        # Claim the loader now, so a second live iterator is refused at iter(), not at its first batch.
+        return self._tensors(iter(self.loader))
+
+    def _tensors(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Each batch of ``batches`` as tensors."""
+        for batch in batches:
             images = batch["image"]
             if isinstance(images, list):  # variable-size store: one CHW tensor per sample
                 image: Any = [to_tensor(im, self.dtype, self.mean, self.std) for im in images]

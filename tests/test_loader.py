@@ -476,6 +476,77 @@ def test_a_pass_over_an_empty_epoch_advances_one_epoch(ds: dlpack.Dataset) -> No
     assert loader.epoch == 1
 
 
+# ---------------------------------------------------------------- one pass at a time
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_second_live_iterator_is_refused(ds: dlpack.Dataset, workers: int) -> None:
+    loader = ds.loader(batch_size=8, seed=4, workers=workers)
+    first = iter(loader)
+    head = [next(first)["index"] for _ in range(2)]
+    with pytest.raises(StateError, match="already being iterated; finish or close the first iterator"):
+        iter(loader)
+    with pytest.raises(StateError, match="already being iterated"):
+        list(loader)
+    rest = [b["index"] for b in first]  # the refused attempts did not disturb the first pass
+    assert np.array_equal(np.concatenate(head + rest), epoch_order(N_IMAGES, 4, 0))
+    assert loader.epoch == 1
+
+
+def test_state_cannot_be_changed_under_a_live_iterator(ds: dlpack.Dataset) -> None:
+    loader = ds.loader(batch_size=8, seed=4)
+    state = loader.state_dict()
+    it = iter(loader)
+    next(it)
+    assert loader.state_dict()["position"] == 1  # reading the state mid-pass is what checkpoints do
+    with pytest.raises(StateError, match="already being iterated"):
+        loader.set_epoch(3)
+    with pytest.raises(StateError, match="already being iterated"):
+        loader.load_state_dict(state)
+    it.close()
+    loader.load_state_dict(state)
+    assert (loader.epoch, loader.state_dict()["position"]) == (0, 0)
+
+
+def _exhaust(it: Iterator[dict[str, Any]]) -> None:
+    for _ in it:
+        pass
+
+
+@pytest.mark.parametrize("end", ["exhausted", "closed", "dropped", "never started", "broken out of"])
+def test_the_loader_is_free_again_after_its_iterator_ends(ds: dlpack.Dataset, end: str) -> None:
+    loader = ds.loader(batch_size=8, seed=6, workers=2)
+    it = iter(loader)
+    if end == "exhausted":
+        _exhaust(it)
+    elif end == "closed":
+        next(it)
+        it.close()
+    elif end == "dropped":
+        next(it)
+        del it  # garbage-collected: CPython closes the generator when its last reference goes
+    elif end == "never started":
+        del it
+    else:
+        del it
+        for _ in loader:
+            break
+    # A new pass goes on after the last batch handed out (one, unless none was or the epoch ended).
+    epoch, done = (1, 0) if end == "exhausted" else (0, 0 if end == "never started" else 8)
+    assert loader.epoch == epoch
+    assert np.array_equal(np.concatenate(epoch_indices(loader)), epoch_order(N_IMAGES, 6, epoch)[done:])
+
+
+def test_two_loaders_over_one_dataset_iterate_side_by_side(ds: dlpack.Dataset) -> None:
+    a, b = ds.loader(batch_size=8, seed=4), ds.loader(batch_size=8, seed=4, workers=0)
+    got_a, got_b = [], []
+    for x, y in zip(a, b, strict=True):
+        got_a.append(x["index"])
+        got_b.append(y["index"])
+    assert np.array_equal(np.concatenate(got_a), epoch_order(N_IMAGES, 4, 0))
+    assert np.array_equal(np.concatenate(got_b), epoch_order(N_IMAGES, 4, 0))
+
+
 # ---------------------------------------------------------------- bad states
 
 
@@ -555,6 +626,28 @@ def test_state_with_mistyped_fields_is_refused(ds: dlpack.Dataset, change: dict[
     state = {**ds.loader().state_dict(), **change}
     with pytest.raises(StateError):
         ds.loader().load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("opts", "batches"),
+    [
+        ({"batch_size": 8}, 7),  # 50 samples: 6 full batches and one of 2
+        ({"batch_size": 8, "drop_last": True}, 6),
+        ({"batch_size": 8, "world_size": 2, "rank": 1}, 4),  # 25 samples on this rank
+        ({"batch_size": 64, "drop_last": True}, 0),
+    ],
+)
+def test_state_past_the_end_of_the_epoch_is_refused(ds: dlpack.Dataset, opts: dict[str, Any], batches: int) -> None:
+    loader = ds.loader(**opts)
+    assert len(loader) == batches
+    state = {**loader.state_dict(), "epoch": 2}
+    loader.load_state_dict({**state, "position": batches})  # "epoch just finished", as the loader saves it
+    assert (loader.epoch, loader.state_dict()["position"]) == (2, batches)
+    fresh = ds.loader(**opts)
+    for position in (batches + 1, batches + 100):
+        with pytest.raises(StateError, match=f"position {position}.* {batches} batches"):
+            fresh.load_state_dict({**state, "position": position})
+    assert (fresh.epoch, fresh.state_dict()["position"]) == (0, 0)  # untouched
 
 
 def test_newer_state_version_is_refused(ds: dlpack.Dataset) -> None:

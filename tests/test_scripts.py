@@ -82,6 +82,18 @@ def _check_import_time(out: str, work: Path) -> None:
     assert "import dlpack" in out and "x import numpy" in out
 
 
+def _check_load(out: str, work: Path) -> None:
+    assert "40 PNGs of 32x32x3" in out and "peak RSS MB" in out
+    doc = json.loads((work / "load.json").read_text())
+    assert set(doc["builds"]) == set(doc["loader"]) == {"zarr", "hdf5"}
+    for build in doc["builds"].values():
+        assert build["images"] == 40 and build["summary"]["count"] == 40
+        assert build["peak_rss_bytes"] > 0 and 0 < build["files"] < 40
+    for run in doc["loader"].values():
+        assert [row["epoch"] for row in run["epochs"]] == [None, 0, 1]
+        assert all(row["images"] == 40 and row["resident_bytes"] > 0 for row in run["epochs"][1:])
+
+
 def _check_train(out: str, work: Path) -> None:
     assert "training on cpu from dlpack store" in out
     assert "epoch 0: 8 images in" in out and "waiting for data" in out
@@ -106,6 +118,9 @@ RUNS: dict[str, list[Run]] = {
         )
     ],
     "benchmarks/import_time.py": [Run(("--runs", "1", "--json", "import.json"), _check_import_time)],
+    "benchmarks/load.py": [
+        Run(("--count", "40", "--epochs", "2", "--work", "work", "--json", "load.json"), _check_load),
+    ],
     "benchmarks/loader.py": [
         Run(
             ("--work", "work", "--count", "16", "--batch-size", "8", "--repeat", "1", "--folder-samples", "8")

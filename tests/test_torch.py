@@ -191,6 +191,17 @@ def test_torch_loader_state_passes_through(ds: dlpack.Dataset) -> None:
         torch_loader(ds, batch_size=6, seed=9).load_state_dict(state)
 
 
+def test_torch_loader_refuses_a_second_live_iterator(ds: dlpack.Dataset) -> None:
+    tl = torch_loader(ds, batch_size=8, seed=2, pin_memory=False)
+    first = iter(tl)
+    head = [next(first)["index"]]
+    with pytest.raises(dlpack.StateError, match="already being iterated"):
+        iter(tl)  # refused at once, not at the first batch
+    got = torch.cat(head + [b["index"] for b in first])
+    assert got.tolist() == epoch_order(N_IMAGES, 2, 0).tolist()
+    assert len(list(tl)) == len(tl)  # the finished pass freed the loader
+
+
 def test_torch_loader_set_epoch_passes_through(ds: dlpack.Dataset) -> None:
     tl = torch_loader(ds, batch_size=8, seed=2, pin_memory=False)
     tl.set_epoch(3)
