@@ -19,6 +19,7 @@ import zlib
 import cv2
 import numpy as np
 import pytest
+from _tiff import multipage_tiff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,8 +69,7 @@ def _samples() -> dict[str, bytes]:
     rgba = np.dstack([rgb, rng.integers(0, 256, (16, 24), dtype=np.uint8)])
     rgb16 = rgb.astype(np.uint16) * 257
     jpeg = _encode(".jpg", rgb, (cv2.IMWRITE_JPEG_QUALITY, 90))
-    pages, buf = cv2.imencodemulti(".tiff", [rgb, rgb[::-1].copy()])
-    assert pages
+    two_pages = multipage_tiff([rgb, rgb[::-1].copy()])
     return {
         "jpeg": jpeg,
         "jpeg-gray": _encode(".jpg", gray),
@@ -87,7 +87,7 @@ def _samples() -> dict[str, bytes]:
         "tiff-lzw": _encode(".tiff", rgb),
         "tiff-16": _encode(".tiff", rgb16),
         "tiff-rgba": _encode(".tiff", rgba),
-        "tiff-pages": np.asarray(buf, dtype=np.uint8).tobytes(),
+        "tiff-pages": two_pages,
         "webp": _encode(".webp", rgb, (cv2.IMWRITE_WEBP_QUALITY, 80)),
         "webp-lossless": _encode(".webp", rgba, (cv2.IMWRITE_WEBP_QUALITY, 101)),
         "pgm": _encode(".pgm", gray),
