@@ -331,13 +331,17 @@ class ZarrWriter(StoreWriter):
     def _write_manifest(self, manifest: Manifest) -> None:
         self._h_arrays.clear()
         text = manifest.to_json()
-        g = self._group("r+")
-        g.attrs["dlpack"] = {
+        # The group's zarr.json is replaced whole (a new file renamed over it), never rewritten in
+        # place as zarr-python 3.0 does: a store's files may be hard links shared with another store.
+        path = self.path / "zarr.json"
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta.setdefault("attributes", {})["dlpack"] = {
             "format": "dlpack",
             "format_version": manifest.format_version,
             "complete": True,
             "manifest_sha256": sha256_hex(text),
         }
+        _atomic_write(path, json.dumps(meta, indent=2))
         _atomic_write(self.path / MANIFEST, text)
 
     def abort(self) -> None:
