@@ -7,7 +7,6 @@ the manifest is found by ``verify`` (and labels out of range already by ``open``
 
 from __future__ import annotations
 
-import json
 import threading
 import zlib
 from collections.abc import Callable
@@ -18,6 +17,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
+from _stores import rewrite_manifest
 
 import dlpack
 from dlpack import StoreError
@@ -208,22 +208,9 @@ def test_edited_manifest_is_refused(two_sources: tuple[Path, Path], tmp_path: Pa
     def smaller(d: dict[str, Any]) -> None:
         d["count"] = 4
 
-    edit_manifest(out, smaller)
+    rewrite_manifest(out, smaller)
     with pytest.raises(StoreError, match="manifest.*checksum"), dlpack.open(out) as ds:
         ds.verify()
-
-
-def edit_manifest(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
-    if path.is_dir():
-        d = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-        change(d)
-        (path / "manifest.json").write_text(json.dumps(d), encoding="utf-8")
-        return
-    with h5py.File(path, "r+") as f:
-        d = json.loads(f["manifest"][()].decode("utf-8"))
-        change(d)
-        del f["manifest"]
-        f.create_dataset("manifest", data=json.dumps(d), dtype=h5py.string_dtype("utf-8"))
 
 
 def test_intact_store_verifies(two_sources: tuple[Path, Path], tmp_path: Path, backend: str) -> None:

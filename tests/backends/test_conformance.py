@@ -7,7 +7,6 @@ zarr-python or h5py (the format is standard).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
+from _stores import rewrite_manifest
 
 import dlpack
 from dlpack import Dataset, FormatVersionError, Manifest
@@ -47,20 +47,6 @@ def plain_read(path: Path, name: str, index: Any = ()) -> np.ndarray:
 
     with h5py.File(path, "r") as f:
         return np.asarray(f[name][index])
-
-
-def rewrite_manifest(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
-    """Edit a store's manifest in place, as a newer dlpack might have written it."""
-    if path.suffix == ".zarr":
-        d = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-        change(d)
-        (path / "manifest.json").write_text(json.dumps(d), encoding="utf-8")
-        return
-    with h5py.File(path, "r+") as f:
-        d = json.loads(f["manifest"][()].decode("utf-8"))
-        change(d)
-        del f["manifest"]
-        f.create_dataset("manifest", data=json.dumps(d), dtype=h5py.string_dtype("utf-8"))
 
 
 @pytest.fixture
