@@ -333,15 +333,15 @@ class ZarrWriter(StoreWriter):
         text = manifest.to_json()
         # The group's zarr.json is replaced whole (a new file renamed over it), never rewritten in
         # place as zarr-python 3.0 does: a store's files may be hard links shared with another store.
-        path = self.path / "zarr.json"
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        meta.setdefault("attributes", {})["dlpack"] = {
+        # It is written from scratch, so a copy damaged by a kill is never parsed.
+        marker = {
             "format": "dlpack",
             "format_version": manifest.format_version,
             "complete": True,
             "manifest_sha256": sha256_hex(text),
         }
-        _atomic_write(path, json.dumps(meta, indent=2))
+        meta = {"zarr_format": 3, "node_type": "group", "attributes": {"dlpack": marker}}
+        _atomic_write(self.path / "zarr.json", json.dumps(meta, indent=2))
         _atomic_write(self.path / MANIFEST, text)
 
     def abort(self) -> None:
