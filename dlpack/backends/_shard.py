@@ -116,7 +116,10 @@ def crc32c(data: bytes) -> int:
 def _decoder(codecs: list[dict[str, Any]], where: Path) -> Any:
     """A numcodecs codec for the inner chunks' bytes-to-bytes codec, or None for raw bytes."""
     for c in codecs:
-        if c["name"] == "bytes" and (c.get("configuration") or {}).get("endian", "little") != "little":
+        conf = c.get("configuration") or {}
+        if not isinstance(conf, dict):
+            raise StoreError(f"{where}: codec {c.get('name')!r} has a configuration that is not an object")
+        if c["name"] == "bytes" and conf.get("endian", "little") != "little":
             raise StoreError(f"{where}: big-endian chunks are not supported (dlpack writes little-endian)")
     extra = [c for c in codecs if c["name"] != "bytes"]
     if not extra:

@@ -93,6 +93,8 @@ def test_count_must_match_every_array(zstore: Path) -> None:
         lambda m: m["chunk_key_encoding"].update(name="v2"),
         lambda m: m.update(codecs=[]),
         lambda m: m["codecs"][0]["configuration"]["codecs"][0].update(configuration={"endian": "big"}),
+        # Found by the reader fuzz target: a codec configuration that is not an object.
+        lambda m: m["codecs"][0]["configuration"]["codecs"][0].update(configuration=-1),
     ],
 )
 def test_crafted_array_metadata_is_a_store_error(
