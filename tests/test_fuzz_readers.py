@@ -30,6 +30,9 @@ from dlpack.manifest import ArraySpec, ImageSpec, Manifest
 EXAMPLES = int(os.environ.get("DLPACK_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(
     max_examples=EXAMPLES,
+    # The normal run tries the same examples every time (a test run never fails by chance); a long
+    # run by hand (DLPACK_FUZZ_EXAMPLES) explores new ones.
+    derandomize="DLPACK_FUZZ_EXAMPLES" not in os.environ,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -27,7 +27,14 @@ from dlpack.sources import DecodeError, TargetSpec, decode_image, prepare_image
 from dlpack.sources.probe import MAX_TIFF_PAGES, ImageHeader, probe_header, tiff_pages
 
 EXAMPLES = int(os.environ.get("DLPACK_FUZZ_EXAMPLES", "200"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    # The normal run tries the same examples every time (a test run never fails by chance); a long
+    # run by hand (DLPACK_FUZZ_EXAMPLES) explores new ones.
+    derandomize="DLPACK_FUZZ_EXAMPLES" not in os.environ,
+)
 # A mutated header may promise a huge image: keep every decode small.
 MAX_PIXELS = 1 << 16
 FORMATS = {"png", "jpeg", "bmp", "tiff", "webp", "pnm"}
