@@ -49,7 +49,15 @@ from .errors import (
 from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
 from .sources.base import Source, SourceItem, SourceScan
-from .sources.decode import DecodeError, TargetSpec, check_header, incomplete_reason, normalise_header, prepare_image
+from .sources.decode import (
+    DecodeError,
+    TargetSpec,
+    check_header,
+    incomplete_reason,
+    no_header_reason,
+    normalise_header,
+    prepare_image,
+)
 from .sources.folder import FolderSource
 from .sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from .transforms.functional import UpscaleError
@@ -337,17 +345,19 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[_Probe
             continue
         header = probe_header(head)
         if header is None and size > len(head):
-            # TIFF keeps its first IFD after the pixels, and JPEG metadata can exceed the head.
+            # TIFF keeps its first IFD after the pixels, JPEG metadata can exceed the head, and a
+            # WebP's EXIF chunk follows its image data.
             try:
                 with _open_regular(path) as f:
-                    header = probe_header(f.read())
+                    head = f.read()
+                header = probe_header(head)
             except OSError as exc:
                 out.append(_Probe(None, size, f"cannot read: {exc.strerror or exc}"))
                 continue
         if header is not None:
             header = normalise_header(header, head)
         if header is None:
-            out.append(_Probe(None, size, "not an image: the header is not PNG, JPEG, BMP, TIFF, WebP or PNM"))
+            out.append(_Probe(None, size, no_header_reason(head)))
             continue
         try:
             check_header(header, max_pixels)
