@@ -217,8 +217,9 @@ class _Selection:
         return _Selection(tuple(k for k in self.keep if k not in failed), self.errors + tuple(failed.values()))
 
 
-def _bad_inputs(errors: Sequence[InputFileError], root: Path) -> BadInputsError:
-    return BadInputsError(sorted(errors, key=lambda e: e.path), os.fspath(root))
+def _bad_inputs(errors: Sequence[InputFileError], root: Path, nothing_left: bool = False) -> BadInputsError:
+    """The error listing every bad input; ``nothing_left`` when no input is good (then skipping cannot help)."""
+    return BadInputsError(sorted(errors, key=lambda e: e.path), os.fspath(root), nothing_left)
 
 
 # ---------------------------------------------------------------- stage 1: scan
@@ -1050,7 +1051,7 @@ def pack_stage(
     note = ""
     for _attempt in range(3):
         if not sel.keep:
-            raise _bad_inputs(sel.errors, root)
+            raise _bad_inputs(sel.errors, root, nothing_left=True)
         pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
         results, partial, found = write_images(backend, out, plan, os.fspath(root), pairs, opts)
         note = note or found
@@ -1058,7 +1059,7 @@ def pack_stage(
             return plan, sel, [r for r in results if isinstance(r, _Sample)], partial, note
         sel = sel.drop({k: r for k, r in zip(sel.keep, results, strict=True) if isinstance(r, InputFileError)})
         if opts.on_error == "fail":
-            raise _bad_inputs(sel.errors, root)
+            raise _bad_inputs(sel.errors, root, nothing_left=not sel.keep)
         plan, sel = plan_stage(scan, probes, sel, opts, backend.name)
     # Decoding is deterministic: a second pass finds nothing new.
     raise DlpackError("files kept failing to decode; rerun with --on-error fail to see them")  # pragma: no cover
@@ -1783,7 +1784,8 @@ def build(
         plan, sel = plan_stage(scan, probes, _probed(scan, probes), opts, backend.name)
         if sel.errors and opts.on_error == "fail":
             pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
-            raise _bad_inputs([*sel.errors, *validate_stage(os.fspath(root), plan, pairs, opts)], root)
+            found = validate_stage(os.fspath(root), plan, pairs, opts)
+            raise _bad_inputs([*sel.errors, *found], root, nothing_left=len(found) == len(pairs))
         tmp = partial_path(out_path)
         plan, sel, samples, partial, resume = pack_stage(backend, out_path, root, scan, probes, plan, sel, opts)
         try:

@@ -103,6 +103,21 @@ def test_bad_inputs_exit_2_and_list_files(make_tree: Callable[..., Path], tmp_pa
     assert "a/empty.png: empty file" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_an_all_bad_folder_says_nothing_could_be_packed_and_never_suggests_skip(
+    make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys, on_error: str
+) -> None:
+    bad = make_tree({"a/empty.png": b"", "a/text.jpg": b"not a picture", "b/cut.png": b"\x89PNG\r\n\x1a\n"}, "bad")
+    out = tmp_path / "o.zarr"
+    assert main(["build", str(bad), str(out), "--on-error", on_error, "--quiet", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "no input could be packed: all 3 input file(s) in " in err
+    assert "a/empty.png: empty file" in err and "a/text.jpg: not an image" in err and "b/cut.png" in err
+    # Skipping would leave nothing: the option is never offered (under skip it is the one given).
+    assert "pass --on-error skip" not in err and "pack the rest" not in err
+    assert "Traceback" not in err and not out.exists()
+
+
 def test_info_on_missing_store_exits_2(tmp_path: Path, capsys: Capsys) -> None:
     assert main(["info", str(tmp_path / "none.zarr")]) == 2
     assert capsys.readouterr().err.startswith("dlpack: error: ")
