@@ -35,6 +35,7 @@ import numpy as np
 
 from . import __version__
 from ._lock import BuildLock, old_path, partial_path
+from ._names import shown as shown_name
 from .backends import ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
 from .errors import (
     BadInputsError,
@@ -189,11 +190,12 @@ class BuildResult:
         lines = [
             f"packed {self.count} images{skipped}: {self.input_bytes / 1e6:.1f} MB in -> "
             f"{self.output_bytes / 1e6:.1f} MB out in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s) "
-            f"-> {self.path}"
+            f"-> {shown_name(self.path)}"
         ]
         lines[0] += "".join(f" ({note})" for note in (self.resume, self.update) if note)
         if self.classes:
-            shown = ", ".join(self.classes[:_SUMMARY_CLASSES])
+            # Escaped one by one: a class folder named with a newline cannot fake a line of the summary.
+            shown = ", ".join(shown_name(c) for c in self.classes[:_SUMMARY_CLASSES])
             more = (
                 f", ... and {len(self.classes) - _SUMMARY_CLASSES} more" if len(self.classes) > _SUMMARY_CLASSES else ""
             )

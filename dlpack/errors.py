@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ._names import shown
+
 __all__ = [
     "DlpackError",
     "OptionError",
@@ -43,7 +45,8 @@ class InputFileError:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.reason}"
+        # One line whatever the name holds: a newline in a file name cannot fake a line of output.
+        return shown(f"{self.path}: {self.reason}")
 
 
 class BadInputsError(DlpackError, ValueError):

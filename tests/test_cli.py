@@ -211,3 +211,39 @@ def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tmp_path, capsy
     assert main(["build", str(tmp_path / "src"), str(out), "--quiet", "--jobs", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dlpack: error:") and "Traceback" not in err
+
+
+def test_a_newline_in_a_name_is_escaped_in_the_summary_info_and_errors(
+    make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys
+) -> None:
+    """A folder named ``new<newline>line`` cannot fake a line of output: it prints as ``new\\nline``."""
+    src = make_tree({"new\nline/0.png": "rgb", "b/1.png": "rgb", "new\nline/bad\n.png": b""})
+    out = tmp_path / "o.zarr"
+    assert main(["build", str(src), str(out), "--on-error", "skip", "--jobs", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "classes (2): b, new\\nline" in captured.out
+    assert "  new\\nline/bad\\n.png: empty file" in captured.err
+    printed = captured.out.splitlines() + captured.err.splitlines()
+    assert not [line for line in printed if line.startswith(("line", ".png"))]
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "b, new\\nline" in text and "skipped new\\nline/bad\\n.png: empty file" in text
+    assert not [line for line in text.splitlines() if line.startswith(("line", ".png"))]
+    assert main(["build", str(src), str(tmp_path / "p.zarr"), "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "  new\\nline/bad\\n.png: empty file" in err
+    assert not [line for line in err.splitlines() if line.startswith(("line", ".png"))]
+    with dlpack.open(out) as ds:  # the names themselves are kept exact
+        assert ds.classes == ("b", "new\nline") and ds.manifest.skipped[0].path == "new\nline/bad\n.png"
+
+
+def test_class_folders_differing_only_in_normalisation_exit_2_showing_both(
+    make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys
+) -> None:
+    src = make_tree({"caf\u00e9/0.png": "rgb", "cafe\u0301/1.png": "rgb"})
+    if len(list(src.iterdir())) != 2:
+        pytest.skip("this file system normalises names itself")
+    assert main(["build", str(src), str(tmp_path / "o.zarr"), "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "differ only in Unicode normalisation" in err and "(caf\\xe9)" in err and "(cafe\\u0301)" in err
+    assert "Traceback" not in err
