@@ -203,7 +203,7 @@ class BuildResult:
         else:
             lines.append("classes: none (unlabelled)")
         if self.splits:
-            lines.append("splits: " + ", ".join(f"{name} {n}" for name, n in sorted(self.splits.items())))
+            lines.append("splits: " + ", ".join(f"{shown_name(name)} {n}" for name, n in sorted(self.splits.items())))
         return "\n".join(lines)
 
 

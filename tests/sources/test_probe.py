@@ -13,7 +13,7 @@ from _exif import exif_block, png_with_exif, webp_with_exif
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlpack.sources.probe import HEADER_BYTES, ImageHeader, probe_header
+from dlpack.sources.probe import HEADER_BYTES, ImageHeader, probe_header, unsupported_reason
 
 # Width != height everywhere, so a swapped pair of axes cannot pass.
 WIDTH, HEIGHT = 37, 23
@@ -538,3 +538,26 @@ def test_png_exif_chunk_after_idat_is_read_when_the_bytes_reach_it() -> None:
     data = png_with_exif(_encode(".png", _image(1, U8)), exif_block(5), after_idat=True)
     header = probe_header(data)
     assert header is not None and header.orientation == 5
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (_tiff(1, 32, 1, sample_format=3), "float TIFF (32-bit floating-point samples) is not supported"),
+        (_tiff(1, 16, 1, sample_format=3), "float TIFF (16-bit floating-point samples) is not supported"),
+        (_tiff(1, 16, 1, sample_format=2), "signed-integer TIFF (16-bit signed samples) is not supported"),
+        (_tiff(1, 32, 1), "TIFF with 32-bit integer samples is not supported"),
+        (_tiff(1, 16, 32845), "LogLuv TIFF (floating-point luminance samples) is not supported"),
+        (b"II+\x00\x08\x00\x00\x00" + bytes(16), "BigTIFF is not supported"),
+    ],
+    ids=["float32", "float16", "int16", "uint32", "logluv", "bigtiff"],
+)
+def test_images_the_probe_cannot_use_get_an_accurate_reason(data: bytes, reason: str) -> None:
+    assert probe_header(data) is None
+    found = unsupported_reason(data)
+    assert found is not None and found.startswith(reason)
+
+
+@pytest.mark.parametrize("data", [_tiff(3, 8, 2), b"not an image", b"II*\x00" + bytes(4), b"\x89PNG\r\n\x1a\n"])
+def test_usable_or_unknown_bytes_get_no_unsupported_reason(data: bytes) -> None:
+    assert unsupported_reason(data) is None
