@@ -153,7 +153,7 @@ class _Walk:
                     continue
                 rel = f"{rel_dir}/{name}" if rel_dir else name
                 if entry.is_symlink():
-                    if _kind(name) != "other":
+                    if _kind(name) != "other":  # a link to an image, or maybe to a folder
                         self.twin(names, rel_dir, name, "names")
                     heapq.heappush(self.links, (rel, entry.path))
                     continue
@@ -165,7 +165,7 @@ class _Walk:
                     if _kind(name) != "other":
                         self.error(rel, f"cannot read: {exc.strerror or exc}")
                     continue
-                if is_dir or _kind(name) != "other":
+                if is_dir or _kind(name) in ("image", "unsupported"):  # what is packed or reported
                     self.twin(names, rel_dir, name, "folders" if is_dir else "files")
                 real = os.path.join(real_dir, name)
                 if is_dir:
