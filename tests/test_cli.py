@@ -247,3 +247,25 @@ def test_class_folders_differing_only_in_normalisation_exit_2_showing_both(
     err = capsys.readouterr().err
     assert "differ only in Unicode normalisation" in err and "(caf\\xe9)" in err and "(cafe\\u0301)" in err
     assert "Traceback" not in err
+
+
+def test_verify_escapes_a_newline_in_the_name_of_a_damaged_image(tmp_path: Path, capsys: Capsys) -> None:
+    import cv2
+    import h5py
+    import numpy as np
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for name in ("0.png", "x\n  sample 9 (fake).png"):
+        (src / name).write_bytes(cv2.imencode(".png", np.full((8, 10, 3), 7, np.uint8))[1].tobytes())
+    out = tmp_path / "s.h5"
+    assert main(["build", str(tmp_path / "src"), str(out), "--quiet", "--jobs", "1"]) == 0
+    with h5py.File(out, "r") as f:
+        offset = f["images"].id.get_offset()
+    data = bytearray(out.read_bytes())
+    data[offset + 8 * 10 * 3 + 5] ^= 0xFF  # one byte of image 1
+    out.write_bytes(bytes(data))
+    assert main(["verify", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "  sample 1 (a/x\\n  sample 9 (fake).png)" in err
+    assert "sample 9" not in err.replace("a/x\\n  sample 9", "")
