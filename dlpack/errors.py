@@ -62,7 +62,7 @@ class BadInputsError(DlpackError, ValueError):
         where = f" in {source}" if source else ""
         if nothing_left:
             head = f"no input could be packed: all {len(self.errors)} input file(s){where} are bad"
-            hint = "\nfix or replace them; skipping them (--on-error skip) leaves nothing to pack"
+            hint = "\nfix or replace them: skipping the bad inputs would leave nothing to pack"
         else:
             head = f"{len(self.errors)} input file(s) could not be read{where}"
             hint = "\nfix or remove them, or pass --on-error skip to pack the rest and list them in the manifest"
