@@ -35,6 +35,7 @@ import numpy as np
 
 from . import __version__
 from ._lock import BuildLock, old_path, partial_path
+from ._names import shown as shown_name
 from .backends import ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
 from .errors import (
     BadInputsError,
@@ -49,7 +50,15 @@ from .errors import (
 from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
 from .sources.base import Source, SourceItem, SourceScan
-from .sources.decode import DecodeError, TargetSpec, check_header, incomplete_reason, normalise_header, prepare_image
+from .sources.decode import (
+    DecodeError,
+    TargetSpec,
+    check_header,
+    incomplete_reason,
+    no_header_reason,
+    normalise_header,
+    prepare_image,
+)
 from .sources.folder import FolderSource
 from .sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from .transforms.functional import UpscaleError
@@ -181,11 +190,12 @@ class BuildResult:
         lines = [
             f"packed {self.count} images{skipped}: {self.input_bytes / 1e6:.1f} MB in -> "
             f"{self.output_bytes / 1e6:.1f} MB out in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s) "
-            f"-> {self.path}"
+            f"-> {shown_name(self.path)}"
         ]
         lines[0] += "".join(f" ({note})" for note in (self.resume, self.update) if note)
         if self.classes:
-            shown = ", ".join(self.classes[:_SUMMARY_CLASSES])
+            # Escaped one by one: a class folder named with a newline cannot fake a line of the summary.
+            shown = ", ".join(shown_name(c) for c in self.classes[:_SUMMARY_CLASSES])
             more = (
                 f", ... and {len(self.classes) - _SUMMARY_CLASSES} more" if len(self.classes) > _SUMMARY_CLASSES else ""
             )
@@ -193,7 +203,7 @@ class BuildResult:
         else:
             lines.append("classes: none (unlabelled)")
         if self.splits:
-            lines.append("splits: " + ", ".join(f"{name} {n}" for name, n in sorted(self.splits.items())))
+            lines.append("splits: " + ", ".join(f"{shown_name(name)} {n}" for name, n in sorted(self.splits.items())))
         return "\n".join(lines)
 
 
@@ -209,8 +219,9 @@ class _Selection:
         return _Selection(tuple(k for k in self.keep if k not in failed), self.errors + tuple(failed.values()))
 
 
-def _bad_inputs(errors: Sequence[InputFileError], root: Path) -> BadInputsError:
-    return BadInputsError(sorted(errors, key=lambda e: e.path), os.fspath(root))
+def _bad_inputs(errors: Sequence[InputFileError], root: Path, nothing_left: bool = False) -> BadInputsError:
+    """The error listing every bad input; ``nothing_left`` when no input is good (then skipping cannot help)."""
+    return BadInputsError(sorted(errors, key=lambda e: e.path), os.fspath(root), nothing_left)
 
 
 # ---------------------------------------------------------------- stage 1: scan
@@ -337,17 +348,19 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[_Probe
             continue
         header = probe_header(head)
         if header is None and size > len(head):
-            # TIFF keeps its first IFD after the pixels, and JPEG metadata can exceed the head.
+            # TIFF keeps its first IFD after the pixels, JPEG metadata can exceed the head, and a
+            # WebP's EXIF chunk follows its image data.
             try:
                 with _open_regular(path) as f:
-                    header = probe_header(f.read())
+                    head = f.read()
+                header = probe_header(head)
             except OSError as exc:
                 out.append(_Probe(None, size, f"cannot read: {exc.strerror or exc}"))
                 continue
         if header is not None:
             header = normalise_header(header, head)
         if header is None:
-            out.append(_Probe(None, size, "not an image: the header is not PNG, JPEG, BMP, TIFF, WebP or PNM"))
+            out.append(_Probe(None, size, no_header_reason(head)))
             continue
         try:
             check_header(header, max_pixels)
@@ -1040,7 +1053,7 @@ def pack_stage(
     note = ""
     for _attempt in range(3):
         if not sel.keep:
-            raise _bad_inputs(sel.errors, root)
+            raise _bad_inputs(sel.errors, root, nothing_left=True)
         pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
         results, partial, found = write_images(backend, out, plan, os.fspath(root), pairs, opts)
         note = note or found
@@ -1048,7 +1061,7 @@ def pack_stage(
             return plan, sel, [r for r in results if isinstance(r, _Sample)], partial, note
         sel = sel.drop({k: r for k, r in zip(sel.keep, results, strict=True) if isinstance(r, InputFileError)})
         if opts.on_error == "fail":
-            raise _bad_inputs(sel.errors, root)
+            raise _bad_inputs(sel.errors, root, nothing_left=not sel.keep)
         plan, sel = plan_stage(scan, probes, sel, opts, backend.name)
     # Decoding is deterministic: a second pass finds nothing new.
     raise DlpackError("files kept failing to decode; rerun with --on-error fail to see them")  # pragma: no cover
@@ -1773,7 +1786,8 @@ def build(
         plan, sel = plan_stage(scan, probes, _probed(scan, probes), opts, backend.name)
         if sel.errors and opts.on_error == "fail":
             pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
-            raise _bad_inputs([*sel.errors, *validate_stage(os.fspath(root), plan, pairs, opts)], root)
+            found = validate_stage(os.fspath(root), plan, pairs, opts)
+            raise _bad_inputs([*sel.errors, *found], root, nothing_left=len(found) == len(pairs))
         tmp = partial_path(out_path)
         plan, sel, samples, partial, resume = pack_stage(backend, out_path, root, scan, probes, plan, sel, opts)
         try:

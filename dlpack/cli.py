@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from . import __version__
+from ._names import shown
 from .errors import DlpackError, OptionError
 
 __all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag", "printable"]
@@ -57,13 +58,14 @@ def printable(text: object, keep: str = "\n") -> str:
 
     ANSI escape sequences, bidirectional overrides and lone surrogates (non-UTF-8 file names) in a
     name would otherwise recolour the terminal, reorder the line or fail to print. Characters in
-    ``keep`` (a newline by default, for multi-line messages) are left as they are.
+    ``keep`` (a newline by default, for multi-line messages) are left as they are: the names inside
+    such a message are escaped where it is made (:func:`dlpack._names.shown`), newlines included.
     """
     return "".join(ch if ch.isprintable() or ch in keep else _escape(ch) for ch in str(text))
 
 
-def _say(*parts: object, err: bool = False) -> None:
-    print(printable(" ".join(map(str, parts))), file=sys.stderr if err else sys.stdout)
+def _say(*parts: object, err: bool = False, keep: str = "\n") -> None:
+    print(printable(" ".join(map(str, parts)), keep), file=sys.stderr if err else sys.stdout)
 
 
 # ---------------------------------------------------------------- flags from option dataclasses
@@ -330,10 +332,11 @@ def _run_info(a: argparse.Namespace) -> int:
     if info["conversions"]:
         rows.append(("converted", ", ".join(f"{k}: {v}" for k, v in info["conversions"].items())))
     width = max(len(k) for k, _ in rows)
+    # One line each: a newline in a class or file name is escaped like any control character.
     for k, v in rows:
-        _say(f"{k:<{width}}  {v}")
+        _say(f"{k:<{width}}  {v}", keep="")
     for e in info["skipped"]:
-        _say(f"  skipped {e['path']}: {e['reason']}")
+        _say(f"  skipped {e['path']}: {e['reason']}", keep="")
     return 0
 
 
@@ -407,7 +410,7 @@ def _run_verify(a: argparse.Namespace) -> int:
         }
         _emit_json(a, doc)
     if bad:
-        listing = "\n".join(f"  sample {i} ({src})" for i, src in bad[:50])
+        listing = "\n".join(f"  sample {i} ({shown(src)})" for i, src in bad[:50])
         raise StoreError(f"{len(bad)} of {n} images in {a.store} do not match their checksum:\n{listing}")
     if not a.json:
         _say(f"{a.store}: all {n} images match their checksums")

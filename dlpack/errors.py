@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ._names import shown
+
 __all__ = [
     "DlpackError",
     "OptionError",
@@ -43,20 +45,29 @@ class InputFileError:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.reason}"
+        # One line whatever the name holds: a newline in a file name cannot fake a line of output.
+        return shown(f"{self.path}: {self.reason}")
 
 
 class BadInputsError(DlpackError, ValueError):
-    """Some input files could not be packed; ``errors`` lists every one found."""
+    """Some input files could not be packed; ``errors`` lists every one found.
 
-    def __init__(self, errors: Sequence[InputFileError], source: str = "") -> None:
+    ``nothing_left`` says that every input is bad: skipping them would leave nothing to pack, so the
+    message does not suggest ``--on-error skip`` (which may be the option already given).
+    """
+
+    def __init__(self, errors: Sequence[InputFileError], source: str = "", nothing_left: bool = False) -> None:
         self.errors = list(errors)
-        head = f"{len(self.errors)} input file(s) could not be read"
-        if source:
-            head += f" in {source}"
+        self.nothing_left = nothing_left
+        where = f" in {source}" if source else ""
+        if nothing_left:
+            head = f"no input could be packed: all {len(self.errors)} input file(s){where} are bad"
+            hint = "\nfix or replace them: skipping the bad inputs would leave nothing to pack"
+        else:
+            head = f"{len(self.errors)} input file(s) could not be read{where}"
+            hint = "\nfix or remove them, or pass --on-error skip to pack the rest and list them in the manifest"
         listing = "\n".join(f"  {e}" for e in self.errors[:50])
         more = f"\n  ... and {len(self.errors) - 50} more" if len(self.errors) > 50 else ""
-        hint = "\nfix or remove them, or pass --on-error skip to pack the rest and list them in the manifest"
         super().__init__(f"{head}:\n{listing}{more}{hint}")
 
 

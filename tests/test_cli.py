@@ -103,6 +103,22 @@ def test_bad_inputs_exit_2_and_list_files(make_tree: Callable[..., Path], tmp_pa
     assert "a/empty.png: empty file" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_an_all_bad_folder_says_nothing_could_be_packed_and_never_suggests_skip(
+    make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys, on_error: str
+) -> None:
+    bad = make_tree({"a/empty.png": b"", "a/text.jpg": b"not a picture", "b/cut.png": b"\x89PNG\r\n\x1a\n"}, "bad")
+    out = tmp_path / "o.zarr"
+    assert main(["build", str(bad), str(out), "--on-error", on_error, "--quiet", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "no input could be packed: all 3 input file(s) in " in err
+    assert "a/empty.png: empty file" in err and "a/text.jpg: not an image" in err and "b/cut.png" in err
+    # Skipping would leave nothing: the option is never offered (under skip it is the one given).
+    assert "--on-error" not in err and "pack the rest" not in err
+    assert "skipping the bad inputs would leave nothing to pack" in err
+    assert "Traceback" not in err and not out.exists()
+
+
 def test_info_on_missing_store_exits_2(tmp_path: Path, capsys: Capsys) -> None:
     assert main(["info", str(tmp_path / "none.zarr")]) == 2
     assert capsys.readouterr().err.startswith("dlpack: error: ")
@@ -196,3 +212,61 @@ def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tmp_path, capsy
     assert main(["build", str(tmp_path / "src"), str(out), "--quiet", "--jobs", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dlpack: error:") and "Traceback" not in err
+
+
+def test_a_newline_in_a_name_is_escaped_in_the_summary_info_and_errors(
+    make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys
+) -> None:
+    """A folder named ``new<newline>line`` cannot fake a line of output: it prints as ``new\\nline``."""
+    src = make_tree({"new\nline/0.png": "rgb", "b/1.png": "rgb", "new\nline/bad\n.png": b""})
+    out = tmp_path / "o.zarr"
+    assert main(["build", str(src), str(out), "--on-error", "skip", "--jobs", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "classes (2): b, new\\nline" in captured.out
+    assert "  new\\nline/bad\\n.png: empty file" in captured.err
+    printed = captured.out.splitlines() + captured.err.splitlines()
+    assert not [line for line in printed if line.startswith(("line", ".png"))]
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "b, new\\nline" in text and "skipped new\\nline/bad\\n.png: empty file" in text
+    assert not [line for line in text.splitlines() if line.startswith(("line", ".png"))]
+    assert main(["build", str(src), str(tmp_path / "p.zarr"), "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "  new\\nline/bad\\n.png: empty file" in err
+    assert not [line for line in err.splitlines() if line.startswith(("line", ".png"))]
+    with dlpack.open(out) as ds:  # the names themselves are kept exact
+        assert ds.classes == ("b", "new\nline") and ds.manifest.skipped[0].path == "new\nline/bad\n.png"
+
+
+def test_class_folders_differing_only_in_normalisation_exit_2_showing_both(
+    make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys
+) -> None:
+    src = make_tree({"caf\u00e9/0.png": "rgb", "cafe\u0301/1.png": "rgb"})
+    if len(list(src.iterdir())) != 2:
+        pytest.skip("this file system normalises names itself")
+    assert main(["build", str(src), str(tmp_path / "o.zarr"), "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "differ only in Unicode normalisation" in err and "(caf\\xe9)" in err and "(cafe\\u0301)" in err
+    assert "Traceback" not in err
+
+
+def test_verify_escapes_a_newline_in_the_name_of_a_damaged_image(tmp_path: Path, capsys: Capsys) -> None:
+    import cv2
+    import h5py
+    import numpy as np
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for name in ("0.png", "x\n  sample 9 (fake).png"):
+        (src / name).write_bytes(cv2.imencode(".png", np.full((8, 10, 3), 7, np.uint8))[1].tobytes())
+    out = tmp_path / "s.h5"
+    assert main(["build", str(tmp_path / "src"), str(out), "--quiet", "--jobs", "1"]) == 0
+    with h5py.File(out, "r") as f:
+        offset = f["images"].id.get_offset()
+    data = bytearray(out.read_bytes())
+    data[offset + 8 * 10 * 3 + 5] ^= 0xFF  # one byte of image 1
+    out.write_bytes(bytes(data))
+    assert main(["verify", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "  sample 1 (a/x\\n  sample 9 (fake).png)" in err
+    assert "sample 9" not in err.replace("a/x\\n  sample 9", "")

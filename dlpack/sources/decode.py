@@ -17,9 +17,11 @@ from __future__ import annotations
 import functools
 import os
 import re
+import struct
 import sys
 import tempfile
 import threading
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -36,11 +38,12 @@ from ..transforms.functional import (
     plan_geometry,
     resize_image,
 )
-from .probe import MAX_TIFF_PAGES, ImageHeader, probe_header, tiff_pages
+from .probe import MAX_TIFF_PAGES, ImageHeader, container_orientation, probe_header, tiff_pages, unsupported_reason
 
 __all__ = [
     "DecodeError",
     "NOT_AN_IMAGE",
+    "no_header_reason",
     "TargetSpec",
     "PreparedImage",
     "prepare_image",
@@ -62,6 +65,15 @@ class DecodeError(ValueError):
 
 #: The reason given for a file whose header is none of the formats dlpack reads.
 NOT_AN_IMAGE = "not an image: the header is not PNG, JPEG, BMP, TIFF, WebP or PNM"
+
+
+def no_header_reason(data: bytes) -> str:
+    """The reason for a file :func:`~dlpack.sources.probe.probe_header` found no usable header in.
+
+    A float or signed TIFF is an image, only one dlpack cannot store: it is named as such rather
+    than called "not an image".
+    """
+    return unsupported_reason(data) or NOT_AN_IMAGE
 
 
 def read_source_file(path: str | os.PathLike[str]) -> bytes:
@@ -400,21 +412,61 @@ def library_messages(fn: Callable[[], T]) -> tuple[T, list[str]]:
     return _CAPTURE.run(fn)
 
 
-@functools.lru_cache(maxsize=1)
-def _cv2_orients_tiff() -> bool:
-    """Whether this OpenCV applies the TIFF orientation tag itself (5.x does, even with IMREAD_UNCHANGED)."""
+def _exif_block(orientation: int) -> bytes:
+    """A little-endian Exif TIFF block holding only an Orientation (274) tag."""
+    return b"II*\x00" + struct.pack("<IHHHIHHI", 8, 1, 274, 3, 1, orientation, 0, 0)
+
+
+def _oriented_samples() -> dict[str, Callable[[], bytes]]:
+    """A 2x1 (width x height) image with orientation 6 in each format whose orientation dlpack applies."""
+
+    def tiff() -> bytes:
+        entries = [  # tag, type (3 = SHORT, 4 = LONG), value: a 2x1 gray image
+            (256, 3, 2), (257, 3, 1), (258, 3, 8), (259, 3, 1), (262, 3, 1),
+            (273, 4, 8 + 2 + 10 * 12 + 4), (274, 3, 6), (277, 3, 1), (278, 3, 1), (279, 4, 2),
+        ]  # fmt: skip
+        ifd = len(entries).to_bytes(2, "little")
+        for tag, typ, value in entries:
+            ifd += struct.pack("<HHII", tag, typ, 1, value)
+        return b"II*\x00" + (8).to_bytes(4, "little") + ifd + bytes(4) + bytes([10, 200])
+
+    def png() -> bytes:
+        def chunk(kind: bytes, body: bytes) -> bytes:
+            return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+        ihdr = chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 1, 8, 0, 0, 0, 0))
+        body = chunk(b"eXIf", _exif_block(6)) + chunk(b"IDAT", zlib.compress(bytes([0, 10, 200])))
+        return b"\x89PNG\r\n\x1a\n" + ihdr + body + chunk(b"IEND", b"")
+
+    def webp() -> bytes:
+        import cv2
+
+        ok, buf = cv2.imencode(".webp", np.full((1, 2, 3), 128, np.uint8), [cv2.IMWRITE_WEBP_QUALITY, 101])
+        if not ok:
+            return b""
+        exif = _exif_block(6)
+        vp8x = b"VP8X" + struct.pack("<I", 10) + bytes([0x08, 0, 0, 0]) + (1).to_bytes(3, "little") + bytes(3)
+        body = b"WEBP" + vp8x + buf.tobytes()[12:] + b"EXIF" + struct.pack("<I", len(exif)) + exif
+        return b"RIFF" + struct.pack("<I", len(body)) + body
+
+    return {"tiff": tiff, "png": png, "webp": webp}
+
+
+@functools.cache
+def _cv2_orients(fmt: str) -> bool:
+    """Whether this OpenCV applies ``fmt``'s orientation itself under ``IMREAD_UNCHANGED``.
+
+    OpenCV 5 turns a TIFF upright (libtiff does it, even with IMREAD_UNCHANGED) but leaves PNG and
+    WebP as stored; asking a 2x1 sample keeps dlpack from turning an image twice or not at all on
+    any version.
+    """
     import cv2
 
-    entries = [  # tag, type (3 = SHORT, 4 = LONG), value: a 2x1 gray image with orientation 6
-        (256, 3, 2), (257, 3, 1), (258, 3, 8), (259, 3, 1), (262, 3, 1),
-        (273, 4, 8 + 2 + 10 * 12 + 4), (274, 3, 6), (277, 3, 1), (278, 3, 1), (279, 4, 2),
-    ]  # fmt: skip
-    ifd = len(entries).to_bytes(2, "little")
-    for tag, typ, value in entries:
-        ifd += tag.to_bytes(2, "little") + typ.to_bytes(2, "little") + (1).to_bytes(4, "little")
-        ifd += value.to_bytes(4, "little")
-    tiff = b"II*\x00" + (8).to_bytes(4, "little") + ifd + bytes(4) + bytes([10, 200])
-    img = cv2.imdecode(np.frombuffer(tiff, np.uint8), cv2.IMREAD_UNCHANGED)
+    data = _oriented_samples()[fmt]()
+    try:
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if data else None
+    except cv2.error:
+        img = None
     return img is not None and img.shape[:2] == (2, 1)
 
 
@@ -424,8 +476,8 @@ def decode_image(
     """Decode file bytes to H x W x C (C = 1 or 3) ``uint8``/``uint16``, RGB order (BGR when
     ``rgb=False``, for callers that resize first), upright.
 
-    Alpha is dropped (not composited); palettes are expanded to RGB; JPEG EXIF orientation is
-    applied (also TIFF's orientation tag).
+    Alpha is dropped (not composited); palettes are expanded to RGB; EXIF orientation is applied
+    for every format that carries one (JPEG APP1, PNG ``eXIf``, WebP ``EXIF``, TIFF tag 274).
 
     Raises :class:`DecodeError` for a file that is not a usable image: truncated, a TIFF of more than
     one page, or damaged by the image libraries' own account (see :func:`damage_reason`; their
@@ -438,10 +490,14 @@ def decode_image(
         if header is None:
             # OpenCV decodes more formats (PAM, Sun raster, ...) than the probe reads; the pixel
             # limit is checked on the probed header, so those are refused here as the build does.
-            raise DecodeError(NOT_AN_IMAGE)
+            raise DecodeError(no_header_reason(data))
         header = normalise_header(header, data[:32])
     check_header(header, max_pixels)
     fmt = header.format
+    orientation = header.orientation
+    if fmt in ("png", "webp"):
+        # The header may come from the file's head only; an EXIF chunk can follow the image data.
+        orientation = container_orientation(data, fmt)
     reason = incomplete_reason(data, fmt)
     if reason:
         raise DecodeError(reason)
@@ -483,8 +539,8 @@ def decode_image(
         raise DecodeError(f"unsupported channel count {c}")
     if img.ndim == 2:
         img = img[:, :, None]
-    if fmt == "tiff" and header.orientation != 1 and not _cv2_orients_tiff():
-        img = np.ascontiguousarray(apply_orientation(img, header.orientation))
+    if fmt in ("tiff", "png", "webp") and orientation != 1 and not _cv2_orients(fmt):
+        img = np.ascontiguousarray(apply_orientation(img, orientation))
     return img
 
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._names import code_points, normal_form, shown
 from ..errors import InputFileError, OptionError, SourceError
 from ..options import IMAGE_SUFFIXES
 from .base import SourceItem, SourceScan
@@ -96,7 +97,7 @@ def _is_utf8(rel: str) -> bool:
 
 def _listing(paths: Sequence[str]) -> str:
     """The first few paths and how many more: ``a.png, b.png and 3 more``."""
-    head = ", ".join(_shown(p) for p in paths[:_MAX_LISTED])
+    head = ", ".join(shown(_shown(p)) for p in paths[:_MAX_LISTED])
     return head + (f" and {len(paths) - _MAX_LISTED} more" if len(paths) > _MAX_LISTED else "")
 
 
@@ -124,6 +125,9 @@ class _Walk:
     owners: dict[str, str] = field(default_factory=dict)
     #: symlinks met while walking, as a heap of (relative path, path): handled after the real tree
     links: list[tuple[str, str]] = field(default_factory=list)
+    #: (folder, name, other name, "folders" or "files") of names in one folder that differ only in
+    #: Unicode normalisation
+    twins: list[tuple[str, str, str, str]] = field(default_factory=list)
 
     def error(self, rel: str, reason: str) -> None:
         self.errors.append(InputFileError(_shown(rel), reason))
@@ -142,12 +146,15 @@ class _Walk:
                     raise SourceError(f"cannot read the source folder {path!r}: {exc.strerror or exc}") from exc
                 self.error(rel_dir + "/", f"cannot read folder: {exc.strerror or exc}; none of its images are packed")
                 continue
+            names: dict[str, str] = {}  # normal form -> the name seen with it, in this folder
             for entry in entries:
                 name = entry.name
                 if name.startswith("."):
                     continue
                 rel = f"{rel_dir}/{name}" if rel_dir else name
                 if entry.is_symlink():
+                    if _kind(name) != "other":  # a link to an image, or maybe to a folder
+                        self.twin(names, rel_dir, name, "names")
                     heapq.heappush(self.links, (rel, entry.path))
                     continue
                 try:
@@ -158,12 +165,20 @@ class _Walk:
                     if _kind(name) != "other":
                         self.error(rel, f"cannot read: {exc.strerror or exc}")
                     continue
+                if is_dir or _kind(name) in ("image", "unsupported"):  # what is packed or reported
+                    self.twin(names, rel_dir, name, "folders" if is_dir else "files")
                 real = os.path.join(real_dir, name)
                 if is_dir:
                     self.dirs[real] = rel
                     stack.append((entry.path, rel, real))
                 else:
                     self.file(rel, real, regular)
+
+    def twin(self, names: dict[str, str], rel_dir: str, name: str, what: str) -> None:
+        """Note ``name`` in the folder ``rel_dir``; a name seen there that differs only in normalisation is a twin."""
+        other = names.setdefault(normal_form(name), name)
+        if other != name:
+            self.twins.append((rel_dir, min(other, name), max(other, name), what))
 
     def file(self, rel: str, real: str, regular: bool) -> None:
         """A file (or a link to one) at ``rel`` whose real path is ``real``."""
@@ -266,6 +281,10 @@ class FolderSource:
         # and among links the sorted-first one.
         while walk.links:
             walk.link(*heapq.heappop(walk.links))
+        if walk.twins:
+            folder, a, b, what = min(walk.twins)
+            where = os.path.join(os.fspath(root), folder) if folder else os.fspath(root)
+            raise _twins_error(what, repr(shown(where)), a, b)
         rels = sorted(walk.files)
         errors = tuple(sorted(walk.errors, key=lambda e: e.path))
         if not rels and not errors:
@@ -301,7 +320,24 @@ class FolderSource:
                 "to build an unlabelled store"
             )
         items = tuple(SourceItem(r, p[0], split=s) for r, p, s in zip(rels, inner, splits, strict=True))
-        return items, tuple(sorted({p[0] for p in inner}))
+        classes = tuple(sorted({p[0] for p in inner}))
+        # Class folders under different split folders are never in one listing: compare the classes too.
+        seen: dict[str, str] = {}
+        for name in classes:
+            other = seen.setdefault(normal_form(name), name)
+            if other != name:
+                raise _twins_error("class folders", where, other, name)
+        return items, classes
+
+
+def _twins_error(what: str, where: str, a: str, b: str) -> SourceError:
+    """Two names that look the same: NFC ``café`` and NFD ``cafe`` + U+0301 are different names to the file system."""
+    return SourceError(
+        f"two {what} in {where} have names that differ only in Unicode normalisation: "
+        f"{shown(a)!r} ({code_points(a)}) and {shown(b)!r} ({code_points(b)}). They look the same in every "
+        "listing, and a copy made by a tool that normalises names (macOS, zip, sync tools) would no longer "
+        "match them; rename or merge one of them"
+    )
 
 
 def scan_folder(

@@ -11,7 +11,15 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["HEADER_BYTES", "MAX_TIFF_PAGES", "ImageHeader", "probe_header", "tiff_pages"]
+__all__ = [
+    "HEADER_BYTES",
+    "MAX_TIFF_PAGES",
+    "ImageHeader",
+    "probe_header",
+    "tiff_pages",
+    "container_orientation",
+    "unsupported_reason",
+]
 
 HEADER_BYTES = 65536
 #: How many IFDs (pages) of a TIFF chain are walked at most; a longer chain counts as one more.
@@ -44,7 +52,7 @@ class ImageHeader:
     bit_depth : int
         8 or 16: the decoded array is ``uint8`` or ``uint16``.
     orientation : int
-        EXIF orientation 1..8 (JPEG Exif, TIFF tag 274); 1 when absent.
+        EXIF orientation 1..8 (JPEG APP1 Exif, PNG ``eXIf``, WebP ``EXIF``, TIFF tag 274); 1 when absent.
     pages : int
         Pages (IFDs) of a TIFF found in the bytes given, at most ``MAX_TIFF_PAGES + 1``; more may
         follow beyond them. 1 for every other format.
@@ -120,35 +128,48 @@ def _header(
 
 
 def _probe_png(data: bytes) -> ImageHeader | None:
-    """Read a PNG's IHDR chunk and look for tRNS before the first IDAT."""
+    """Read a PNG's IHDR chunk, then walk its chunks for tRNS (before the first IDAT) and eXIf."""
     length, kind, width, height, depth, colour_type = struct.unpack_from(">I4sIIBB", data, 8)
     if length != 13 or kind != b"IHDR" or depth not in _PNG_BIT_DEPTHS.get(colour_type, ()):
         return None
+    trns, orientation = _png_chunks(data)
     # cv2 expands gray+alpha to BGRA, and gives any colour image (RGB or palette) with a tRNS chunk an
     # alpha channel, but ignores tRNS on plain gray images.
     if colour_type in (4, 6):
         has_alpha = True
     elif colour_type in (2, 3):
-        has_alpha = _png_has_trns(data)
+        has_alpha = trns
     else:
         has_alpha = False
     channels = 1 if colour_type == 0 else 3
-    return _header("png", width, height, channels, has_alpha, 16 if depth == 16 else 8)
+    return _header("png", width, height, channels, has_alpha, 16 if depth == 16 else 8, orientation)
 
 
-def _png_has_trns(data: bytes) -> bool:
-    """Whether a non-empty tRNS chunk precedes the first IDAT in the bytes given."""
+def _png_chunks(data: bytes) -> tuple[bool, int]:
+    """Whether a non-empty tRNS chunk precedes the first IDAT, and the orientation of the first eXIf chunk.
+
+    The chunks before IDAT may run past the bytes given (a large iCCP or text chunk); a tRNS beyond
+    them is missed, which only costs a channel that gets dropped later. An eXIf chunk belongs before
+    IDAT, but readers (libpng, PIL) also honour one after it, so the walk goes on to IEND: IDAT
+    chunks are skipped by their length, never read.
+    """
+    trns: bool | None = None
+    orientation = 0
     pos = 33
     while pos + 8 <= len(data):
         length, kind = struct.unpack_from(">I4s", data, pos)
-        if kind == b"tRNS":
-            return bool(length)
-        if kind in (b"IDAT", b"IEND"):
-            return False
+        if kind == b"IEND":
+            break
+        if kind in (b"IDAT", b"fdAT") and trns is None:
+            trns = False
+        elif kind == b"tRNS" and trns is None:
+            trns = bool(length)
+        elif kind == b"eXIf" and not orientation:
+            if pos + 8 + length > len(data):
+                break
+            orientation = _exif_orientation(data[pos + 8 : pos + 8 + length])
         pos += 12 + length
-    # The chunks before IDAT run past the bytes given (a large iCCP or text chunk); a tRNS, if any,
-    # lies beyond them, and guessing "no alpha" only costs a channel that gets dropped later.
-    return False
+    return bool(trns), orientation or 1
 
 
 def _probe_jpeg(data: bytes) -> ImageHeader | None:
@@ -182,7 +203,13 @@ def _probe_jpeg(data: bytes) -> ImageHeader | None:
 
 
 def _exif_orientation(tiff: bytes) -> int:
-    """Return the orientation tag of an Exif TIFF block, or 1 when it is absent or unreadable."""
+    """Return the orientation tag of an Exif TIFF block, or 1 when it is absent or unreadable.
+
+    PNG ``eXIf`` and WebP ``EXIF`` chunks hold the TIFF block itself; some writers put JPEG's
+    ``Exif\\0\\0`` prefix before it, which is skipped.
+    """
+    if tiff.startswith(b"Exif\x00\x00"):
+        tiff = tiff[6:]
     try:
         order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
         if order is None:
@@ -325,8 +352,52 @@ def _tiff_chain(data: bytes, first: int, order: str) -> int:
     return len(seen)
 
 
+_TIFF_SAMPLE_FORMATS = {
+    2: "signed-integer TIFF ({bits}-bit signed samples)",
+    3: "float TIFF ({bits}-bit floating-point samples)",
+    4: "TIFF with an undefined sample format (SampleFormat 4, {bits}-bit samples)",
+    5: "complex-integer TIFF ({bits}-bit complex samples)",
+    6: "complex float TIFF ({bits}-bit complex floating-point samples)",
+}
+
+
+def unsupported_reason(data: bytes) -> str | None:
+    """Why an image in a format dlpack reads is still refused, or None when it is not one of those.
+
+    :func:`probe_header` returns None both for bytes that are no image and for images whose pixels
+    dlpack cannot store (a float TIFF decodes to ``float32``); this tells the second kind apart, so
+    the user reads what is wrong with the file instead of "not an image". Never raises on bad input.
+    """
+    try:
+        if data.startswith((b"II+\x00", b"MM\x00+")):
+            return "BigTIFF is not supported; save it as a classic TIFF or as PNG"
+        if data.startswith((b"II*\x00", b"MM\x00*")):
+            return _tiff_unsupported(data)
+    except (struct.error, IndexError, ValueError):
+        return None
+    return None
+
+
+def _tiff_unsupported(data: bytes) -> str | None:
+    order = "<" if data.startswith(b"II") else ">"
+    (ifd,) = struct.unpack_from(order + "I", data, 4)
+    tags = _read_ifd(data, ifd, order, _TIFF_TAGS)
+    bits = tags.get(258, 1)
+    what = _TIFF_SAMPLE_FORMATS.get(tags.get(339, 1))
+    if what is None and tags.get(262) in (32844, 32845):
+        what = "LogLuv TIFF (floating-point luminance samples)"
+    if what is None and bits > 16:
+        what = f"TIFF with {bits}-bit integer samples"
+    if what is None:
+        return None
+    return (
+        f"{what.format(bits=bits)} is not supported; dlpack stores 8- and 16-bit unsigned images: "
+        "convert it (for example scaled to 16-bit unsigned) first"
+    )
+
+
 def _probe_webp(data: bytes) -> ImageHeader | None:
-    """Read the first chunk of a WebP file (VP8, VP8L or VP8X)."""
+    """Read the first chunk of a WebP file (VP8, VP8L or VP8X); an extended file's EXIF chunk too."""
     # WebP has no gray mode: cv2 always returns BGR or BGRA.
     kind = data[12:16]
     if kind == b"VP8 ":
@@ -345,8 +416,48 @@ def _probe_webp(data: bytes) -> ImageHeader | None:
         flags = data[20]
         (width,) = struct.unpack_from("<I", data[24:27] + b"\x00")
         (height,) = struct.unpack_from("<I", data[27:30] + b"\x00")
-        return _header("webp", width + 1, height + 1, 3, bool(flags & 0x10), 8)
+        orientation = _webp_orientation(data, bool(flags & 0x08))
+        if orientation is None:
+            return None
+        return _header("webp", width + 1, height + 1, 3, bool(flags & 0x10), 8, orientation)
     return None
+
+
+def _webp_orientation(data: bytes, flagged: bool) -> int | None:
+    """The orientation in an extended WebP's EXIF chunk; None when the VP8X header announces one beyond ``data``.
+
+    The EXIF chunk follows the image data, so in a large file it lies past the probed head: the
+    probe then returns None and the caller reads the whole file. A chunk the header does not
+    announce is honoured where it is seen, as libwebp's demuxer does.
+    """
+    (riff_size,) = struct.unpack_from("<I", data, 4)
+    end = min(len(data), 8 + riff_size)
+    pos = 12
+    while pos + 8 <= end:
+        kind = data[pos : pos + 4]
+        (length,) = struct.unpack_from("<I", data, pos + 4)
+        if kind == b"EXIF":
+            if pos + 8 + length > len(data):
+                break
+            return _exif_orientation(data[pos + 8 : pos + 8 + length])
+        pos += 8 + length + (length & 1)  # chunks are padded to an even length
+    return None if flagged and len(data) < 8 + riff_size else 1
+
+
+def container_orientation(data: bytes, fmt: str) -> int:
+    """The EXIF orientation a whole PNG or WebP file carries (1 for other formats, or when absent).
+
+    The probe reads it from the file's head; the decoder asks again with every byte, so an
+    ``eXIf`` chunk after a large image's data is never missed.
+    """
+    try:
+        if fmt == "png" and data.startswith(_PNG_SIGNATURE):
+            return _png_chunks(data)[1]
+        if fmt == "webp" and data.startswith(b"RIFF") and data[12:16] == b"VP8X":
+            return _webp_orientation(data, False) or 1
+    except (struct.error, IndexError, ValueError):
+        return 1
+    return 1
 
 
 def _probe_pnm(data: bytes) -> ImageHeader | None:

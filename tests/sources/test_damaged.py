@@ -277,3 +277,60 @@ def test_build_skips_and_lists_them_under_on_error_skip(
     ds = dlpack.open(tmp_path / "o.zarr")
     assert len(ds) == 4
     assert "Corrupt JPEG data" not in capfd.readouterr().err
+
+
+# --- images whose pixel type dlpack cannot store ----------------------------------------------------
+
+
+def _tiff_of(dtype: str) -> bytes:
+    """A 4 x 3 gray TIFF of ``dtype`` samples as OpenCV writes it (float16: by hand, OpenCV writes it as 8-bit)."""
+    if dtype == "float16":
+        pixels = np.ones((3, 4), np.float16).tobytes()
+        tags = [(256, 4), (257, 3), (258, 16), (259, 1), (262, 1), (273, 8 + 2 + 9 * 12 + 4),
+                (277, 1), (279, len(pixels)), (339, 3)]  # fmt: skip
+        ifd = struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHIHH", t, 3, 1, v, 0) for t, v in tags[:5])
+        ifd += struct.pack("<HHII", 273, 4, 1, tags[5][1])
+        ifd += b"".join(struct.pack("<HHIHH", t, 3, 1, v, 0) for t, v in tags[6:])
+        return b"II*\x00" + struct.pack("<I", 8) + ifd + bytes(4) + pixels
+    return _encode(".tiff", np.ones((3, 4), np.dtype(dtype)))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "reason"),
+    [
+        ("float32", "float TIFF (32-bit floating-point samples) is not supported"),
+        ("float64", "float TIFF (64-bit floating-point samples) is not supported"),
+        ("float16", "float TIFF (16-bit floating-point samples) is not supported"),
+        ("int16", "signed-integer TIFF (16-bit signed samples) is not supported"),
+        ("int32", "signed-integer TIFF (32-bit signed samples) is not supported"),
+        ("uint32", "TIFF with 32-bit integer samples is not supported"),
+    ],
+)
+def test_tiff_of_a_pixel_type_dlpack_cannot_store_is_named_as_such(
+    dtype: str, reason: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    data = _tiff_of(dtype)
+    with pytest.raises(DecodeError) as info:
+        decode_image(data)
+    assert reason in str(info.value) and "not an image" not in str(info.value)
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "ok.png").write_bytes(_encode(".png", _texture()))
+    (src / "a" / "x.tif").write_bytes(data)
+    with pytest.raises(BadInputsError) as failed:
+        dlpack.build(src, tmp_path / "o.zarr", quiet=True, jobs=1)
+    assert [(e.path, reason in e.reason) for e in failed.value.errors] == [("a/x.tif", True)]
+    assert "8- and 16-bit unsigned" in str(failed.value)
+    capfd.readouterr()
+
+
+def test_float_tiff_past_the_probed_head_is_named_too(tmp_path: Path) -> None:
+    # OpenCV writes the TIFF directory after the pixels: the reason must come from the whole file.
+    data = _encode(".tiff", np.ones((200, 200), np.float32))
+    assert len(data) > 65536
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "big.tif").write_bytes(data)
+    with pytest.raises(BadInputsError) as failed:
+        dlpack.build(src, tmp_path / "o.zarr", quiet=True, jobs=1)
+    assert "float TIFF (32-bit floating-point samples)" in failed.value.errors[0].reason

@@ -12,10 +12,12 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
+from _exif import FORMATS, exif_block, oriented_file, png_with_exif, upright
 
 import dlpack
 from dlpack.errors import OptionError
 from dlpack.sources import DecodeError, TargetSpec, prepare_image
+from dlpack.sources.probe import HEADER_BYTES, probe_header
 
 MakeTree = Callable[..., Path]
 REPO = Path(__file__).resolve().parents[2]
@@ -132,3 +134,56 @@ def test_build_example_and_benchmark_decode_a_file_alike(make_tree: MakeTree, tm
     assert stored.shape == (size, size, 3)
     assert np.array_equal(from_bench, stored)
     assert np.array_equal(from_example.permute(1, 2, 0).numpy(), stored)
+
+
+# ---------------------------------------------------------------- EXIF orientation, every format
+
+
+def _asymmetric_bgr() -> np.ndarray:
+    """A 7 x 4 colour image whose eight orientations all differ: no flip or turn maps it onto itself."""
+    return np.random.default_rng(5).integers(0, 256, (4, 7, 3), dtype=np.uint8)
+
+
+def test_exif_orientation_is_applied_for_every_format(make_tree: MakeTree, tmp_path: Path) -> None:
+    """The same image with orientation tags 1..8 as JPEG, PNG (eXIf), WebP (EXIF) and TIFF is stored upright."""
+    bgr = _asymmetric_bgr()
+    spec = {f"{suffix[1:]}/{o}{suffix}": oriented_file(suffix, bgr, o) for suffix in FORMATS for o in range(1, 9)}
+    src = make_tree(spec)
+    # No resize: orientations 5 to 8 swap the axes, so the store holds 7x4 and 4x7 images.
+    dlpack.build(src, tmp_path / "o.zarr", quiet=True, jobs=1)
+    with dlpack.open(tmp_path / "o.zarr") as ds:
+        stored = {ds[i]["source"]: ds[i]["image"] for i in range(len(ds))}
+        sizes = dict(zip(stored, ds.reader.meta("original_size").tolist(), strict=True))
+    assert sorted(stored) == sorted(spec)
+    plain_jpeg = cv2.imdecode(np.frombuffer(oriented_file(".jpg", bgr, 1), np.uint8), cv2.IMREAD_COLOR)
+    for rel, image in stored.items():
+        suffix, o = Path(rel).suffix, int(Path(rel).stem)
+        # JPEG is lossy: its reference is the same decoder's pixels of the untagged-orientation file.
+        pixels = plain_jpeg if suffix == ".jpg" else bgr
+        expected = upright(np.ascontiguousarray(pixels[:, :, ::-1]), o)
+        assert image.shape == expected.shape, rel
+        assert np.array_equal(image, expected), rel
+        assert sizes[rel] == list(expected.shape[:2]), rel
+        # The probe's size agrees with the decoded one (what the build plans sizes and refusals on).
+        header = probe_header(spec[rel])
+        assert header is not None and header.orientation == o, rel
+        assert header.oriented_size == (expected.shape[1], expected.shape[0]), rel
+        if suffix != ".jpg":
+            # An independent reader shows the files the same way (PIL's exif_transpose).
+            from PIL import Image, ImageOps
+
+            with Image.open(src / rel) as im:
+                shown = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+            assert np.array_equal(shown, expected), rel
+
+
+def test_orientation_of_a_png_exif_chunk_after_the_image_data_is_applied() -> None:
+    # The probe sees only a large file's head; the decoder finds the eXIf chunk at the end anyway.
+    bgr = np.random.default_rng(6).integers(0, 256, (300, 200, 3), dtype=np.uint8)
+    data = png_with_exif(png(bgr), exif_block(8, big_endian=True), after_idat=True)
+    assert len(data) > HEADER_BYTES
+    head = probe_header(data[:HEADER_BYTES])
+    assert head is not None and head.orientation == 1
+    prepared = prepare_image(data, TargetSpec(), head)
+    assert np.array_equal(prepared.pixels, upright(np.ascontiguousarray(bgr[:, :, ::-1]), 8))
+    assert prepared.original_size == (200, 300)

@@ -340,3 +340,46 @@ def test_non_image_files_stay_ignored(make_tree: MakeTree) -> None:
     src = make_tree({"a/0.png": "rgb", "a/notes.txt": b"x", "a/meta.json": b"{}", "labels.csv": b"a,b", "README": b""})
     scan = FolderSource(src).scan()
     assert (scan.errors, [i.rel for i in scan.items], scan.classes) == ((), ["a/0.png"], ("a",))
+
+
+# ---------------------------------------------------------------- names that differ only in Unicode normalisation
+
+NFC, NFD = "caf\u00e9", "cafe\u0301"
+
+
+@pytest.mark.parametrize(
+    ("spec", "what"),
+    [
+        ({f"{NFC}/0.png": "rgb", f"{NFD}/1.png": "rgb"}, "two folders in "),
+        ({f"a/{NFC}.png": "rgb", f"a/{NFD}.png": "rgb"}, "two files in "),
+        ({f"train/{NFC}/0.png": "rgb", f"val/{NFD}/1.png": "rgb"}, "two class folders in "),
+        ({f"a/{NFC}/0.png": "rgb", f"a/{NFD}/1.png": "rgb"}, "two folders in "),
+    ],
+    ids=["class-folders", "files", "classes-under-splits", "sub-folders"],
+)
+def test_names_that_differ_only_in_unicode_normalisation_are_refused(
+    make_tree: MakeTree, tmp_path: Path, spec: dict[str, str], what: str
+) -> None:
+    probe = tmp_path / "forms"
+    probe.mkdir()
+    (probe / NFC).touch()
+    (probe / NFD).touch()
+    if len(os.listdir(probe)) != 2:
+        pytest.skip("this file system normalises names itself")
+    src = make_tree(spec)
+    with pytest.raises(SourceError) as info:
+        build(src, tmp_path / "o.zarr")
+    message = str(info.value)
+    assert what in message and "differ only in Unicode normalisation" in message
+    # Both names, with their code points, so the difference is visible.
+    assert "(caf\\xe9" in message and "(cafe\\u0301" in message
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_the_same_name_in_both_normal_forms_in_different_folders_is_packed(make_tree: MakeTree, tmp_path: Path) -> None:
+    # Different folders, or a twin that is not an input (a notes file beside a class folder): no clash.
+    src = make_tree(
+        {f"a/{NFC}.png": "rgb", f"b/{NFD}.png": "rgb", "b/x.png": "rgb", f"{NFC}/y.png": "rgb", NFD: b"notes"}
+    )
+    build(src, tmp_path / "o.zarr")
+    assert sources(tmp_path / "o.zarr") == [f"a/{NFC}.png", f"b/{NFD}.png", "b/x.png", f"{NFC}/y.png"]

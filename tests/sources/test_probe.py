@@ -9,10 +9,11 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 import pytest
+from _exif import exif_block, png_with_exif, webp_with_exif
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlpack.sources.probe import HEADER_BYTES, ImageHeader, probe_header
+from dlpack.sources.probe import HEADER_BYTES, ImageHeader, probe_header, unsupported_reason
 
 # Width != height everywhere, so a swapped pair of axes cannot pass.
 WIDTH, HEIGHT = 37, 23
@@ -67,6 +68,7 @@ def _probed_fields(header: ImageHeader | None) -> Fields:
 
 U8, U16 = np.uint8, np.uint16
 WEBP_LOSSY = (cv2.IMWRITE_WEBP_QUALITY, 80)
+WEBP_LOSSLESS = (cv2.IMWRITE_WEBP_QUALITY, 101)
 
 ENCODED_CASES = [
     pytest.param(".png", 1, U8, (), "png", id="png-gray8"),
@@ -504,3 +506,58 @@ def test_never_raises_on_arbitrary_bytes(data: bytes) -> None:
 def test_never_raises_on_mutated_headers(data: bytes) -> None:
     header = probe_header(data)
     assert header is None or (header.channels in (1, 3) and header.bit_depth in (8, 16))
+
+
+# --- EXIF orientation of PNG and WebP ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("big_endian", [False, True])
+@pytest.mark.parametrize("prefix", [b"", b"Exif\x00\x00"], ids=["bare", "exif-prefix"])
+def test_png_and_webp_exif_orientation(big_endian: bool, prefix: bytes) -> None:
+    exif = prefix + exif_block(7, big_endian)
+    png = png_with_exif(_encode(".png", _image(3, U8)), exif)
+    webp = webp_with_exif(_encode(".webp", _image(3, U8), WEBP_LOSSLESS), WIDTH, HEIGHT, exif)
+    for data in (png, webp):
+        header = probe_header(data)
+        assert header is not None
+        assert (header.width, header.height, header.orientation) == (WIDTH, HEIGHT, 7)
+        assert header.oriented_size == (HEIGHT, WIDTH)
+
+
+def test_webp_exif_chunk_past_the_head_makes_the_probe_read_the_whole_file() -> None:
+    # The EXIF chunk follows the image data; a head without it must not pass for orientation 1.
+    noise = np.random.default_rng(3).integers(0, 256, (300, 200, 3), dtype=np.uint8)
+    data = webp_with_exif(_encode(".webp", noise, WEBP_LOSSLESS), 200, 300, exif_block(6))
+    assert len(data) > HEADER_BYTES
+    assert probe_header(data[:HEADER_BYTES]) is None
+    header = probe_header(data)
+    assert header is not None and header.orientation == 6 and header.oriented_size == (300, 200)
+
+
+def test_png_exif_chunk_after_idat_is_read_when_the_bytes_reach_it() -> None:
+    data = png_with_exif(_encode(".png", _image(1, U8)), exif_block(5), after_idat=True)
+    header = probe_header(data)
+    assert header is not None and header.orientation == 5
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (_tiff(1, 32, 1, sample_format=3), "float TIFF (32-bit floating-point samples) is not supported"),
+        (_tiff(1, 16, 1, sample_format=3), "float TIFF (16-bit floating-point samples) is not supported"),
+        (_tiff(1, 16, 1, sample_format=2), "signed-integer TIFF (16-bit signed samples) is not supported"),
+        (_tiff(1, 32, 1), "TIFF with 32-bit integer samples is not supported"),
+        (_tiff(1, 16, 32845), "LogLuv TIFF (floating-point luminance samples) is not supported"),
+        (b"II+\x00\x08\x00\x00\x00" + bytes(16), "BigTIFF is not supported"),
+    ],
+    ids=["float32", "float16", "int16", "uint32", "logluv", "bigtiff"],
+)
+def test_images_the_probe_cannot_use_get_an_accurate_reason(data: bytes, reason: str) -> None:
+    assert probe_header(data) is None
+    found = unsupported_reason(data)
+    assert found is not None and found.startswith(reason)
+
+
+@pytest.mark.parametrize("data", [_tiff(3, 8, 2), b"not an image", b"II*\x00" + bytes(4), b"\x89PNG\r\n\x1a\n"])
+def test_usable_or_unknown_bytes_get_no_unsupported_reason(data: bytes) -> None:
+    assert unsupported_reason(data) is None
