@@ -49,15 +49,16 @@ class InputFileError:
 class BadInputsError(DlpackError, ValueError):
     """Some input files could not be packed; ``errors`` lists every one found."""
 
-    def __init__(self, errors: Sequence[InputFileError], source: str = "") -> None:
+    def __init__(self, errors: Sequence[InputFileError], source: str = "", hint: str | None = None) -> None:
         self.errors = list(errors)
         head = f"{len(self.errors)} input file(s) could not be read"
         if source:
             head += f" in {source}"
         listing = "\n".join(f"  {e}" for e in self.errors[:50])
         more = f"\n  ... and {len(self.errors) - 50} more" if len(self.errors) > 50 else ""
-        hint = "\nfix or remove them, or pass --on-error skip to pack the rest and list them in the manifest"
-        super().__init__(f"{head}:\n{listing}{more}{hint}")
+        if hint is None:
+            hint = "fix or remove them, or pass --on-error skip to pack the rest and list them in the manifest"
+        super().__init__(f"{head}:\n{listing}{more}\n{hint}")
 
 
 class StoreExistsError(DlpackError, FileExistsError):

@@ -86,17 +86,34 @@ def test_update_of_hdf5_rewrites_the_file_with_the_same_rule(make_tree: MakeTree
     assert by_source(out) == fresh(src, tmp_path, "out.h5")
 
 
-def test_unchanged_source_writes_no_block(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
+def test_unchanged_source_publishes_nothing(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
     src = tree(make_tree)
     out = tmp_path / "out.zarr"
     dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
     before = snapshot(out)
+    ds = dlpack.open(out)  # a reader opened before the update stays valid: nothing was published
+    result = dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert result.update == "up to date: nothing to do"
+    assert result.classes == ("c0", "c1") and result.count == 40
+    assert snapshot(out) == before
+    assert not list(tmp_path.glob(".out.zarr.dlpack-*[!k]"))  # no partial, no journal (the lock may stay)
+    with ds:
+        assert ds.manifest.history == () and ds[39]["index"] == 39
+
+
+def test_touched_files_write_no_block(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    before = snapshot(out)
+    os.utime(src / "c0" / "000.png", ns=(0, 10**18))
     result = dlpack.build(src, out, update=True, jobs=1, quiet=True)
     assert result.update == "updated: 0 added, 0 replaced, 0 removed; 0 of 3 blocks written"
     after = snapshot(out)
-    # Only the manifest changes (its history), and the group's zarr.json that records its checksum.
-    meta = ("manifest.json", "zarr.json")
+    # The new size and mtime are recorded (source_stat), so the next update does not hash the file again.
+    meta = ("manifest.json", "zarr.json", "source_stat/zarr.json", "source_stat/c/0/0")
     assert {k: v for k, v in after.items() if k not in meta} == {k: v for k, v in before.items() if k not in meta}
+    assert dlpack.build(src, out, update=True, jobs=1, quiet=True).update == "up to date: nothing to do"
 
 
 def test_deleted_file_is_refused_without_compact_and_dropped_with_it(

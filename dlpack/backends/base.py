@@ -730,6 +730,16 @@ class Backend(ABC):
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader: ...
 
     @classmethod
+    def carry_foreign(cls, store: Path, new: Path, manifest: Manifest) -> list[str]:
+        """Copy what a user put into the complete store ``store`` that is not dlpack's (not listed by
+        its ``manifest``) into ``new``, its next generation, unchanged; returns what was carried.
+
+        How ``build --update`` replaces a store without deleting anything that is not dlpack's.
+        A backend whose stores hold nothing but dlpack's own data carries nothing.
+        """
+        return []
+
+    @classmethod
     @abstractmethod
     def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
         """A writer for ``path``; call its ``open()`` once in the main process before writing."""
