@@ -1642,8 +1642,15 @@ def _carry_arrays(
     count, n0 = len(olds), len(reader)
     for spec0 in specs:
         spec = replace(spec0, sha256={})
-        writer.create_array(spec, count)
         name = spec.name
+        rows0 = None if spec.ragged else reader.shard_len(name)
+        saved = writer.shard_bytes
+        if rows0:
+            writer.shard_bytes = max(1, rows0 * spec.item_nbytes)  # the stored layout, whatever add_array chose
+        try:
+            writer.create_array(spec, count)
+        finally:
+            writer.shard_bytes = saved
         if spec.ragged:
             empty = np.empty((0, *spec.shape), dtype=spec.dtype)
             writer.write_block(name, 0, [reader.read(name, i) if i is not None else empty for i in olds])
@@ -1768,6 +1775,8 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         origin: list[tuple[str, int]] = [("new", ch.match[i]) if i in ch.replaced else ("old", i) for i in ch.kept]
         origin += [("new", k) for k in added]
         olds: list[int | None] = [*ch.kept, *([None] * len(added))]
+        # A carried array's row stays with its sample only while its image does: a replaced image gets the fill.
+        rows: list[int | None] = [None if i in ch.replaced else i for i in ch.kept] + [None] * len(added)
         items = [scan.items[ch.match[v]] if src == "old" else scan.items[v] for src, v in origin]
         if not items:
             raise SourceError(f"the update would leave {out} without samples")
@@ -1836,7 +1845,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             decoded, shared, written = _update_blocks(
                 writer, reader, out, plan0, plan, origin, scan, probes, root, opts
             )
-            _carry_arrays(writer, reader, out, user, olds, fills)
+            _carry_arrays(writer, reader, out, user, rows, fills)
             osz, tr, crc = reader.meta("original_size"), reader.meta("transform"), reader.meta("checksum")
             stat0, sha0 = reader.meta("source_stat"), reader.meta("source_sha256")
             samples = [

@@ -156,3 +156,142 @@ def test_update_flags_from_the_cli(make_tree: MakeTree, tmp_path: Path, capsys: 
     assert main(["build", str(src), str(out), "--compact"]) == 2
     assert "compact only applies to update" in capsys.readouterr().err
     assert np.asarray(len(dlpack.open(out))) == 39
+
+
+# ---------------------------------------------------------------- arrays added with add_array
+
+
+def _add_user_arrays(out: Path) -> tuple[np.ndarray, list[np.ndarray]]:
+    n = len(dlpack.open(out))
+    weights = np.arange(n, dtype=np.float32) + 0.5
+    boxes = [np.full((i % 3, 4), i, dtype=np.int16) for i in range(n)]
+    dlpack.add_array(out, "weights", weights, key="weight", compression="zstd")
+    dlpack.add_array(out, "boxes", boxes, ragged=True)
+    return weights, boxes
+
+
+def _user_values(out: Path) -> dict[str, tuple[float, np.ndarray]]:
+    with dlpack.open(out) as ds:
+        return {ds.reader.source(i): (float(ds[i]["weight"]), ds[i]["boxes"]) for i in range(len(ds))}
+
+
+def test_update_carries_every_added_array(make_tree: MakeTree, tmp_path: Path, backend: str, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / backend
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    _add_user_arrays(out)
+    specs = {k: v for k, v in dlpack.open(out).manifest.arrays.items() if k in ("weights", "boxes")}
+    before = _user_values(out)
+    os.utime(src / "c0" / "000.png", ns=(0, 10**18))  # a touch: nothing to decode
+    dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    got = _user_values(out)
+    assert got.keys() == before.keys()
+    assert all(got[k][0] == before[k][0] and np.array_equal(got[k][1], before[k][1]) for k in got)
+    after = dlpack.open(out).manifest.arrays
+    assert {k: after[k] for k in specs} == specs  # dtype, shape, key and compression unchanged
+
+    # An appended sample needs a value: refused, naming both arrays, until fill gives one.
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    with pytest.raises(OptionError, match=r"boxes, weights .*--fill boxes=,weights=0.*--drop-array"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert _user_values(out).keys() == before.keys()  # untouched
+    dlpack.build(src, out, update=True, fill="weights=-1,boxes=", jobs=1, quiet=True)
+    got = _user_values(out)
+    assert got["c0/zz.png"][0] == -1 and got["c0/zz.png"][1].shape == (0, 4)
+    assert all(got[k][0] == before[k][0] and np.array_equal(got[k][1], before[k][1]) for k in before)
+
+    # --compact renumbers: every row follows its sample.
+    (src / "c0" / "002.png").unlink()
+    dlpack.build(src, out, update=True, compact=True, jobs=1, quiet=True)
+    got = _user_values(out)
+    assert "c0/002.png" not in got and len(got) == 40
+    assert all(got[k][0] == before[k][0] and np.array_equal(got[k][1], before[k][1]) for k in before if k in got)
+    with dlpack.open(out) as ds:
+        assert ds.verify() == []
+
+
+def test_a_replaced_sample_needs_a_fill_too(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.h5"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    n = len(dlpack.open(out))
+    dlpack.add_array(out, "weights", np.ones(n, dtype=np.int32), key="weight")
+    (src / "c1" / "021.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=99)))
+    with pytest.raises(OptionError, match=r"weights .*1 replaced sample"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"fill value 0.5 does not fit array 'weights' of dtype int32"):
+        dlpack.build(src, out, update=True, fill="weights=0.5", jobs=1, quiet=True)
+    dlpack.build(src, out, update=True, fill="weights=7", jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        w = {ds.reader.source(i): int(ds[i]["weight"]) for i in range(len(ds))}
+    assert w["c1/021.png"] == 7 and sum(v == 1 for v in w.values()) == n - 1
+
+
+def test_an_array_is_dropped_only_on_request(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    _add_user_arrays(out)
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    with pytest.raises(OptionError, match=r"has no array 'wieghts' added with add_array \(it has: boxes, weights\)"):
+        dlpack.build(src, out, update=True, drop_array="wieghts", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"'labels' .* built by dlpack"):
+        dlpack.build(src, out, update=True, drop_array="labels", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"array 'boxes' is ragged: its fill is no rows"):
+        dlpack.build(src, out, update=True, fill="boxes=1", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match="fill only applies to update"):
+        dlpack.build(src, out, fill="boxes=", jobs=1, quiet=True)
+    result = dlpack.build(src, out, update=True, drop_array="boxes", fill="weights=0", jobs=1, quiet=True)
+    assert "dropped array(s) boxes" in result.update
+    arrays = dlpack.open(out).manifest.arrays
+    assert "boxes" not in arrays and "weights" in arrays
+    assert not (out / "boxes_data").exists()
+
+
+def test_update_shares_unchanged_shards_of_added_arrays(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    masks = np.random.default_rng(0).integers(0, 255, (40, 100, 200), dtype=np.uint8)
+    dlpack.add_array(out, "masks", masks, key="mask")  # one shard of 40 samples
+    (src / "c1" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=7)))
+    first = out / "masks" / "c" / "0" / "0" / "0"
+    inode = os.stat(first).st_ino
+    dlpack.build(src, out, update=True, fill="masks=3", jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        got = {ds.reader.source(i): ds[i]["mask"] for i in range(len(ds))}
+        assert ds.verify() == []
+    assert np.array_equal(got["c0/000.png"], masks[0]) and (got["c1/zz.png"] == 3).all()
+    assert os.stat(first).st_ino == inode  # the unchanged shard file is the same file
+    last = out / "masks" / "c" / "1" / "0" / "0"
+    assert os.stat(last).st_nlink == 1  # the shard that grew was written anew
+
+
+def test_update_keeps_what_is_not_dlpacks_in_the_store(make_tree: MakeTree, tmp_path: Path, backend: str) -> None:
+    src = tree(make_tree)
+    out = tmp_path / backend
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    if backend.endswith(".zarr"):
+        (out / "NOTES.md").write_text("labelled by hand, weeks 1-6\n")
+        (out / "annotations").mkdir()
+        (out / "annotations" / "extra.json").write_text('{"a": 1}')
+    else:
+        import h5py
+
+        with h5py.File(out, "r+") as f:
+            f.create_dataset("my_notes", data=np.arange(5))
+            f.attrs["owner"] = "lab 3"
+    os.utime(src / "c0" / "000.png", ns=(0, 10**18))
+    result = dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    if backend.endswith(".zarr"):
+        assert "kept 2 entries that are not dlpack's (NOTES.md, annotations)" in result.update
+        assert (out / "NOTES.md").read_text() == "labelled by hand, weeks 1-6\n"
+        assert (out / "annotations" / "extra.json").read_text() == '{"a": 1}'
+    else:
+        import h5py
+
+        with h5py.File(out, "r") as f:
+            assert list(f["my_notes"][()]) == [0, 1, 2, 3, 4] and f.attrs["owner"] == "lab 3"
+    with dlpack.open(out) as ds:
+        assert ds.verify() == []

@@ -320,6 +320,12 @@ class StoreReader(ABC):
         data, off = self._sources
         return data[off[index] : off[index + 1]].decode("utf-8")
 
+    def shard_len(self, name: str) -> int | None:
+        """Rows per shard of fixed array ``name`` as stored, or None where the backend has no shards
+        (how ``build --update`` writes a carried array with its layout, so it can share its shards)."""
+        rows = getattr(self._stored(self._fixed(name).name), "rows_per_shard", None)
+        return int(rows) if isinstance(rows, int) else None
+
     def verify_arrays(self, skip: Sequence[str] = ()) -> list[str]:
         """Re-read every stored array (but those in ``skip``) and compare it with its recorded
         checksum and the manifest's count; returns one line per problem (empty: all intact)."""
