@@ -51,7 +51,7 @@ from .manifest import ImageSpec, Manifest
 from .options import BuildOptions
 from .sources.base import Source, SourceItem, SourceScan
 from .sources.decode import DecodeError, TargetSpec, check_header, incomplete_reason, normalise_header, prepare_image
-from .sources.folder import FolderSource
+from .sources.folder import SPLIT_NAMES, FolderSource
 from .sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from .transforms.functional import UpscaleError
 
@@ -1472,7 +1472,8 @@ def _check_folder_rules(m: Manifest, scan: SourceScan, out: Path, root: Path) ->
     if bool(m.splits) == bool(splits):
         return
     if m.splits:
-        tops = sorted({it.rel.split("/")[0] + ("/" if "/" in it.rel else "") for it in scan.items if it.split is None})
+        tops = sorted({it.rel.split("/")[0] + ("/" if "/" in it.rel else "") for it in scan.items})
+        tops = [t for t in tops if t.rstrip("/").lower() not in SPLIT_NAMES] or tops
         shown = ", ".join(_escape(t) for t in tops[:5]) + (" ..." if len(tops) > 5 else "")
         raise SourceError(
             f"{out} was built with split folders ({', '.join(m.splits)}), but {where!r} now also has {shown} "
@@ -1505,11 +1506,8 @@ class _Changes:
     added: tuple[int, ...]
     restat: dict[int, tuple[int, int]]
     match: dict[int, int]
-
-    @property
-    def renamed(self) -> bool:
-        """Whether any kept sample is now listed under another spelling of its path."""
-        return any(i != k for i, k in self.match.items())
+    #: Whether any kept sample is now listed under another spelling of its path.
+    renamed: bool = False
 
 
 def _nfc(text: str) -> str:
@@ -1558,7 +1556,8 @@ def _changes(
     removed = tuple(i for i in range(len(rels0)) if i not in match)
     matched = set(match.values())
     added = tuple(k for k in range(len(scan.items)) if k not in matched)
-    return _Changes(kept, frozenset(replaced), removed, added, restat, match)
+    renamed = any(scan.items[k].rel != rels0[i] for i, k in match.items())
+    return _Changes(kept, frozenset(replaced), removed, added, restat, match, renamed)
 
 
 def _gone_error(ch: _Changes, rels0: Sequence[str], scan: SourceScan, root: Path) -> OptionError:

@@ -295,3 +295,179 @@ def test_update_keeps_what_is_not_dlpacks_in_the_store(make_tree: MakeTree, tmp_
             assert list(f["my_notes"][()]) == [0, 1, 2, 3, 4] and f.attrs["owner"] == "lab 3"
     with dlpack.open(out) as ds:
         assert ds.verify() == []
+
+
+# ---------------------------------------------------------------- classes, splits and folder rules
+
+
+SPLIT_TREE = {
+    f"{s}/{c}/{k}.png": "rgb" for s, n in (("train", 4), ("val", 2)) for c in ("bad", "good") for k in range(n)
+}
+
+
+def test_update_keeps_classes_and_splits(make_tree: MakeTree, tmp_path: Path, backend: str, images: Any) -> None:
+    src = make_tree(SPLIT_TREE)
+    out = tmp_path / backend
+    dlpack.build(src, out, jobs=1, quiet=True)
+    (src / "train" / "good" / "new.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=3)))
+    (src / "test" / "bad").mkdir(parents=True)
+    (src / "test" / "bad" / "t.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=4)))
+    result = dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert result.classes == ("bad", "good")
+    assert result.splits == {"train": 9, "val": 4, "test": 1}
+    assert "classes (2): bad, good" in result.summary() and "splits: test 1, train 9, val 4" in result.summary()
+    with dlpack.open(out) as ds:
+        assert ds.manifest.splits == ("train", "val", "test")  # old codes kept, the new split appended
+        for i in range(len(ds)):
+            split, cls = ds.reader.source(i).split("/")[:2]
+            assert ds.classes[ds[i]["label"]] == cls and ds.manifest.splits[ds[i]["split"]] == split
+
+
+def test_a_folder_outside_the_splits_is_refused_not_relabelled(
+    make_tree: MakeTree, tmp_path: Path, images: Any
+) -> None:
+    src = make_tree(SPLIT_TREE)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, jobs=1, quiet=True)
+    (src / "holdout" / "good").mkdir(parents=True)
+    (src / "holdout" / "good" / "h1.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=3)))
+    with pytest.raises(dlpack.SourceError, match=r"split folders \(train, val\).*holdout/ outside them.*split rule"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        assert ds.classes == ("bad", "good") and ds.manifest.splits == ("train", "val")
+
+
+def test_a_kept_sample_keeps_its_stored_label(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        fixed = 1 - ds.reader.meta("labels")  # a user's relabelling: every class swapped
+    dlpack.add_array(out, "labels", fixed.astype(np.int32), replace=True)
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        labels = ds.reader.meta("labels")
+    assert np.array_equal(labels[:40], fixed) and labels[40] == 0  # the new file gets its folder's class
+
+
+# ---------------------------------------------------------------- options and messages
+
+
+def test_every_build_option_has_an_update_rule() -> None:
+    from dataclasses import fields
+
+    from dlpack.build import UPDATE_OPTIONS
+
+    assert {f.name for f in fields(dlpack.BuildOptions)} == set(UPDATE_OPTIONS)
+
+
+def test_update_refuses_options_it_would_ignore(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, compression="lz4", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"compression \(the store's: lz4, given: zstd\)"):
+        dlpack.build(src, out, update=True, compression="zstd", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"shard_bytes \(the store's: 65536, given: 70000\)"):
+        dlpack.build(src, out, update=True, shard_bytes=70000, jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"is a dlpack zarr store; --update keeps its format: drop --format hdf5"):
+        dlpack.build(src, out, update=True, format="hdf5", jobs=1, quiet=True)
+    # Left at their defaults, they keep the store's values.
+    assert dlpack.build(src, out, update=True, jobs=1, quiet=True).update == "up to date: nothing to do"
+
+
+def test_allow_upscale_is_applied_by_an_update(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, size=(40, 30), shard_bytes=2**16, jobs=1, quiet=True)
+    (src / "c0" / "small.png").write_bytes(images.encode(".png", images.pixels("rgb", 20, 20, seed=1)))
+    with pytest.raises(dlpack.BadInputsError, match="pass --allow-upscale with --update") as info:
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert "--resize fit" not in str(info.value)  # an update keeps the resize mode: no advice it would refuse
+    dlpack.build(src, out, update=True, allow_upscale=True, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        assert len(ds) == 41 and ds.manifest.plan["target"]["allow_upscale"] is True
+
+
+def test_an_image_of_another_shape_gets_advice_an_update_can_follow(
+    make_tree: MakeTree, tmp_path: Path, images: Any
+) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, max_side=20, shard_bytes=2**16, jobs=1, quiet=True)  # every image 40x30: fixed 20x15
+    (src / "c0" / "wide.png").write_bytes(images.encode(".png", images.pixels("rgb", 60, 20, seed=1)))
+    with pytest.raises(
+        dlpack.BadInputsError, match=r"keeps the store's 20x15 images.*rebuild with --overwrite"
+    ) as info:
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert "pass --size" not in str(info.value)
+
+
+def test_the_stores_symlink_rule_is_kept(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    hidden = src / ".originals"  # hidden folders are not walked: the file is packed through its link only
+    hidden.mkdir()
+    (src / "c0" / "000.png").rename(hidden / "000.png")
+    (src / "c0" / "000.png").symlink_to(hidden / "000.png")
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, follow_symlinks=True, shard_bytes=2**16, jobs=1, quiet=True)
+    assert dlpack.build(src, out, update=True, jobs=1, quiet=True).update == "up to date: nothing to do"
+    plain = tmp_path / "plain.zarr"
+    dlpack.build(src, plain, on_error="skip", shard_bytes=2**16, jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"follow_symlinks \(the store was built without --follow-symlinks\)"):
+        dlpack.build(src, plain, update=True, follow_symlinks=True, jobs=1, quiet=True)
+
+
+def test_a_packed_file_the_scan_now_refuses_is_named_with_the_reason(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    (src / "c0" / "000.png").rename(tmp_path / "moved.png")
+    (src / "c0" / "000.png").symlink_to(tmp_path / "moved.png")
+    with pytest.raises(OptionError, match=r"still in .* no longer packs them \(c0/000.png: symlink to .* leaves"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+
+
+def test_a_replaced_file_that_fails_cannot_be_skipped(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    (src / "c1" / "021.png").write_bytes(b"not an image at all")
+    with pytest.raises(dlpack.BadInputsError, match="cannot be skipped.*delete it and pass --compact") as info:
+        dlpack.build(src, out, update=True, on_error="skip", jobs=1, quiet=True)
+    assert "pass --on-error skip" not in str(info.value) and "c1/021.png" in str(info.value)
+
+
+def test_a_copy_with_normalised_names_matches_its_files(make_tree: MakeTree, tmp_path: Path) -> None:
+    import shutil
+    import unicodedata
+
+    nfc = unicodedata.normalize("NFC", "café")
+    src = make_tree({**{f"c{k % 2}/{k:03d}.png": "rgb" for k in range(6)}, f"c0/{nfc}.png": "rgb"})
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, jobs=1, quiet=True)
+    copy = tmp_path / "copy"
+    shutil.copytree(src, copy)
+    nfd = unicodedata.normalize("NFD", "café")
+    assert nfd != nfc
+    (copy / "c0" / f"{nfc}.png").rename(copy / "c0" / f"{nfd}.png")
+    result = dlpack.build(copy, out, update=True, jobs=1, quiet=True)
+    assert result.update.startswith("updated: 0 added, 0 replaced, 0 removed")
+    with dlpack.open(out) as ds:
+        assert f"c0/{nfd}.png" in [ds.reader.source(i) for i in range(len(ds))]  # recorded as it is spelled now
+
+
+def test_update_summary_and_json_show_the_stores_classes(
+    make_tree: MakeTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    src = make_tree(SPLIT_TREE)
+    out = tmp_path / "out.zarr"
+    assert main(["build", str(src), str(out), "--quiet", "--jobs", "1"]) == 0
+    assert main(["build", str(src), str(out), "--update", "--jobs", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "up to date: nothing to do" in text and "classes (2): bad, good" in text and "unlabelled" not in text
+    assert main(["build", str(src), str(out), "--update", "--jobs", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["classes"] == ["bad", "good"] and doc["splits"] == {"train": 8, "val": 4}
