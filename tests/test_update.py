@@ -471,3 +471,20 @@ def test_update_summary_and_json_show_the_stores_classes(
     assert main(["build", str(src), str(out), "--update", "--jobs", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["classes"] == ["bad", "good"] and doc["splits"] == {"train": 8, "val": 4}
+
+
+def test_a_loader_state_survives_only_an_update_that_changes_nothing(
+    make_tree: MakeTree, tmp_path: Path, images: Any
+) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        state = ds.loader(batch_size=8, seed=1, workers=0, prefetch=0).state_dict()
+    dlpack.build(src, out, update=True, jobs=1, quiet=True)  # nothing to do: nothing published
+    with dlpack.open(out) as ds:
+        ds.loader(batch_size=8, seed=1, workers=0, prefetch=0).load_state_dict(state)
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    with dlpack.open(out) as ds, pytest.raises(dlpack.StateError, match="saved for another dataset"):
+        ds.loader(batch_size=8, seed=1, workers=0, prefetch=0).load_state_dict(state)
