@@ -1535,6 +1535,14 @@ def _match_paths(rels0: Sequence[str], scan: SourceScan) -> dict[int, int]:
     return match
 
 
+def _class_aliases(old: Sequence[str], new: Sequence[str]) -> dict[str, str]:
+    """Class names of the scan that are a stored class in another Unicode normalisation -> that class."""
+    by_nfc: dict[str, list[str]] = {}
+    for c in old:
+        by_nfc.setdefault(_nfc(c), []).append(c)
+    return {c: by_nfc[_nfc(c)][0] for c in new if c not in old and len(by_nfc.get(_nfc(c), ())) == 1}
+
+
 def _changes(
     root: Path, scan: SourceScan, probes: Sequence[_Probe], rels0: Sequence[str], stat0: np.ndarray, sha0: np.ndarray
 ) -> _Changes:
@@ -1810,7 +1818,10 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             order=_order_digest(items),
             source=_source_digest(scan, probes),
         )
-        classes = (*m.classes, *(c for c in scan.classes if c not in m.classes))
+        alias = _class_aliases(m.classes, scan.classes)
+        if alias:
+            items = [replace(it, label=alias[it.label]) if it.label in alias else it for it in items]
+        classes = (*m.classes, *(c for c in scan.classes if c not in m.classes and c not in alias))
         splits = (*m.splits, *(s for s in _split_names(scan.items) if s not in m.splits))
         class_id = {c: i for i, c in enumerate(classes)}
         split_id = {s: i for i, s in enumerate(splits)}

@@ -276,6 +276,7 @@ def test_update_keeps_what_is_not_dlpacks_in_the_store(make_tree: MakeTree, tmp_
         (out / "NOTES.md").write_text("labelled by hand, weeks 1-6\n")
         (out / "annotations").mkdir()
         (out / "annotations" / "extra.json").write_text('{"a": 1}')
+        (out / "labels" / "README").write_text("class ids: see classes")
     else:
         import h5py
 
@@ -285,7 +286,8 @@ def test_update_keeps_what_is_not_dlpacks_in_the_store(make_tree: MakeTree, tmp_
     os.utime(src / "c0" / "000.png", ns=(0, 10**18))
     result = dlpack.build(src, out, update=True, jobs=1, quiet=True)
     if backend.endswith(".zarr"):
-        assert "kept 2 entries that are not dlpack's (NOTES.md, annotations)" in result.update
+        assert "kept 3 entries that are not dlpack's (NOTES.md, annotations, labels/README)" in result.update
+        assert (out / "labels" / "README").read_text() == "class ids: see classes"
         assert (out / "NOTES.md").read_text() == "labelled by hand, weeks 1-6\n"
         assert (out / "annotations" / "extra.json").read_text() == '{"a": 1}'
     else:
@@ -442,19 +444,25 @@ def test_a_copy_with_normalised_names_matches_its_files(make_tree: MakeTree, tmp
     import shutil
     import unicodedata
 
-    nfc = unicodedata.normalize("NFC", "café")
-    src = make_tree({**{f"c{k % 2}/{k:03d}.png": "rgb" for k in range(6)}, f"c0/{nfc}.png": "rgb"})
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    assert nfd != nfc
+    src = make_tree(
+        {**{f"c{k % 2}/{k:03d}.png": "rgb" for k in range(6)}, f"c0/{nfc}.png": "rgb", f"{nfc}/x.png": "rgb"}
+    )
     out = tmp_path / "out.zarr"
     dlpack.build(src, out, jobs=1, quiet=True)
     copy = tmp_path / "copy"
     shutil.copytree(src, copy)
-    nfd = unicodedata.normalize("NFD", "café")
-    assert nfd != nfc
     (copy / "c0" / f"{nfc}.png").rename(copy / "c0" / f"{nfd}.png")
+    (copy / nfc).rename(copy / nfd)  # a class folder too
+    (copy / nfd / "y.png").write_bytes((copy / nfd / "x.png").read_bytes())
     result = dlpack.build(copy, out, update=True, jobs=1, quiet=True)
-    assert result.update.startswith("updated: 0 added, 0 replaced, 0 removed")
+    assert result.update.startswith("updated: 1 added, 0 replaced, 0 removed")
     with dlpack.open(out) as ds:
-        assert f"c0/{nfd}.png" in [ds.reader.source(i) for i in range(len(ds))]  # recorded as it is spelled now
+        sources = [ds.reader.source(i) for i in range(len(ds))]
+        assert f"c0/{nfd}.png" in sources and f"{nfd}/x.png" in sources  # recorded as they are spelled now
+        assert ds.classes == ("c0", "c1", nfc)  # the class folder is the same class
+        assert ds.classes[ds[len(ds) - 1]["label"]] == nfc
 
 
 def test_update_summary_and_json_show_the_stores_classes(

@@ -551,15 +551,22 @@ class ZarrBackend(Backend):
         folders, anything. An entry that cannot be carried (a name ``new`` already uses, a device)
         is a StoreError naming it, before the old generation is removed."""
         ours = {"zarr.json", MANIFEST, "zarr.json.tmp", MANIFEST + ".tmp"}
-        ours.update(n for spec in manifest.arrays.values() for n in spec.stored_names())
+        arrays = {n for spec in manifest.arrays.values() for n in spec.stored_names()}
+        ours.update(arrays)
+        found = [e for e in sorted(os.listdir(store)) if e not in ours]
+        # Inside an array folder dlpack keeps its metadata and its chunk tree ("c") only.
+        for name in sorted(arrays):
+            folder = store / name
+            if folder.is_dir() and not folder.is_symlink():
+                found += [
+                    f"{name}/{e}" for e in sorted(os.listdir(folder)) if e not in ("zarr.json", "zarr.json.tmp", "c")
+                ]
         carried = []
-        for entry in sorted(os.listdir(store)):
-            if entry in ours:
-                continue
-            if os.path.lexists(new / entry):
+        for entry in found:
+            if os.path.lexists(new / entry) or not os.path.isdir(os.path.dirname(new / entry)):
                 raise StoreError(
-                    f"{store / entry} is not dlpack's, and the update's new generation of {store} uses that name; "
-                    "move it out of the store, then update again"
+                    f"{store / entry} is not dlpack's, and the update's new generation of {store} cannot keep it "
+                    "there; move it out of the store, then update again"
                 )
             _carry_entry(store / entry, new / entry)
             carried.append(entry)
