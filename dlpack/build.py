@@ -1752,7 +1752,15 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         plan0 = _check_update_options(BuildPlan.from_dict(m.plan), opts, out)
         source = _source_with_rules(source, plan0)
         root = source.root
-        scan = scan_stage(source)
+        try:
+            scan = scan_stage(source)
+        except SourceError as exc:
+            if m.labels == "folders" and "--labels none" in str(exc):
+                raise SourceError(
+                    f"{exc}. Under --update the store's labels are kept ({out} is labelled by class folders), "
+                    "so --labels none would be refused: move them into class folders"
+                ) from exc
+            raise
         _check_folder_rules(m, scan, out, root)
         user = _user_arrays(m, opts, out)
         probes = probe_stage(root, scan.items, opts)

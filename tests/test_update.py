@@ -337,6 +337,10 @@ def test_a_folder_outside_the_splits_is_refused_not_relabelled(
         dlpack.build(src, out, update=True, jobs=1, quiet=True)
     with dlpack.open(out) as ds:
         assert ds.classes == ("bad", "good") and ds.manifest.splits == ("train", "val")
+    (src / "holdout" / "good" / "h1.png").unlink()
+    (src / "stray.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=3)))
+    with pytest.raises(dlpack.SourceError, match=r"stray.png.*--labels none would be refused: move them into class"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
 
 
 def test_a_kept_sample_keeps_its_stored_label(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
