@@ -1694,9 +1694,10 @@ def _update_reason(reason: str, plan: BuildPlan) -> str:
     return reason
 
 
-def _replaced_error(bad: Sequence[InputFileError], others: int, root: Path) -> BadInputsError:
+def _replaced_error(bad: Sequence[InputFileError], others: int, root: Path, skip: bool) -> BadInputsError:
     """The error for replaced files that no longer decode: they keep their index, so no --on-error skips them."""
-    rest = f"; the {others} other bad file(s) can be skipped with --on-error skip" if others else ""
+    how = "are skipped (--on-error skip)" if skip else "can be skipped with --on-error skip"
+    rest = f"; the {others} other bad file(s) {how}" if others else ""
     return BadInputsError(
         sorted(bad, key=lambda e: e.path),
         os.fspath(root),
@@ -1781,7 +1782,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         replaced_bad = [bad[ch.match[i]] for i in sorted(ch.replaced) if ch.match[i] in bad]
         errors = [*scan.errors, *bad.values()]
         if replaced_bad:
-            raise _replaced_error(replaced_bad, len(errors) - len(replaced_bad), root)
+            raise _replaced_error(replaced_bad, len(errors) - len(replaced_bad), root, opts.on_error == "skip")
         if errors and opts.on_error == "fail":
             raise _bad_inputs(errors, root)
         added = [k for k in ch.added if k not in bad]
