@@ -24,6 +24,7 @@ import stat
 import sys
 import threading
 import time
+import unicodedata
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -59,7 +60,7 @@ from .sources.decode import (
     normalise_header,
     prepare_image,
 )
-from .sources.folder import FolderSource
+from .sources.folder import SPLIT_NAMES, FolderSource
 from .sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from .transforms.functional import UpscaleError
 
@@ -92,6 +93,9 @@ class BuildPlan:
     source : str
         SHA-256 (hex) of what the source listed: every item's path, label, split, annotations and
         file size, the class names and the inputs the scan refused.
+    follow_symlinks : bool
+        Whether a folder source followed symlinks: part of what the source lists, so an update
+        scans with the same rule (recorded only when true).
     """
 
     target: TargetSpec
@@ -103,6 +107,7 @@ class BuildPlan:
     count: int
     order: str
     source: str
+    follow_symlinks: bool = False
 
     def __post_init__(self) -> None:
         if (self.target.channels, self.target.dtype) != (self.image.channels, self.image.dtype):
@@ -123,7 +128,7 @@ class BuildPlan:
             "count": self.count,
             "order": self.order,
             "source": self.source,
-        }
+        } | ({"follow_symlinks": True} if self.follow_symlinks else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BuildPlan:
@@ -136,7 +141,11 @@ class BuildPlan:
         """
         try:
             fields = {k: d[k] for k in ("backend", "compression", "shard_bytes", "shard_images", "count")}
+            follow = d.get("follow_symlinks", False)
+            if not isinstance(follow, bool):
+                raise TypeError(f"follow_symlinks must be true or false, got {follow!r}")
             return cls(
+                follow_symlinks=follow,
                 target=TargetSpec.from_dict(dict(d["target"])),
                 image=ImageSpec(**d["image"]),
                 order=d["order"],
@@ -517,6 +526,7 @@ def plan_stage(
         count=len(kept),
         order=_order_digest(kept),
         source=_source_digest(scan, probes),
+        follow_symlinks=opts.follow_symlinks,
     )
     return plan, sel
 
@@ -1380,72 +1390,366 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _check_update_options(plan: BuildPlan, opts: BuildOptions, out: Path) -> None:
-    """Refuse geometry or channel options that differ from the plan the store was built under."""
+#: What ``build --update`` does with each build option (a test holds every field of BuildOptions to
+#: one entry): "plan" options must match the store's plan when given; "kept" ones keep the store's
+#: value when left at their default and are refused when given with another value; "applied" ones
+#: are used by this run (``allow_upscale`` and ``max_pixels`` become the store's).
+UPDATE_OPTIONS: dict[str, str] = {
+    "format": "kept",
+    "size": "plan",
+    "max_side": "plan",
+    "resize": "plan",
+    "channels": "plan",
+    "compression": "kept",
+    "shard_bytes": "kept",
+    "labels": "kept",
+    "follow_symlinks": "kept",
+    "allow_upscale": "applied",
+    "max_pixels": "applied",
+    "jobs": "applied",
+    "force_jobs": "applied",
+    "on_error": "applied",
+    "quiet": "applied",
+    "no_resume": "applied",
+    "update": "applied",
+    "compact": "applied",
+    "fill": "applied",
+    "drop_array": "applied",
+    "overwrite": "refused",
+}
+
+
+def _shown_value(value: Any) -> str:
+    if isinstance(value, tuple) and len(value) == 2:
+        return f"{value[0]}x{value[1]}"
+    return "not given" if value is None else str(value)
+
+
+def _check_update_options(plan: BuildPlan, opts: BuildOptions, out: Path) -> BuildPlan:
+    """The plan an update of ``out`` writes under: the store's, with the options an update applies.
+
+    Geometry, channels, compression and shard size are the store's: an option that names another
+    value is refused, naming the store's (an update cannot re-encode what it shares or keeps).
+    """
     t = plan.target
+    defaults = BuildOptions()
     given = {
         "size": (opts.size, t.size),
         "max_side": (opts.max_side, t.max_side),
         "resize": (opts.resize, t.mode),
         "channels": (None if opts.channels == "keep" else opts.channels, t.channels),
+        "compression": (None if opts.compression == defaults.compression else opts.compression, plan.compression),
+        "shard_bytes": (None if opts.shard_bytes == defaults.shard_bytes else opts.shard_bytes, plan.shard_bytes),
     }
-    differ = [name for name, (mine, theirs) in given.items() if mine is not None and mine != theirs]
+    differ = [
+        f"{name} (the store's: {_shown_value(theirs)}, given: {_shown_value(mine)})"
+        for name, (mine, theirs) in given.items()
+        if mine is not None and mine != theirs
+    ]
+    if opts.follow_symlinks and not plan.follow_symlinks:
+        differ.append("follow_symlinks (the store was built without --follow-symlinks)")
     if differ:
         raise OptionError(
-            f"--update keeps the plan {out} was built with; it differs in {', '.join(differ)}: "
+            f"--update keeps the plan {out} was built with; it differs in {'; '.join(differ)}: "
             "drop those options, or rebuild with --overwrite"
         )
+    target = replace(
+        t,
+        allow_upscale=t.allow_upscale or opts.allow_upscale,
+        max_pixels=t.max_pixels if opts.max_pixels == defaults.max_pixels else opts.max_pixels,
+    )
+    return replace(plan, target=target)
+
+
+def _source_with_rules(source: Source, plan: BuildPlan) -> Source:
+    """``source`` scanning with the store's symlink rule: a store built following symlinks keeps following them."""
+    if isinstance(source, FolderSource) and plan.follow_symlinks and not source.follow_symlinks:
+        return FolderSource(source.root, source.labels, True)
+    return source
+
+
+def _check_folder_rules(m: Manifest, scan: SourceScan, out: Path, root: Path) -> None:
+    """Refuse a source whose labels or split rule now mean something else than when ``out`` was built.
+
+    Kept samples keep their stored class and split, so a rule that changed would silently mix two
+    meanings of the same folder names.
+    """
+    where = os.fspath(root)
+    if m.labels != scan.labels:
+        raise SourceError(
+            f"{out} is labelled {m.labels!r} (class folders) but {where!r} now gives {scan.labels!r} labels "
+            "(the labels rule: every image in a class folder, or none); an update keeps every sample's class: "
+            "restore the folder layout, or rebuild with --overwrite"
+        )
+    splits = _split_names(scan.items)
+    if bool(m.splits) == bool(splits):
+        return
+    if m.splits:
+        tops = sorted({it.rel.split("/")[0] + ("/" if "/" in it.rel else "") for it in scan.items})
+        tops = [t for t in tops if t.rstrip("/").lower() not in SPLIT_NAMES] or tops
+        shown = ", ".join(_escape(t) for t in tops[:5]) + (" ..." if len(tops) > 5 else "")
+        raise SourceError(
+            f"{out} was built with split folders ({', '.join(m.splits)}), but {where!r} now also has {shown} "
+            "outside them, so the split rule (every image under a train, val, validation or test folder) no "
+            "longer holds and every class and split would change; move those images into a split folder or out "
+            "of SRC, or rebuild with --overwrite"
+        )
+    raise SourceError(
+        f"{out} was built without split folders, but every image in {where!r} now sits under one "
+        f"({', '.join(splits)}), so the split rule would turn those folders from classes into splits; "
+        "rebuild with --overwrite"
+    )
+
+
+def _escape(text: str) -> str:
+    """``text`` with control characters escaped, for a message."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
 class _Changes:
     """How the source differs from the store: old indices kept (in order), replaced and removed,
-    new scan positions added, and the new (size, mtime_ns) of kept files whose content did not change."""
+    new scan positions added, the new (size, mtime_ns) of kept files whose content did not change,
+    and the scan position of each kept old index (its path, or the same path in another Unicode
+    normalisation)."""
 
     kept: tuple[int, ...]
     replaced: frozenset[int]
     removed: tuple[int, ...]
     added: tuple[int, ...]
     restat: dict[int, tuple[int, int]]
+    match: dict[int, int]
+    #: Whether any kept sample is now listed under another spelling of its path.
+    renamed: bool = False
+
+
+def _nfc(text: str) -> str:
+    return unicodedata.normalize("NFC", text)
+
+
+def _match_paths(rels0: Sequence[str], scan: SourceScan) -> dict[int, int]:
+    """Old index -> scan position of the same file: by path, then by the Unicode-normalised (NFC)
+    path where exactly one old and one scanned path share it (a copy that normalised names)."""
+    now = {it.rel: k for k, it in enumerate(scan.items)}
+    match = {i: now[rel] for i, rel in enumerate(rels0) if rel in now}
+    taken = set(match.values())
+    old_left: dict[str, list[int]] = {}
+    for i, rel in enumerate(rels0):
+        if i not in match:
+            old_left.setdefault(_nfc(rel), []).append(i)
+    new_left: dict[str, list[int]] = {}
+    for k, it in enumerate(scan.items):
+        if k not in taken:
+            new_left.setdefault(_nfc(it.rel), []).append(k)
+    for key, olds in old_left.items():
+        news = new_left.get(key, [])
+        if len(olds) == 1 and len(news) == 1:
+            match[olds[0]] = news[0]
+    return match
+
+
+def _class_aliases(old: Sequence[str], new: Sequence[str]) -> dict[str, str]:
+    """Class names of the scan that are a stored class in another Unicode normalisation -> that class."""
+    by_nfc: dict[str, list[str]] = {}
+    for c in old:
+        by_nfc.setdefault(_nfc(c), []).append(c)
+    return {c: by_nfc[_nfc(c)][0] for c in new if c not in old and len(by_nfc.get(_nfc(c), ())) == 1}
 
 
 def _changes(
     root: Path, scan: SourceScan, probes: Sequence[_Probe], rels0: Sequence[str], stat0: np.ndarray, sha0: np.ndarray
 ) -> _Changes:
     """Compare the source with the store: size and mtime first, then the content hash."""
-    now = {it.rel: k for k, it in enumerate(scan.items)}
-    old = set(rels0)
-    kept = tuple(i for i, rel in enumerate(rels0) if rel in now)
+    match = _match_paths(rels0, scan)
+    kept = tuple(i for i in range(len(rels0)) if i in match)
     replaced: set[int] = set()
     restat: dict[int, tuple[int, int]] = {}
     for i in kept:
-        path = Path(root, rels0[i])
+        k = match[i]
+        path = Path(root, scan.items[k].rel)
         st = os.stat(path)
         if (st.st_size, st.st_mtime_ns) == tuple(int(v) for v in stat0[i]):
             continue
-        if probes[now[rels0[i]]].error is None and _file_sha256(path) == bytes(sha0[i]).hex():
+        if probes[k].error is None and _file_sha256(path) == bytes(sha0[i]).hex():
             restat[i] = (st.st_size, st.st_mtime_ns)  # touched or copied, same bytes: nothing to decode
         else:
             replaced.add(i)
-    removed = tuple(i for i, rel in enumerate(rels0) if rel not in now)
-    added = tuple(k for k, it in enumerate(scan.items) if it.rel not in old)
-    return _Changes(kept, frozenset(replaced), removed, added, restat)
+    removed = tuple(i for i in range(len(rels0)) if i not in match)
+    matched = set(match.values())
+    added = tuple(k for k in range(len(scan.items)) if k not in matched)
+    renamed = any(scan.items[k].rel != rels0[i] for i, k in match.items())
+    return _Changes(kept, frozenset(replaced), removed, added, restat, match, renamed)
+
+
+def _gone_error(ch: _Changes, rels0: Sequence[str], scan: SourceScan, root: Path) -> OptionError:
+    """Why samples of the store have no file in the source: gone, or still there but refused by the scan."""
+    refused = {e.path: e.reason for e in scan.errors}
+    there = [i for i in ch.removed if rels0[i] in refused]
+    if there:
+        shown = "; ".join(f"{_escape(rels0[i])}: {refused[rels0[i]]}" for i in there[:5])
+        more = f" and {len(there) - 5} more" if len(there) > 5 else ""
+        return OptionError(
+            f"{len(there)} packed file(s) are still in {os.fspath(root)!r} but the scan no longer packs them "
+            f"({shown}{more}); fix that, or pass --compact to drop their samples (the samples after them are "
+            "renumbered)"
+        )
+    gone = ", ".join(_escape(rels0[i]) for i in ch.removed[:5]) + (" ..." if len(ch.removed) > 5 else "")
+    return OptionError(
+        f"{len(ch.removed)} packed file(s) are gone from {os.fspath(root)!r} ({gone}); pass --compact to "
+        "drop them (the samples after them are renumbered), or put them back"
+    )
+
+
+#: Arrays an update builds itself (``split`` too when the store has splits); every other array of a
+#: store was added with ``add_array`` and is carried over, filled or dropped as the options say.
+_UPDATE_BUILT = frozenset(
+    {"images", "labels", "original_size", "transform", "checksum", "source_stat", "source_sha256", "source"}
+)
+
+
+def _user_arrays(m: Manifest, opts: BuildOptions, out: Path) -> list[ArraySpec]:
+    """The arrays the update carries over (every array it does not build, but those ``drop_array`` names),
+    with every ``fill`` and ``drop_array`` name checked."""
+    built = _UPDATE_BUILT | ({"split"} if m.splits else set())
+    user = {name: spec for name, spec in sorted(m.arrays.items()) if name not in built}
+    fills = opts.fill_values
+    for name in (*fills, *opts.drop_array):
+        if name in built:
+            raise OptionError(
+                f"array {name!r} of {out} is built by dlpack; an update rebuilds it (it cannot be filled or dropped)"
+            )
+        if name not in user:
+            have = ", ".join(user) or "none"
+            raise OptionError(f"{out} has no array {name!r} added with add_array (it has: {have})")
+    for name, value in fills.items():
+        spec = user[name]
+        if spec.ragged:
+            if value is not None:
+                raise OptionError(f"array {name!r} is ragged: its fill is no rows; pass fill {name}= (no value)")
+            continue
+        if value is None:
+            raise OptionError(f"array {name!r} holds one value per sample: give its fill as {name}=NUMBER")
+        cast = np.array(value).astype(spec.dtype)
+        if float(cast.real if cast.dtype.kind == "c" else cast) != value:
+            raise OptionError(f"fill value {value:g} does not fit array {name!r} of dtype {np.dtype(spec.dtype)}")
+    return [spec for name, spec in user.items() if name not in opts.drop_array]
+
+
+def _unfilled_error(missing: Sequence[ArraySpec], appended: int, replaced: int, out: Path) -> OptionError:
+    names = ", ".join(s.name for s in missing)
+    what = " and ".join(
+        p for p in (f"{appended} appended" if appended else "", f"{replaced} replaced" if replaced else "") if p
+    )
+    example = ",".join(f"{s.name}=" if s.ragged else f"{s.name}=0" for s in missing)
+    return OptionError(
+        f"{out} has array(s) {names} (added with add_array), which this update cannot give a value for its "
+        f"{what} sample(s); pass --fill {example} (fill=...) to give them that value (a ragged array: no rows), "
+        f"or --drop-array {','.join(s.name for s in missing)} to drop them, then add_array the right values"
+    )
+
+
+def _carry_arrays(
+    writer: StoreWriter,
+    reader: Any,
+    out: Path,
+    specs: Sequence[ArraySpec],
+    olds: Sequence[int | None],
+    fills: Mapping[str, float | None],
+) -> None:
+    """Write every carried array into the new generation: row ``j`` is old sample ``olds[j]``'s, or
+    the array's fill where it is None. A Zarr block of unchanged rows at unchanged indices shares
+    the current store's shard file, as the images do."""
+    count, n0 = len(olds), len(reader)
+    for spec0 in specs:
+        spec = replace(spec0, sha256={})
+        name = spec.name
+        rows0 = None if spec.ragged else reader.shard_len(name)
+        saved = writer.shard_bytes
+        if rows0:
+            writer.shard_bytes = max(1, rows0 * spec.item_nbytes)  # the stored layout, whatever add_array chose
+        try:
+            writer.create_array(spec, count)
+        finally:
+            writer.shard_bytes = saved
+        if spec.ragged:
+            empty = np.empty((0, *spec.shape), dtype=spec.dtype)
+            writer.write_block(name, 0, [reader.read(name, i) if i is not None else empty for i in olds])
+            continue
+        step = writer.block_len(name)
+        for s in range(0, count, step):
+            e = min(s + step, count)
+            same = min(s + step, n0) == e and all(olds[j] == j for j in range(s, e))
+            if same and writer.share_block(name, s, out):
+                continue
+            block = np.empty((e - s, *spec.shape), dtype=spec.dtype)
+            js = [j for j in range(s, e) if olds[j] is not None]
+            if js:
+                got = np.empty((len(js), *spec.shape), dtype=spec.dtype)
+                reader.read_into(name, [olds[j] for j in js], got)
+                block[[j - s for j in js]] = got
+            if len(js) < e - s:
+                block[[j - s for j in range(s, e) if olds[j] is None]] = fills[name]
+            writer.write_block(name, s, block)
+
+
+def _update_reason(reason: str, plan: BuildPlan) -> str:
+    """A decode failure's reason with advice that works under ``--update`` (which keeps the store's geometry)."""
+    t, image = plan.target, plan.image
+    if "would upscale it" in reason:
+        head = reason.split(" (pass --allow-upscale")[0]
+        return f"{head}; pass --allow-upscale with --update to enlarge it (the store's --resize {t.mode} is kept)"
+    if "(its header said otherwise)" in reason:
+        head = reason.split(" (its header said otherwise)")[0]
+        return (
+            f"{head}; an update keeps the store's {image.width}x{image.height} images: resize the file, or rebuild "
+            f"with --overwrite (e.g. --size {image.width}x{image.height} --resize fit)"
+        )
+    return reason
+
+
+def _replaced_error(bad: Sequence[InputFileError], others: int, root: Path, skip: bool) -> BadInputsError:
+    """The error for replaced files that no longer decode: they keep their index, so no --on-error skips them."""
+    how = "are skipped (--on-error skip)" if skip else "can be skipped with --on-error skip"
+    rest = f"; the {others} other bad file(s) {how}" if others else ""
+    return BadInputsError(
+        sorted(bad, key=lambda e: e.path),
+        os.fspath(root),
+        hint=(
+            "a replaced file keeps its sample index, so it cannot be skipped: fix it, or delete it and pass "
+            f"--compact to drop its sample (the samples after it are renumbered){rest}"
+        ),
+    )
+
+
+def _split_counts(splits: Sequence[str], codes: np.ndarray | None) -> dict[str, int]:
+    if codes is None or not len(splits):
+        return {}
+    counts = np.bincount(codes[codes >= 0].astype(np.int64), minlength=len(splits))
+    return {name: int(n) for name, n in zip(splits, counts, strict=False) if n}
 
 
 def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildOptions, t0: float) -> BuildResult:
     """Update the store at ``out`` from ``source`` (``build --update``); call while holding the build lock.
 
-    The rule (docs/format.md, "Updates"): every sample keeps its index and class id; files new in
-    the source are appended after the last sample, in source order, and new classes get the next
+    The rule (docs/format.md, "Updates"): every sample keeps its index, class and split; files new
+    in the source are appended after the last sample, in source order, and new classes get the next
     ids; a file whose size or mtime changed is decoded again in place when its SHA-256 changed too.
     Files gone from the source are refused unless ``compact``, which drops them and renumbers the
-    samples after them. Only blocks that change are written: Zarr shares every other shard file
-    with the current store (hard links); HDF5 cannot share, so its file is rewritten, unchanged
-    pixels copied without decoding. The new generation is published as a build's is.
+    samples after them. Every array added with ``add_array`` is carried over (appended and replaced
+    samples get its ``fill``, or the update refuses), and files in a Zarr store folder that are not
+    dlpack's are carried over unchanged. Only blocks that change are written: Zarr shares every
+    other shard file with the current store (hard links); HDF5 cannot share, so its file is
+    rewritten, unchanged rows copied without decoding. The new generation is published as a
+    build's is; an update that changes nothing publishes nothing.
     """
     if not (out.exists() or out.is_symlink()):
         raise StoreNotFoundError(f"{out} does not exist; build it first (without --update)")
-    if owned_store(out) is not backend:
+    own = owned_store(out)
+    if own is not None and own is not backend:
+        raise OptionError(
+            f"{out} is a dlpack {own.name} store; --update keeps its format: drop --format {backend.name}"
+        )
+    if own is not backend:
         raise StoreError(f"{out} is not a dlpack {backend.name} store; --update only updates dlpack's own stores")
     reader = backend.open_reader(out)
     try:
@@ -1459,43 +1763,74 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         )  # fmt: skip
         if why is not None:
             raise StoreError(f"{out} cannot be updated: {why}; rebuild it with --overwrite")
-        plan0 = BuildPlan.from_dict(m.plan)
-        _check_update_options(plan0, opts, out)
+        plan0 = _check_update_options(BuildPlan.from_dict(m.plan), opts, out)
+        source = _source_with_rules(source, plan0)
         root = source.root
-        scan = scan_stage(source)
-        if m.labels != scan.labels:
-            raise SourceError(
-                f"{out} is labelled {m.labels!r} but {os.fspath(root)!r} now gives {scan.labels!r} labels; "
-                "rebuild with --overwrite"
-            )
+        try:
+            scan = scan_stage(source)
+        except SourceError as exc:
+            if m.labels == "folders" and "--labels none" in str(exc):
+                raise SourceError(
+                    f"{exc}. Under --update the store's labels are kept ({out} is labelled by class folders), "
+                    "so --labels none would be refused: move them into class folders"
+                ) from exc
+            raise
+        _check_folder_rules(m, scan, out, root)
+        user = _user_arrays(m, opts, out)
         probes = probe_stage(root, scan.items, opts)
         n0 = m.count
         rels0 = [reader.source(i) for i in range(n0)]
         ch = _changes(root, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
         if ch.removed and not opts.compact:
-            gone = ", ".join(rels0[i] for i in ch.removed[:5]) + (" ..." if len(ch.removed) > 5 else "")
-            raise OptionError(
-                f"{len(ch.removed)} packed file(s) are gone from {os.fspath(root)!r} ({gone}); pass --compact to "
-                "drop them (the samples after them are renumbered), or put them back"
-            )
-        now = {it.rel: k for k, it in enumerate(scan.items)}
+            raise _gone_error(ch, rels0, scan, root)
         # Inputs to decode: replaced files in place, then added ones; bad ones follow --on-error,
         # except replaced files, which cannot be dropped without renumbering.
-        todo = [now[rels0[i]] for i in sorted(ch.replaced)] + list(ch.added)
+        todo = [ch.match[i] for i in sorted(ch.replaced)] + list(ch.added)
         bad = {k: InputFileError(scan.items[k].rel, probes[k].error or "") for k in todo if probes[k].error}
         pairs = [(scan.items[k].rel, probes[k].header) for k in todo if k not in bad]
         found = validate_stage(os.fspath(root), plan0, pairs, opts)
+        now = {it.rel: k for k, it in enumerate(scan.items)}
         bad.update({now[e.path]: e for e in found})
+        bad = {k: InputFileError(e.path, _update_reason(e.reason, plan0)) for k, e in bad.items()}
+        replaced_bad = [bad[ch.match[i]] for i in sorted(ch.replaced) if ch.match[i] in bad]
         errors = [*scan.errors, *bad.values()]
-        if errors and (opts.on_error == "fail" or any(now[rels0[i]] in bad for i in ch.replaced)):
+        if replaced_bad:
+            raise _replaced_error(replaced_bad, len(errors) - len(replaced_bad), root, opts.on_error == "skip")
+        if errors and opts.on_error == "fail":
             raise _bad_inputs(errors, root)
         added = [k for k in ch.added if k not in bad]
-        # Where each sample of the new generation comes from: an old index, or a scan position to decode.
-        origin: list[tuple[str, int]] = [("new", now[rels0[i]]) if i in ch.replaced else ("old", i) for i in ch.kept]
+        # Where each sample of the new generation comes from: an old index, or a scan position to
+        # decode; and the old index it had (None for appended samples).
+        origin: list[tuple[str, int]] = [("new", ch.match[i]) if i in ch.replaced else ("old", i) for i in ch.kept]
         origin += [("new", k) for k in added]
-        items = [scan.items[now[rels0[v]]] if src == "old" else scan.items[v] for src, v in origin]
+        olds: list[int | None] = [*ch.kept, *([None] * len(added))]
+        # A carried array's row stays with its sample only while its image does: a replaced image gets the fill.
+        rows: list[int | None] = [None if i in ch.replaced else i for i in ch.kept] + [None] * len(added)
+        items = [scan.items[ch.match[v]] if src == "old" else scan.items[v] for src, v in origin]
         if not items:
             raise SourceError(f"the update would leave {out} without samples")
+        fills = opts.fill_values
+        unfilled = [s for s in user if s.name not in fills]
+        if unfilled and (added or ch.replaced):
+            raise _unfilled_error(unfilled, len(added), len(ch.replaced), out)
+        skipped = tuple(sorted(errors, key=lambda e: e.path))
+        split0 = reader.meta("split") if m.splits else None
+        changed = added or ch.replaced or ch.removed or ch.restat or ch.renamed or opts.drop_array
+        if not changed and skipped == m.skipped:
+            return BuildResult(
+                path=out,
+                count=n0,
+                skipped=m.skipped,
+                seconds=time.perf_counter() - t0,
+                input_bytes=0,
+                output_bytes=reader.nbytes_on_disk(),
+                conversions=dict(m.conversions),
+                plan=BuildPlan.from_dict(m.plan),
+                update="up to date: nothing to do",
+                classes=m.classes,
+                splits=_split_counts(m.splits, split0),
+            )
+        labels0 = reader.meta("labels")
         images = _image_array(plan0.image, plan0.compression)
         count = len(items)
         plan = replace(
@@ -1504,6 +1839,32 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             shard_images=backend.block_rows(images, count, plan0.shard_bytes),
             order=_order_digest(items),
             source=_source_digest(scan, probes),
+        )
+        alias = _class_aliases(m.classes, scan.classes)
+        if alias:
+            items = [replace(it, label=alias[it.label]) if it.label in alias else it for it in items]
+        classes = (*m.classes, *(c for c in scan.classes if c not in m.classes and c not in alias))
+        splits = (*m.splits, *(s for s in _split_names(scan.items) if s not in m.splits))
+        class_id = {c: i for i, c in enumerate(classes)}
+        split_id = {s: i for i, s in enumerate(splits)}
+        # Kept and replaced samples keep their stored class and split; appended ones get the scan's.
+        labels = np.array(
+            [
+                int(labels0[i]) if i is not None else class_id[it.label] if it.label is not None else -1
+                for i, it in zip(olds, items, strict=True)
+            ],
+            dtype="<i4",
+        )
+        split_codes = (
+            np.array(
+                [
+                    int(split0[i]) if i is not None and split0 is not None else split_id[it.split] if it.split else -1
+                    for i, it in zip(olds, items, strict=True)
+                ],
+                dtype="|i1",
+            )
+            if splits
+            else None
         )
         tmp = partial_path(out)
         _remove(journal_path(out))
@@ -1516,6 +1877,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             decoded, shared, written = _update_blocks(
                 writer, reader, out, plan0, plan, origin, scan, probes, root, opts
             )
+            _carry_arrays(writer, reader, out, user, rows, fills)
             osz, tr, crc = reader.meta("original_size"), reader.meta("transform"), reader.meta("checksum")
             stat0, sha0 = reader.meta("source_stat"), reader.meta("source_sha256")
             samples = [
@@ -1533,9 +1895,12 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                 else decoded[v]
                 for src, v in origin
             ]
-            classes = (*m.classes, *(c for c in scan.classes if c not in m.classes))
             view = SourceScan(tuple(items), classes, (), scan.labels)
             arrays, manifest = manifest_stage(plan, view, _Selection(tuple(range(count)), tuple(errors)), samples)
+            arrays["labels"] = (arrays["labels"][0], labels)
+            arrays.pop("split", None)
+            if split_codes is not None:
+                arrays["split"] = (ArraySpec("split", "|i1", (), key="split"), split_codes)
             conversions = Counter(m.conversions)
             conversions.update(c for s in decoded.values() for c in s.conversions)
             entry = {
@@ -1544,11 +1909,21 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                 "replaced": len(ch.replaced),
                 "removed": len(ch.removed),
             }
-            manifest = replace(manifest, conversions=dict(sorted(conversions.items())), history=(*m.history, entry))
+            manifest = replace(
+                manifest,
+                splits=splits,
+                conversions=dict(sorted(conversions.items())),
+                history=(*m.history, entry),
+            )
         except BaseException as exc:
             discard_partial(partial, out, exc)
             raise
         commit_store(partial, out, arrays, manifest)
+        try:
+            carried = backend.carry_foreign(out, tmp, m)
+        except BaseException:
+            _remove(tmp)
+            raise
     finally:
         reader.close()
     try:
@@ -1557,6 +1932,14 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         _remove(tmp)
         raise
     n_blocks = shared + written
+    note = (
+        f"updated: {len(added)} added, {len(ch.replaced)} replaced, {len(ch.removed)} removed; "
+        f"{written} of {n_blocks} blocks written"
+    )
+    if opts.drop_array:
+        note += f"; dropped array(s) {', '.join(opts.drop_array)}"
+    if carried:
+        note += f"; kept {len(carried)} entr{'y' if len(carried) == 1 else 'ies'} that are not dlpack's ({', '.join(carried[:5])})"
     return BuildResult(
         path=out,
         count=count,
@@ -1566,10 +1949,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         output_bytes=backend.open_reader(out).nbytes_on_disk(),
         conversions=dict(manifest.conversions),
         plan=plan,
-        update=(
-            f"updated: {len(added)} added, {len(ch.replaced)} replaced, {len(ch.removed)} removed; "
-            f"{written} of {n_blocks} blocks written"
-        ),
+        update=note,
+        classes=manifest.classes,
+        splits=_split_counts(splits, split_codes),
     )
 
 
@@ -1770,6 +2152,8 @@ def build(
     out_path = Path(out)
     backend = backend_for_path(out_path, opts.format, write=True)
     source = as_source(src, opts)
+    if isinstance(source, FolderSource) and source.follow_symlinks != opts.follow_symlinks:
+        opts = replace(opts, follow_symlinks=source.follow_symlinks)  # the plan records the source's own rule
     check_paths(source, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with BuildLock(out_path):

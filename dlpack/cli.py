@@ -188,7 +188,7 @@ def add_option_arguments(
             kwargs["type"] = _number
         if "metavar" in f.metadata:
             kwargs["metavar"] = f.metadata["metavar"]
-        if default is not None:
+        if default is not None and default != ():
             help_text += f" (default: {_show(default)})".replace("%", "%%")
         parser.add_argument(flag, help=help_text, **kwargs)
 

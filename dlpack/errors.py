@@ -53,22 +53,29 @@ class BadInputsError(DlpackError, ValueError):
     """Some input files could not be packed; ``errors`` lists every one found.
 
     ``nothing_left`` says that every input is bad: skipping them would leave nothing to pack, so the
-    message does not suggest ``--on-error skip`` (which may be the option already given).
+    message does not suggest ``--on-error skip`` (which may be the option already given). ``hint``
+    replaces the advice line where the default cannot be followed (an update's replaced files).
     """
 
-    def __init__(self, errors: Sequence[InputFileError], source: str = "", nothing_left: bool = False) -> None:
+    def __init__(
+        self,
+        errors: Sequence[InputFileError],
+        source: str = "",
+        nothing_left: bool = False,
+        hint: str | None = None,
+    ) -> None:
         self.errors = list(errors)
         self.nothing_left = nothing_left
         where = f" in {source}" if source else ""
         if nothing_left:
             head = f"no input could be packed: all {len(self.errors)} input file(s){where} are bad"
-            hint = "\nfix or replace them: skipping the bad inputs would leave nothing to pack"
+            advice = "fix or replace them: skipping the bad inputs would leave nothing to pack"
         else:
             head = f"{len(self.errors)} input file(s) could not be read{where}"
-            hint = "\nfix or remove them, or pass --on-error skip to pack the rest and list them in the manifest"
+            advice = "fix or remove them, or pass --on-error skip to pack the rest and list them in the manifest"
         listing = "\n".join(f"  {e}" for e in self.errors[:50])
         more = f"\n  ... and {len(self.errors) - 50} more" if len(self.errors) > 50 else ""
-        super().__init__(f"{head}:\n{listing}{more}{hint}")
+        super().__init__(f"{head}:\n{listing}{more}\n{advice if hint is None else hint}")
 
 
 class StoreExistsError(DlpackError, FileExistsError):

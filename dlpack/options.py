@@ -51,6 +51,37 @@ def parse_size(text: str | tuple[int, int]) -> tuple[int, int]:
     return int(w), int(h)
 
 
+def _name_list(name: str, value: object, values: bool) -> tuple[str, ...]:
+    """A comma list (or tuple) of array names, each ``NAME=VALUE`` when ``values`` (VALUE a number or empty)."""
+    parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+    out: list[str] = []
+    seen: set[str] = set()
+    for part in parts:
+        if not isinstance(part, str):
+            raise OptionError(f"{name} must be a comma list of strings, got {value!r}")
+        if not part:
+            continue
+        key, eq, text = part.partition("=")
+        key, text = key.strip(), text.strip()
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", key) or (values and not eq) or (not values and eq):
+            form = "NAME=VALUE" if values else "NAME"
+            raise OptionError(f"{name} takes a comma list of {form} with array names (a-z, 0-9, _); got {part!r}")
+        if values and text:
+            try:
+                number = float(text)
+            except ValueError:
+                raise OptionError(
+                    f"{name}: the value of {key!r} must be a number (or empty for no rows), got {text!r}"
+                ) from None
+            if number != number or number in (float("inf"), float("-inf")):
+                raise OptionError(f"{name}: the value of {key!r} must be a finite number, got {text!r}")
+        if key in seen:
+            raise OptionError(f"{name} names array {key!r} twice")
+        seen.add(key)
+        out.append(f"{key}={text}" if values else key)
+    return tuple(out)
+
+
 def _choice(name: str, value: object, allowed: tuple[object, ...]) -> None:
     if value not in allowed:
         raise OptionError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
@@ -130,6 +161,19 @@ class BuildOptions:
     # "Tens of MB per shard" keeps a dataset at a few hundred files (docs/format.md).
     shard_bytes: int = field(default=32 * 2**20, metadata={"help": "target bytes per Zarr shard file", "metavar": "N"})
     follow_symlinks: bool = field(default=False, metadata={"help": "pack symlinked files that stay inside SRC"})
+    # An update never invents a value for an array it did not build: a user's own array needs one of these two.
+    fill: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "with --update: comma list of NAME=VALUE, the value appended and replaced samples get in "
+            "array NAME (added with add_array); for a ragged array only NAME= (no rows)",
+            "metavar": "LIST",
+        },
+    )
+    drop_array: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "with --update: comma list of arrays (added with add_array) to drop", "metavar": "LIST"},
+    )
 
     def __post_init__(self) -> None:
         if self.format is not None:
@@ -162,6 +206,16 @@ class BuildOptions:
         _choice("on_error", self.on_error, ("fail", "skip"))
         if self.compact and not self.update:
             raise OptionError("compact only applies to update: pass both")
+        object.__setattr__(self, "fill", _name_list("fill", self.fill, values=True))
+        object.__setattr__(self, "drop_array", _name_list("drop_array", self.drop_array, values=False))
+        for name, given in (("fill", self.fill), ("drop_array", self.drop_array)):
+            if given and not self.update:
+                raise OptionError(f"{name} only applies to update: pass both")
+        both = sorted(set(self.fill_values) & set(self.drop_array))
+        if both:
+            raise OptionError(
+                f"array(s) {', '.join(both)} cannot be both filled and dropped; pass one of fill, drop_array"
+            )
         if self.update and self.overwrite:
             raise OptionError("update keeps the store and overwrite replaces it: pass one of them")
         if self.max_pixels <= 0:
@@ -177,6 +231,15 @@ class BuildOptions:
         # A shard is written from one block held in memory.
         if self.shard_bytes > 2**31:
             raise OptionError(f"shard_bytes must be at most 2147483648 (2 GiB), got {self.shard_bytes}")
+
+    @property
+    def fill_values(self) -> dict[str, float | None]:
+        """``fill`` by array name: the number, or None for "no rows" (ragged arrays)."""
+        out: dict[str, float | None] = {}
+        for entry in self.fill:
+            name, _, value = entry.partition("=")
+            out[name] = float(value) if value else None
+        return out
 
     @property
     def resize_mode(self) -> ResizeMode:

@@ -86,17 +86,34 @@ def test_update_of_hdf5_rewrites_the_file_with_the_same_rule(make_tree: MakeTree
     assert by_source(out) == fresh(src, tmp_path, "out.h5")
 
 
-def test_unchanged_source_writes_no_block(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
+def test_unchanged_source_publishes_nothing(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
     src = tree(make_tree)
     out = tmp_path / "out.zarr"
     dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
     before = snapshot(out)
+    ds = dlpack.open(out)  # a reader opened before the update stays valid: nothing was published
+    result = dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert result.update == "up to date: nothing to do"
+    assert result.classes == ("c0", "c1") and result.count == 40
+    assert snapshot(out) == before
+    assert not list(tmp_path.glob(".out.zarr.dlpack-*[!k]"))  # no partial, no journal (the lock may stay)
+    with ds:
+        assert ds.manifest.history == () and ds[39]["index"] == 39
+
+
+def test_touched_files_write_no_block(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    before = snapshot(out)
+    os.utime(src / "c0" / "000.png", ns=(0, 10**18))
     result = dlpack.build(src, out, update=True, jobs=1, quiet=True)
     assert result.update == "updated: 0 added, 0 replaced, 0 removed; 0 of 3 blocks written"
     after = snapshot(out)
-    # Only the manifest changes (its history), and the group's zarr.json that records its checksum.
-    meta = ("manifest.json", "zarr.json")
+    # The new size and mtime are recorded (source_stat), so the next update does not hash the file again.
+    meta = ("manifest.json", "zarr.json", "source_stat/zarr.json", "source_stat/c/0/0")
     assert {k: v for k, v in after.items() if k not in meta} == {k: v for k, v in before.items() if k not in meta}
+    assert dlpack.build(src, out, update=True, jobs=1, quiet=True).update == "up to date: nothing to do"
 
 
 def test_deleted_file_is_refused_without_compact_and_dropped_with_it(
@@ -139,3 +156,347 @@ def test_update_flags_from_the_cli(make_tree: MakeTree, tmp_path: Path, capsys: 
     assert main(["build", str(src), str(out), "--compact"]) == 2
     assert "compact only applies to update" in capsys.readouterr().err
     assert np.asarray(len(dlpack.open(out))) == 39
+
+
+# ---------------------------------------------------------------- arrays added with add_array
+
+
+def _add_user_arrays(out: Path) -> tuple[np.ndarray, list[np.ndarray]]:
+    n = len(dlpack.open(out))
+    weights = np.arange(n, dtype=np.float32) + 0.5
+    boxes = [np.full((i % 3, 4), i, dtype=np.int16) for i in range(n)]
+    dlpack.add_array(out, "weights", weights, key="weight", compression="zstd")
+    dlpack.add_array(out, "boxes", boxes, ragged=True)
+    return weights, boxes
+
+
+def _user_values(out: Path) -> dict[str, tuple[float, np.ndarray]]:
+    with dlpack.open(out) as ds:
+        return {ds.reader.source(i): (float(ds[i]["weight"]), ds[i]["boxes"]) for i in range(len(ds))}
+
+
+def test_update_carries_every_added_array(make_tree: MakeTree, tmp_path: Path, backend: str, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / backend
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    _add_user_arrays(out)
+    specs = {k: v for k, v in dlpack.open(out).manifest.arrays.items() if k in ("weights", "boxes")}
+    before = _user_values(out)
+    os.utime(src / "c0" / "000.png", ns=(0, 10**18))  # a touch: nothing to decode
+    dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    got = _user_values(out)
+    assert got.keys() == before.keys()
+    assert all(got[k][0] == before[k][0] and np.array_equal(got[k][1], before[k][1]) for k in got)
+    after = dlpack.open(out).manifest.arrays
+    assert {k: after[k] for k in specs} == specs  # dtype, shape, key and compression unchanged
+
+    # An appended sample needs a value: refused, naming both arrays, until fill gives one.
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    with pytest.raises(OptionError, match=r"boxes, weights .*--fill boxes=,weights=0.*--drop-array"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert _user_values(out).keys() == before.keys()  # untouched
+    dlpack.build(src, out, update=True, fill="weights=-1,boxes=", jobs=1, quiet=True)
+    got = _user_values(out)
+    assert got["c0/zz.png"][0] == -1 and got["c0/zz.png"][1].shape == (0, 4)
+    assert all(got[k][0] == before[k][0] and np.array_equal(got[k][1], before[k][1]) for k in before)
+
+    # --compact renumbers: every row follows its sample.
+    (src / "c0" / "002.png").unlink()
+    dlpack.build(src, out, update=True, compact=True, jobs=1, quiet=True)
+    got = _user_values(out)
+    assert "c0/002.png" not in got and len(got) == 40
+    assert all(got[k][0] == before[k][0] and np.array_equal(got[k][1], before[k][1]) for k in before if k in got)
+    with dlpack.open(out) as ds:
+        assert ds.verify() == []
+
+
+def test_a_replaced_sample_needs_a_fill_too(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.h5"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    n = len(dlpack.open(out))
+    dlpack.add_array(out, "weights", np.ones(n, dtype=np.int32), key="weight")
+    (src / "c1" / "021.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=99)))
+    with pytest.raises(OptionError, match=r"weights .*1 replaced sample"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"fill value 0.5 does not fit array 'weights' of dtype int32"):
+        dlpack.build(src, out, update=True, fill="weights=0.5", jobs=1, quiet=True)
+    dlpack.build(src, out, update=True, fill="weights=7", jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        w = {ds.reader.source(i): int(ds[i]["weight"]) for i in range(len(ds))}
+    assert w["c1/021.png"] == 7 and sum(v == 1 for v in w.values()) == n - 1
+
+
+def test_an_array_is_dropped_only_on_request(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    _add_user_arrays(out)
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    with pytest.raises(OptionError, match=r"has no array 'wieghts' added with add_array \(it has: boxes, weights\)"):
+        dlpack.build(src, out, update=True, drop_array="wieghts", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"'labels' .* built by dlpack"):
+        dlpack.build(src, out, update=True, drop_array="labels", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"array 'boxes' is ragged: its fill is no rows"):
+        dlpack.build(src, out, update=True, fill="boxes=1", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match="fill only applies to update"):
+        dlpack.build(src, out, fill="boxes=", jobs=1, quiet=True)
+    result = dlpack.build(src, out, update=True, drop_array="boxes", fill="weights=0", jobs=1, quiet=True)
+    assert "dropped array(s) boxes" in result.update
+    arrays = dlpack.open(out).manifest.arrays
+    assert "boxes" not in arrays and "weights" in arrays
+    assert not (out / "boxes_data").exists()
+
+
+def test_update_shares_unchanged_shards_of_added_arrays(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    masks = np.random.default_rng(0).integers(0, 255, (40, 100, 200), dtype=np.uint8)
+    dlpack.add_array(out, "masks", masks, key="mask")  # one shard of 40 samples
+    (src / "c1" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=7)))
+    first = out / "masks" / "c" / "0" / "0" / "0"
+    inode = os.stat(first).st_ino
+    dlpack.build(src, out, update=True, fill="masks=3", jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        got = {ds.reader.source(i): ds[i]["mask"] for i in range(len(ds))}
+        assert ds.verify() == []
+    assert np.array_equal(got["c0/000.png"], masks[0]) and (got["c1/zz.png"] == 3).all()
+    assert os.stat(first).st_ino == inode  # the unchanged shard file is the same file
+    last = out / "masks" / "c" / "1" / "0" / "0"
+    assert os.stat(last).st_nlink == 1  # the shard that grew was written anew
+
+
+def test_update_keeps_what_is_not_dlpacks_in_the_store(make_tree: MakeTree, tmp_path: Path, backend: str) -> None:
+    src = tree(make_tree)
+    out = tmp_path / backend
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    if backend.endswith(".zarr"):
+        (out / "NOTES.md").write_text("labelled by hand, weeks 1-6\n")
+        (out / "annotations").mkdir()
+        (out / "annotations" / "extra.json").write_text('{"a": 1}')
+        (out / "labels" / "README").write_text("class ids: see classes")
+    else:
+        import h5py
+
+        with h5py.File(out, "r+") as f:
+            f.create_dataset("my_notes", data=np.arange(5))
+            f.attrs["owner"] = "lab 3"
+    os.utime(src / "c0" / "000.png", ns=(0, 10**18))
+    result = dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    if backend.endswith(".zarr"):
+        assert "kept 3 entries that are not dlpack's (NOTES.md, annotations, labels/README)" in result.update
+        assert (out / "labels" / "README").read_text() == "class ids: see classes"
+        assert (out / "NOTES.md").read_text() == "labelled by hand, weeks 1-6\n"
+        assert (out / "annotations" / "extra.json").read_text() == '{"a": 1}'
+    else:
+        import h5py
+
+        with h5py.File(out, "r") as f:
+            assert list(f["my_notes"][()]) == [0, 1, 2, 3, 4] and f.attrs["owner"] == "lab 3"
+    with dlpack.open(out) as ds:
+        assert ds.verify() == []
+
+
+# ---------------------------------------------------------------- classes, splits and folder rules
+
+
+SPLIT_TREE = {
+    f"{s}/{c}/{k}.png": "rgb" for s, n in (("train", 4), ("val", 2)) for c in ("bad", "good") for k in range(n)
+}
+
+
+def test_update_keeps_classes_and_splits(make_tree: MakeTree, tmp_path: Path, backend: str, images: Any) -> None:
+    src = make_tree(SPLIT_TREE)
+    out = tmp_path / backend
+    dlpack.build(src, out, jobs=1, quiet=True)
+    (src / "train" / "good" / "new.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=3)))
+    (src / "test" / "bad").mkdir(parents=True)
+    (src / "test" / "bad" / "t.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=4)))
+    result = dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert result.classes == ("bad", "good")
+    assert result.splits == {"train": 9, "val": 4, "test": 1}
+    assert "classes (2): bad, good" in result.summary() and "splits: test 1, train 9, val 4" in result.summary()
+    with dlpack.open(out) as ds:
+        assert ds.manifest.splits == ("train", "val", "test")  # old codes kept, the new split appended
+        for i in range(len(ds)):
+            split, cls = ds.reader.source(i).split("/")[:2]
+            assert ds.classes[ds[i]["label"]] == cls and ds.manifest.splits[ds[i]["split"]] == split
+
+
+def test_a_folder_outside_the_splits_is_refused_not_relabelled(
+    make_tree: MakeTree, tmp_path: Path, images: Any
+) -> None:
+    src = make_tree(SPLIT_TREE)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, jobs=1, quiet=True)
+    (src / "holdout" / "good").mkdir(parents=True)
+    (src / "holdout" / "good" / "h1.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=3)))
+    with pytest.raises(dlpack.SourceError, match=r"split folders \(train, val\).*holdout/ outside them.*split rule"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        assert ds.classes == ("bad", "good") and ds.manifest.splits == ("train", "val")
+    (src / "holdout" / "good" / "h1.png").unlink()
+    (src / "stray.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=3)))
+    with pytest.raises(dlpack.SourceError, match=r"stray.png.*--labels none would be refused: move them into class"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+
+
+def test_a_kept_sample_keeps_its_stored_label(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        fixed = 1 - ds.reader.meta("labels")  # a user's relabelling: every class swapped
+    dlpack.add_array(out, "labels", fixed.astype(np.int32), replace=True)
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        labels = ds.reader.meta("labels")
+    assert np.array_equal(labels[:40], fixed) and labels[40] == 0  # the new file gets its folder's class
+
+
+# ---------------------------------------------------------------- options and messages
+
+
+def test_every_build_option_has_an_update_rule() -> None:
+    from dataclasses import fields
+
+    from dlpack.build import UPDATE_OPTIONS
+
+    assert {f.name for f in fields(dlpack.BuildOptions)} == set(UPDATE_OPTIONS)
+
+
+def test_update_refuses_options_it_would_ignore(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, compression="lz4", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"compression \(the store's: lz4, given: zstd\)"):
+        dlpack.build(src, out, update=True, compression="zstd", jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"shard_bytes \(the store's: 65536, given: 70000\)"):
+        dlpack.build(src, out, update=True, shard_bytes=70000, jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"is a dlpack zarr store; --update keeps its format: drop --format hdf5"):
+        dlpack.build(src, out, update=True, format="hdf5", jobs=1, quiet=True)
+    # Left at their defaults, they keep the store's values.
+    assert dlpack.build(src, out, update=True, jobs=1, quiet=True).update == "up to date: nothing to do"
+
+
+def test_allow_upscale_is_applied_by_an_update(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, size=(40, 30), shard_bytes=2**16, jobs=1, quiet=True)
+    (src / "c0" / "small.png").write_bytes(images.encode(".png", images.pixels("rgb", 20, 20, seed=1)))
+    with pytest.raises(dlpack.BadInputsError, match="pass --allow-upscale with --update") as info:
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert "--resize fit" not in str(info.value)  # an update keeps the resize mode: no advice it would refuse
+    dlpack.build(src, out, update=True, allow_upscale=True, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        assert len(ds) == 41 and ds.manifest.plan["target"]["allow_upscale"] is True
+
+
+def test_an_image_of_another_shape_gets_advice_an_update_can_follow(
+    make_tree: MakeTree, tmp_path: Path, images: Any
+) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, max_side=20, shard_bytes=2**16, jobs=1, quiet=True)  # every image 40x30: fixed 20x15
+    (src / "c0" / "wide.png").write_bytes(images.encode(".png", images.pixels("rgb", 60, 20, seed=1)))
+    with pytest.raises(
+        dlpack.BadInputsError, match=r"keeps the store's 20x15 images.*rebuild with --overwrite"
+    ) as info:
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    assert "pass --size" not in str(info.value)
+
+
+def test_the_stores_symlink_rule_is_kept(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    hidden = src / ".originals"  # hidden folders are not walked: the file is packed through its link only
+    hidden.mkdir()
+    (src / "c0" / "000.png").rename(hidden / "000.png")
+    (src / "c0" / "000.png").symlink_to(hidden / "000.png")
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, follow_symlinks=True, shard_bytes=2**16, jobs=1, quiet=True)
+    assert dlpack.build(src, out, update=True, jobs=1, quiet=True).update == "up to date: nothing to do"
+    plain = tmp_path / "plain.zarr"
+    dlpack.build(src, plain, on_error="skip", shard_bytes=2**16, jobs=1, quiet=True)
+    with pytest.raises(OptionError, match=r"follow_symlinks \(the store was built without --follow-symlinks\)"):
+        dlpack.build(src, plain, update=True, follow_symlinks=True, jobs=1, quiet=True)
+
+
+def test_a_packed_file_the_scan_now_refuses_is_named_with_the_reason(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    (src / "c0" / "000.png").rename(tmp_path / "moved.png")
+    (src / "c0" / "000.png").symlink_to(tmp_path / "moved.png")
+    with pytest.raises(OptionError, match=r"still in .* no longer packs them \(c0/000.png: symlink to .* leaves"):
+        dlpack.build(src, out, update=True, jobs=1, quiet=True)
+
+
+def test_a_replaced_file_that_fails_cannot_be_skipped(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    (src / "c1" / "021.png").write_bytes(b"not an image at all")
+    with pytest.raises(dlpack.BadInputsError, match="cannot be skipped.*delete it and pass --compact") as info:
+        dlpack.build(src, out, update=True, on_error="skip", jobs=1, quiet=True)
+    assert "pass --on-error skip" not in str(info.value) and "c1/021.png" in str(info.value)
+
+
+def test_a_copy_with_normalised_names_matches_its_files(make_tree: MakeTree, tmp_path: Path) -> None:
+    import shutil
+    import unicodedata
+
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    assert nfd != nfc
+    src = make_tree(
+        {**{f"c{k % 2}/{k:03d}.png": "rgb" for k in range(6)}, f"c0/{nfc}.png": "rgb", f"{nfc}/x.png": "rgb"}
+    )
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, jobs=1, quiet=True)
+    copy = tmp_path / "copy"
+    shutil.copytree(src, copy)
+    (copy / "c0" / f"{nfc}.png").rename(copy / "c0" / f"{nfd}.png")
+    (copy / nfc).rename(copy / nfd)  # a class folder too
+    (copy / nfd / "y.png").write_bytes((copy / nfd / "x.png").read_bytes())
+    result = dlpack.build(copy, out, update=True, jobs=1, quiet=True)
+    assert result.update.startswith("updated: 1 added, 0 replaced, 0 removed")
+    with dlpack.open(out) as ds:
+        sources = [ds.reader.source(i) for i in range(len(ds))]
+        assert f"c0/{nfd}.png" in sources and f"{nfd}/x.png" in sources  # recorded as they are spelled now
+        assert ds.classes == ("c0", "c1", nfc)  # the class folder is the same class
+        assert ds.classes[ds[len(ds) - 1]["label"]] == nfc
+
+
+def test_update_summary_and_json_show_the_stores_classes(
+    make_tree: MakeTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    src = make_tree(SPLIT_TREE)
+    out = tmp_path / "out.zarr"
+    assert main(["build", str(src), str(out), "--quiet", "--jobs", "1"]) == 0
+    assert main(["build", str(src), str(out), "--update", "--jobs", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "up to date: nothing to do" in text and "classes (2): bad, good" in text and "unlabelled" not in text
+    assert main(["build", str(src), str(out), "--update", "--jobs", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["classes"] == ["bad", "good"] and doc["splits"] == {"train": 8, "val": 4}
+
+
+def test_a_loader_state_survives_only_an_update_that_changes_nothing(
+    make_tree: MakeTree, tmp_path: Path, images: Any
+) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        state = ds.loader(batch_size=8, seed=1, workers=0, prefetch=0).state_dict()
+    dlpack.build(src, out, update=True, jobs=1, quiet=True)  # nothing to do: nothing published
+    with dlpack.open(out) as ds:
+        ds.loader(batch_size=8, seed=1, workers=0, prefetch=0).load_state_dict(state)
+    (src / "c0" / "zz.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=6)))
+    dlpack.build(src, out, update=True, jobs=1, quiet=True)
+    with dlpack.open(out) as ds, pytest.raises(dlpack.StateError, match="saved for another dataset"):
+        ds.loader(batch_size=8, seed=1, workers=0, prefetch=0).load_state_dict(state)

@@ -516,3 +516,33 @@ class Hdf5Backend(Backend):
     @classmethod
     def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
         return Hdf5Writer(path, mode, shard_bytes)
+
+    @classmethod
+    def carry_foreign(cls, store: Path, new: Path, manifest: Manifest) -> list[str]:
+        """Copy every object of the store file's root that is not a stored array of ``manifest`` (a
+        user's group or dataset), and every root attribute that is not dlpack's, into ``new``."""
+        import h5py
+
+        ours = {MANIFEST, *(n for spec in manifest.arrays.values() for n in spec.stored_names())}
+        carried: list[str] = []
+        try:
+            with h5py.File(store, "r") as src:
+                objects = [name for name in sorted(src.keys()) if name not in ours]
+                attrs = [name for name in sorted(src.attrs.keys()) if not name.startswith("dlpack_")]
+                if not objects and not attrs:
+                    return []
+                with h5py.File(new, "r+") as dst:
+                    for name in objects:
+                        if name in dst:
+                            raise StoreError(
+                                f"{name!r} in {store} is not dlpack's, and the update's new generation uses that "
+                                "name; move it out of the store, then update again"
+                            )
+                        src.copy(src[name], dst, name=name)
+                        carried.append(name)
+                    for name in attrs:
+                        dst.attrs[name] = src.attrs[name]
+                        carried.append("@" + name)
+        except OSError as exc:
+            raise _h5_error(store, exc) from exc
+        return carried

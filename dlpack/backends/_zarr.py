@@ -543,3 +543,54 @@ class ZarrBackend(Backend):
     @classmethod
     def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
         return ZarrWriter(path, mode, shard_bytes)
+
+    @classmethod
+    def carry_foreign(cls, store: Path, new: Path, manifest: Manifest) -> list[str]:
+        """Hard-link (or copy, across file systems) every entry of the store folder that is neither
+        its metadata nor a stored array of ``manifest`` into ``new``: a user's notes, annotation
+        folders, anything. An entry that cannot be carried (a name ``new`` already uses, a device)
+        is a StoreError naming it, before the old generation is removed."""
+        ours = {"zarr.json", MANIFEST, "zarr.json.tmp", MANIFEST + ".tmp"}
+        arrays = {n for spec in manifest.arrays.values() for n in spec.stored_names()}
+        ours.update(arrays)
+        found = [e for e in sorted(os.listdir(store)) if e not in ours]
+        # Inside an array folder dlpack keeps its metadata and its chunk tree ("c") only.
+        for name in sorted(arrays):
+            folder = store / name
+            if folder.is_dir() and not folder.is_symlink():
+                found += [
+                    f"{name}/{e}" for e in sorted(os.listdir(folder)) if e not in ("zarr.json", "zarr.json.tmp", "c")
+                ]
+        carried = []
+        for entry in found:
+            if os.path.lexists(new / entry) or not os.path.isdir(os.path.dirname(new / entry)):
+                raise StoreError(
+                    f"{store / entry} is not dlpack's, and the update's new generation of {store} cannot keep it "
+                    "there; move it out of the store, then update again"
+                )
+            _carry_entry(store / entry, new / entry)
+            carried.append(entry)
+        return carried
+
+
+def _carry_entry(src: Path, dst: Path) -> None:
+    """``src`` (a file, link or folder tree) at ``dst``: files hard-linked or copied, links as links."""
+    import stat as st_
+
+    mode = os.lstat(src).st_mode
+    if st_.S_ISLNK(mode):
+        os.symlink(os.readlink(src), dst)
+    elif st_.S_ISDIR(mode):
+        os.mkdir(dst)
+        for child in sorted(os.listdir(src)):
+            _carry_entry(src / child, dst / child)
+    else:
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError as exc:
+            if not st_.S_ISREG(mode):
+                raise StoreError(
+                    f"{src} is not dlpack's and not a regular file, and cannot be carried into the store's next "
+                    f"generation ({exc.strerror or exc}); move it out of the store, then update again"
+                ) from exc
+            shutil.copy2(src, dst)

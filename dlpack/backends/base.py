@@ -320,6 +320,12 @@ class StoreReader(ABC):
         data, off = self._sources
         return data[off[index] : off[index + 1]].decode("utf-8")
 
+    def shard_len(self, name: str) -> int | None:
+        """Rows per shard of fixed array ``name`` as stored, or None where the backend has no shards
+        (how ``build --update`` writes a carried array with its layout, so it can share its shards)."""
+        rows = getattr(self._stored(self._fixed(name).name), "rows_per_shard", None)
+        return int(rows) if isinstance(rows, int) else None
+
     def verify_arrays(self, skip: Sequence[str] = ()) -> list[str]:
         """Re-read every stored array (but those in ``skip``) and compare it with its recorded
         checksum and the manifest's count; returns one line per problem (empty: all intact)."""
@@ -728,6 +734,16 @@ class Backend(ABC):
     @classmethod
     @abstractmethod
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader: ...
+
+    @classmethod
+    def carry_foreign(cls, store: Path, new: Path, manifest: Manifest) -> list[str]:
+        """Copy what a user put into the complete store ``store`` that is not dlpack's (not listed by
+        its ``manifest``) into ``new``, its next generation, unchanged; returns what was carried.
+
+        How ``build --update`` replaces a store without deleting anything that is not dlpack's.
+        A backend whose stores hold nothing but dlpack's own data carries nothing.
+        """
+        return []
 
     @classmethod
     @abstractmethod
