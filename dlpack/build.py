@@ -1487,7 +1487,7 @@ def _check_folder_rules(m: Manifest, scan: SourceScan, out: Path, root: Path) ->
     if m.splits:
         tops = sorted({it.rel.split("/")[0] + ("/" if "/" in it.rel else "") for it in scan.items})
         tops = [t for t in tops if t.rstrip("/").lower() not in SPLIT_NAMES] or tops
-        shown = ", ".join(_escape(t) for t in tops[:5]) + (" ..." if len(tops) > 5 else "")
+        shown = ", ".join(shown_name(t) for t in tops[:5]) + (" ..." if len(tops) > 5 else "")
         raise SourceError(
             f"{out} was built with split folders ({', '.join(m.splits)}), but {where!r} now also has {shown} "
             "outside them, so the split rule (every image under a train, val, validation or test folder) no "
@@ -1499,11 +1499,6 @@ def _check_folder_rules(m: Manifest, scan: SourceScan, out: Path, root: Path) ->
         f"({', '.join(splits)}), so the split rule would turn those folders from classes into splits; "
         "rebuild with --overwrite"
     )
-
-
-def _escape(text: str) -> str:
-    """``text`` with control characters escaped, for a message."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
@@ -1586,14 +1581,14 @@ def _gone_error(ch: _Changes, rels0: Sequence[str], scan: SourceScan, root: Path
     refused = {e.path: e.reason for e in scan.errors}
     there = [i for i in ch.removed if rels0[i] in refused]
     if there:
-        shown = "; ".join(f"{_escape(rels0[i])}: {refused[rels0[i]]}" for i in there[:5])
+        shown = "; ".join(f"{shown_name(rels0[i])}: {refused[rels0[i]]}" for i in there[:5])
         more = f" and {len(there) - 5} more" if len(there) > 5 else ""
         return OptionError(
             f"{len(there)} packed file(s) are still in {os.fspath(root)!r} but the scan no longer packs them "
             f"({shown}{more}); fix that, or pass --compact to drop their samples (the samples after them are "
             "renumbered)"
         )
-    gone = ", ".join(_escape(rels0[i]) for i in ch.removed[:5]) + (" ..." if len(ch.removed) > 5 else "")
+    gone = ", ".join(shown_name(rels0[i]) for i in ch.removed[:5]) + (" ..." if len(ch.removed) > 5 else "")
     return OptionError(
         f"{len(ch.removed)} packed file(s) are gone from {os.fspath(root)!r} ({gone}); pass --compact to "
         "drop them (the samples after them are renumbered), or put them back"
