@@ -131,3 +131,18 @@ def test_the_declared_licence_ships_with_its_full_text() -> None:
     text = (ROOT / "LICENSE").read_bytes()
     assert text.startswith(b"\n                                 Apache License\n")
     assert hashlib.sha256(text).hexdigest() == APACHE_2_SHA256
+
+
+def test_the_readme_says_how_to_install_every_extra() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"^## Install\n(.*?)^## ", readme, re.S | re.M)
+    assert m is not None, "README.md has no '## Install' section"
+    section = m.group(1)
+    assert "pip install dlpack-datasets " in section
+    optional = _project()["optional-dependencies"]
+    assert isinstance(optional, dict)
+    for extra in optional:
+        if extra != "test":
+            assert f'pip install "dlpack-datasets[{extra}]"' in section, extra
+    assert "download.pytorch.org/whl/cpu" in section and "CUDA" in section  # the CPU wheel goes first
+    assert "python -m dlpack.sample" in section
