@@ -16,7 +16,7 @@ import numpy as np
 
 from .dataset import Dataset
 from .dataset import open as open_store
-from .errors import MissingExtraError, OptionError
+from .errors import MissingExtraError, OptionError, SampleIndexError
 from .loader import BatchSource, Loader, LoaderOptions, check_selection
 
 try:
@@ -107,8 +107,8 @@ class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __getitem__(self, i: int) -> dict[str, Any]:
         if self._selection is not None:
             n = len(self._selection)
-            if not -n <= i < n:
-                raise IndexError(f"item {i} is out of range for a selection of {n} samples of {self.path}")
+            if not isinstance(i, (int, np.integer)) or not -n <= i < n:
+                raise SampleIndexError(f"item {i!r} is out of range for a selection of {n} samples of {self.path}")
             i = int(self._selection[i])
         s = self.ds[i]
         out = {"image": to_tensor(s["image"]), "label": s["label"], "index": s["index"]}

@@ -281,7 +281,7 @@ def test_torch_dataset_selects_a_split_and_pickles_it(split_store: Path) -> None
     assert [copy[k]["index"] for k in range(len(copy))] == test.tolist()
     chosen = TorchDataset(split_store, indices=[5, 0])
     assert len(chosen) == 2 and [chosen[0]["index"], chosen[-1]["index"]] == [5, 0]
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(dlpack.SampleIndexError, match="item 2 is out of range for a selection of 2 samples"):
         chosen[2]
     batches = list(torch.utils.data.DataLoader(tds, batch_size=2, shuffle=False))
     assert torch.cat([b["index"] for b in batches]).tolist() == test.tolist()
