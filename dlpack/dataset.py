@@ -30,8 +30,9 @@ class Dataset:
     """A read-only, random-access view of one store; a :class:`~dlpack.loader.BatchSource`.
 
     A sample is ``{"image", "label", "index", "source"}`` plus every stored array that has a
-    ``key`` (``masks``, ``boxes``, arrays added with :func:`add_array` ...). Picklable: only the
-    path travels, and each process opens its own handles on first use.
+    ``key`` (``masks``, ``boxes``, arrays added with :func:`add_array` ...), and ``split`` (the
+    split's name, or None) in a store whose source assigned splits. Picklable: only the path
+    travels, and each process opens its own handles on first use.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -52,6 +53,7 @@ class Dataset:
             raise StoreError(f"store {self.path} lacks image_shapes, which a variable-size store needs; rebuild it")
         self._reader.read_all("labels")  # range-checked against the classes, and checksummed, now
         self.backend = m.backend
+        self._split_cache: np.ndarray | None = None
         self._keyed = [
             (spec.key, spec) for spec in m.arrays.values() if spec.key and spec.name not in ("images", "labels")
         ]
@@ -76,6 +78,45 @@ class Dataset:
         """Class names; a sample's ``label`` indexes this tuple (-1 means unlabelled)."""
         return self.manifest.classes
 
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """Split names (sorted); a batch's ``split`` code ``k`` means ``splits[k]``, -1 no split."""
+        return self.manifest.splits
+
+    def _split_codes(self) -> np.ndarray:
+        """The ``split`` array, checked against the split names (a code outside them is damage)."""
+        if self._split_cache is not None:
+            return self._split_cache
+        names = self.manifest.splits
+        spec = self.manifest.arrays.get("split")
+        if spec is None or spec.ragged:
+            raise StoreError(f"store {self.path} lists splits ({', '.join(names)}) but has no split array; rebuild it")
+        codes = np.asarray(self._reader.read_all("split")).reshape(-1)
+        bad = (codes < -1) | (codes >= len(names))
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise StoreError(
+                f"store {self.path}: sample {k} has split code {int(codes[k])}, but the store names "
+                f"{len(names)} split(s); the store is damaged, rebuild it"
+            )
+        self._split_cache = codes
+        return codes
+
+    def indices(self, split: str) -> np.ndarray:
+        """The sorted sample indices (int64) of one split, for ``loader(indices=...)`` or your own sampler.
+
+        Raises :class:`~dlpack.OptionError` for a split the store does not have, naming the ones it has.
+        """
+        names = self.manifest.splits
+        if not names:
+            raise OptionError(
+                f"store {self.path} has no splits: its source assigned none (a build takes splits from top "
+                "folders named train, val, validation or test); select samples with indices= instead"
+            )
+        if not isinstance(split, str) or split not in names:
+            raise OptionError(f"store {self.path} has no split {split!r}; its splits are: {', '.join(names)}")
+        return np.flatnonzero(self._split_codes() == names.index(split)).astype(np.int64)
+
     def __len__(self) -> int:
         return self.manifest.count
 
@@ -92,7 +133,8 @@ class Dataset:
         return j
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        """``{"image": HxWxC, "label": int, "index": i, "source": "relative/path.png", KEY: ...}``."""
+        """``{"image": HxWxC, "label": int, "index": i, "source": "relative/path.png", KEY: ...}``;
+        ``split`` is the split's name (a str) or None, as ``label`` is an int."""
         j = self._index(i)
         r = self._reader
         sample: dict[str, Any] = {
@@ -102,7 +144,11 @@ class Dataset:
             "source": r.source(j),
         }
         for key, spec in self._keyed:
-            sample[key] = r.read(spec.name, j)
+            if spec.name == "split" and key == "split":
+                code = int(self._split_codes()[j])
+                sample[key] = None if code < 0 else self.manifest.splits[code]
+            else:
+                sample[key] = r.read(spec.name, j)
         return sample
 
     # ------------------------------------------------------------------ BatchSource
@@ -168,15 +214,23 @@ class Dataset:
         options: LoaderOptions | None = None,
         *,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        split: str | None = None,
+        indices: Sequence[int] | np.ndarray | None = None,
         **kwargs: Any,
     ) -> Loader:
         """A batch loader over this store; keyword arguments are :class:`~dlpack.LoaderOptions` fields.
 
         ``ds.loader(batch_size=32, shuffle=True, seed=0, prefetch=4, workers=2, drop_last=True,
         rank=0, world_size=1)``; ``transform(batch) -> batch`` runs on the worker threads.
+        ``split="train"`` (see :meth:`indices`) or ``indices=[...]`` restricts every epoch to those
+        samples; the shuffle, rank shards and resume then apply to the selection.
         """
         opts = dataclasses.replace(options or LoaderOptions(), **kwargs) if kwargs else (options or LoaderOptions())
-        return Loader(self, opts, transform)
+        if split is not None and indices is not None:
+            raise OptionError("pass split or indices, not both (ds.indices(split) gives a split's indices)")
+        if split is not None:
+            indices = self.indices(split)
+        return Loader(self, opts, transform, indices=indices, split=split)
 
     def __iter__(self) -> Any:
         for i in range(len(self)):

@@ -5,8 +5,9 @@ read at memory speed with no copy between processes; worker processes would have
 batch (25 MB at 32 x 512x512x3), which caps a PyTorch DataLoader near 2.8k images/s on 2 cores
 (docs/benchmarks.md, "Loader").
 
-The order of an epoch depends only on (seed, epoch, order options, rank, world_size), never on
-worker count or timing, so any worker/prefetch setting yields the same batches. The loader reads
+The order of an epoch depends only on (seed, epoch, order options, rank, world_size) and the
+selection of samples (a split, or any indices), never on worker count or timing, so any
+worker/prefetch setting yields the same batches. The loader reads
 any :class:`BatchSource` (a store, the bench's folder reader, a view of either) and passes it the
 epoch, so per-epoch views and online augmentation draw their randomness from
 :func:`sample_rng` (seed, epoch, index) without touching the threading here.
@@ -14,13 +15,14 @@ epoch, so per-epoch views and online augmentation draw their randomness from
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import sys
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -69,7 +71,8 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(epoch), int(index), _SAMPLE_TAG])
 
 
-STATE_VERSION = 1
+#: 2: states record the selection of samples (version 1 states, which have none, mean every sample).
+STATE_VERSION = 2
 Order = Literal["random", "sequential", "block"]
 
 
@@ -145,6 +148,38 @@ def epoch_order(
     return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
 
 
+def selection_digest(indices: np.ndarray) -> str:
+    """An id of a selection of samples, in its order: states of a loader over one selection are
+    refused by a loader over another (the same positions would be other samples)."""
+    return hashlib.sha256(np.ascontiguousarray(indices, dtype="<i8").tobytes()).hexdigest()[:16]
+
+
+def check_selection(indices: Sequence[int] | np.ndarray, n: int, where: object) -> np.ndarray:
+    """``indices`` as a 1-D int64 array of distinct sample indices in ``0..n-1``, in the order given.
+
+    Refused: non-integers, negative or out-of-range indices (no wrap-around: ``-1`` in a list of
+    samples is more likely a bug than "the last one"), repeats (an epoch covers each selected
+    sample once) and an empty selection (an epoch of nothing trains on nothing, silently).
+    """
+    arr = np.asarray(indices)
+    if arr.dtype == np.bool_ or (arr.dtype.kind not in "iu" and arr.size):
+        raise OptionError(f"indices must be integer sample indices, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise OptionError(f"indices must be a 1-D sequence of sample indices, got shape {arr.shape}")
+    if arr.size == 0:
+        raise OptionError(f"indices select no samples of {where}")
+    arr = arr.astype(np.int64)
+    bad = (arr < 0) | (arr >= n)
+    if bad.any():
+        raise OptionError(f"index {int(arr[bad][0])} is out of range for {where} with {n} samples (0..{n - 1})")
+    uniq, counts = np.unique(arr, return_counts=True)
+    if len(uniq) != len(arr):
+        raise OptionError(
+            f"indices repeat sample {int(uniq[counts > 1][0])}; each selected sample is read once per epoch"
+        )
+    return arr
+
+
 def rank_indices(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
     """This rank's contiguous share of the epoch order, equal in size on every rank.
 
@@ -200,6 +235,11 @@ class Loader:
     plus its keyed arrays (``image`` is a list for variable-size stores). Iterating a whole epoch
     advances to the next; :meth:`set_epoch` jumps to any epoch.
 
+    ``indices`` selects the samples an epoch covers (all of them by default): the epoch's order
+    is drawn over the selection's positions and mapped to its sample indices, so ranks, drop_last
+    and resume work on the selection exactly as on a whole store. ``split`` only names the
+    selection in states and messages (:meth:`dlpack.Dataset.loader` resolves a split name).
+
     One pass at a time: the loader's epoch and position are one state, so while an iterator over
     it is live (neither exhausted, closed nor garbage-collected), a second ``iter()``,
     :meth:`set_epoch` and :meth:`load_state_dict` raise :class:`~dlpack.StateError`; make a second
@@ -211,6 +251,9 @@ class Loader:
         source: BatchSource,
         options: LoaderOptions | None = None,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        *,
+        indices: Sequence[int] | np.ndarray | None = None,
+        split: str | None = None,
     ) -> None:
         if not isinstance(source, BatchSource):
             raise OptionError(
@@ -219,6 +262,13 @@ class Loader:
         self.source = source
         self.options = options or LoaderOptions()
         self.transform = transform
+        where = getattr(source, "path", type(source).__name__)
+        #: The sample indices an epoch covers, in the order ``sequential`` reads them; None: all.
+        self.selection: np.ndarray | None = None if indices is None else check_selection(indices, len(source), where)
+        if split is not None and (self.selection is None or not isinstance(split, str)):
+            raise OptionError("split names a selection: pass it as a str together with indices")
+        self.split = split
+        self._sel_state: dict[str, Any] | None = None
         self.epoch = 0
         self._position = 0  # batches of the current epoch already handed out
         self._threads: tuple[int, ThreadPoolExecutor] | None = None
@@ -248,7 +298,12 @@ class Loader:
     def _indices(self, epoch: int) -> np.ndarray:
         if self._order_cache is None or self._order_cache[0] != epoch:
             o = self.options
-            glob = epoch_order(len(self.source), o.seed, epoch, o.effective_order, o.block_size, o.window)
+            sel = self.selection
+            glob = epoch_order(
+                len(self.source) if sel is None else len(sel), o.seed, epoch, o.effective_order, o.block_size, o.window
+            )
+            if sel is not None:
+                glob = sel[glob]  # the same shuffle, over the selection's positions
             self._order_cache = (epoch, rank_indices(glob, o.rank, o.world_size, o.drop_last))
         return self._order_cache[1]
 
@@ -372,6 +427,14 @@ class Loader:
     def _fingerprint(self) -> str:
         return self.source.fingerprint()
 
+    def _selection_state(self) -> dict[str, Any]:
+        """What a state records of the selection: a whole store is the selection ``0..N-1``, so a
+        state made without ``indices`` and one made with ``indices=range(N)`` are the same."""
+        if self._sel_state is None:
+            sel = self.selection if self.selection is not None else np.arange(len(self.source), dtype=np.int64)
+            self._sel_state = {"split": self.split, "count": len(sel), "digest": selection_digest(sel)}
+        return dict(self._sel_state)
+
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable state; :meth:`load_state_dict` resumes after the last batch handed out."""
         o = asdict(self.options)
@@ -382,6 +445,7 @@ class Loader:
             "epoch": self.epoch,
             "position": self._position,
             "options": o,
+            "selection": self._selection_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -402,6 +466,19 @@ class Loader:
             raise StateError(
                 f"this state was saved for another dataset ({state.get('count')} samples, id {state.get('dataset')}); "
                 f"this one is {where} ({len(self.source)} samples, id {self._fingerprint()})"
+            )
+        mine_sel = self._selection_state()
+        if state["version"] < 2:  # made before selections: it walked the whole store
+            whole = np.arange(len(self.source), dtype=np.int64)
+            saved_sel: Any = {"split": None, "count": len(whole), "digest": selection_digest(whole)}
+        else:
+            saved_sel = state.get("selection")
+            if not isinstance(saved_sel, dict):
+                raise StateError("not a dlpack loader state (no 'selection' dict)")
+        if saved_sel.get("digest") != mine_sel["digest"] or saved_sel.get("count") != mine_sel["count"]:
+            raise StateError(
+                f"this state was saved for another selection of samples ({_describe(saved_sel)}); "
+                f"this loader selects {_describe(mine_sel)}; resume with the same split or indices"
             )
         saved = state["options"]
         mine = asdict(self.options)
@@ -433,4 +510,12 @@ class Loader:
         self.epoch, self._position = epoch, position
 
     def __repr__(self) -> str:
-        return f"<dlpack.Loader epoch={self.epoch} position={self._position} {json.dumps(asdict(self.options))}>"
+        sel = "" if self.selection is None else f" selection={self.split or 'indices'}:{len(self.selection)}"
+        return f"<dlpack.Loader epoch={self.epoch} position={self._position}{sel} {json.dumps(asdict(self.options))}>"
+
+
+def _describe(selection: dict[str, Any]) -> str:
+    """``split 'train', 60000 samples, id 1a2b...`` for a state's selection record."""
+    split = selection.get("split")
+    name = f"split {split!r}" if isinstance(split, str) else "indices"
+    return f"{name}, {selection.get('count')} samples, id {selection.get('digest')}"

@@ -16,8 +16,8 @@ import numpy as np
 
 from .dataset import Dataset
 from .dataset import open as open_store
-from .errors import MissingExtraError
-from .loader import Loader, LoaderOptions
+from .errors import MissingExtraError, OptionError, SampleIndexError
+from .loader import BatchSource, Loader, LoaderOptions, check_selection
 
 try:
     import torch
@@ -54,16 +54,46 @@ def to_tensor(
     return t.contiguous()
 
 
-class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Map-style dataset over a store: ``ds[i] -> {"image": CxHxW tensor, "label": int, "index": i}``.
+def _variable_size_hint(source: BatchSource) -> str:
+    """Why a variable-size store gives no batch tensors, and what to build instead."""
+    sizes = ""
+    if isinstance(source, Dataset) and "image_shapes" in source.manifest.arrays:
+        shapes = np.asarray(source.reader.read_all("image_shapes")).reshape(-1, 3)
+        sizes = f" ({len(np.unique(shapes[:, :2], axis=0))} distinct sizes)"
+    where = getattr(source, "path", type(source).__name__)
+    return (
+        f"{where} is a variable-size store{sizes}: batches are lists; pass --size WxH or --max-side N "
+        "for tensors (dlpack build, or size=/max_side= in dlpack.build)"
+    )
 
-    Safe with ``DataLoader(num_workers > 0)``: only the path is pickled to workers.
+
+class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Map-style dataset over a store: ``ds[i] -> {"image": CxHxW tensor, "label": int, "index": j}``.
+
+    ``split`` or ``indices`` restrict it to those samples: item ``i`` is the ``i``-th selected sample,
+    and ``index`` is its index in the store. Safe with ``DataLoader(num_workers > 0)``: only the
+    path and the selection are pickled to workers.
     """
 
-    def __init__(self, path: str | os.PathLike[str], transform: Any = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        transform: Any = None,
+        *,
+        split: str | None = None,
+        indices: Sequence[int] | np.ndarray | None = None,
+    ) -> None:
+        if split is not None and indices is not None:
+            raise OptionError("pass split or indices, not both (ds.indices(split) gives a split's indices)")
         self.path = os.fspath(path)
         self.transform = transform
+        self.split = split
         self._ds: Dataset | None = None
+        self._selection: np.ndarray | None = None
+        if split is not None:
+            self._selection = self.ds.indices(split)
+        elif indices is not None:
+            self._selection = check_selection(indices, len(self.ds), self.path)
 
     @property
     def ds(self) -> Dataset:
@@ -72,22 +102,35 @@ class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self._ds
 
     def __len__(self) -> int:
-        return len(self.ds)
+        return len(self.ds) if self._selection is None else len(self._selection)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        if self._selection is not None:
+            n = len(self._selection)
+            if not isinstance(i, (int, np.integer)) or not -n <= i < n:
+                raise SampleIndexError(f"item {i!r} is out of range for a selection of {n} samples of {self.path}")
+            i = int(self._selection[i])
         s = self.ds[i]
         out = {"image": to_tensor(s["image"]), "label": s["label"], "index": s["index"]}
         return self.transform(out) if self.transform is not None else out
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "transform": self.transform, "_ds": None}
+        return {
+            "path": self.path,
+            "transform": self.transform,
+            "split": self.split,
+            "_selection": self._selection,
+            "_ds": None,
+        }
 
 
 class TorchLoader:
     """Iterable of ``{"image": NCHW tensor, "label": int64 tensor, "index": int64 tensor}``.
 
     Delegates order, epochs, prefetch and resume to the wrapped :class:`dlpack.Loader`, including
-    its rule of one live pass at a time.
+    its rule of one live pass at a time. A variable-size store is refused (its batches cannot be
+    one tensor; code written for tensors would fail at the first batch) unless ``allow_lists``,
+    which yields a list of CHW tensors per batch.
     """
 
     def __init__(
@@ -98,7 +141,10 @@ class TorchLoader:
         std: Sequence[float] | None = None,
         pin_memory: bool | None = None,
         device: str | torch.device | None = None,
+        allow_lists: bool = False,
     ) -> None:
+        if not allow_lists and loader.source.image_layout() is None:
+            raise OptionError(_variable_size_hint(loader.source) + "; or pass allow_lists=True for lists of tensors")
         self.loader = loader
         self.dtype, self.mean, self.std = dtype, mean, std
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -150,13 +196,19 @@ def torch_loader(
     std: Sequence[float] | None = None,
     pin_memory: bool | None = None,
     device: str | torch.device | None = None,
+    split: str | None = None,
+    indices: Sequence[int] | np.ndarray | None = None,
+    allow_lists: bool = False,
     **loader_kwargs: Any,
 ) -> TorchLoader:
     """A loader over ``store`` yielding NCHW tensors (uint8, or float scaled and normalised).
 
     ``loader_kwargs`` are :class:`~dlpack.LoaderOptions` fields (``batch_size``, ``shuffle``,
-    ``seed``, ``prefetch``, ``workers``, ``rank``, ``world_size``, ...). ``pin_memory`` defaults to
-    whether CUDA is available.
+    ``seed``, ``prefetch``, ``workers``, ``rank``, ``world_size``, ...). ``split``/``indices``
+    select samples as in :meth:`dlpack.Dataset.loader`. ``pin_memory`` defaults to whether CUDA
+    is available. A variable-size store is refused with :class:`~dlpack.OptionError` unless
+    ``allow_lists=True`` (then ``image`` is a list of CHW tensors).
     """
     ds = store if isinstance(store, Dataset) else open_store(store)
-    return TorchLoader(ds.loader(options, **loader_kwargs), dtype, mean, std, pin_memory, device)
+    loader = ds.loader(options, split=split, indices=indices, **loader_kwargs)
+    return TorchLoader(loader, dtype, mean, std, pin_memory, device, allow_lists)

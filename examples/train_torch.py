@@ -1,21 +1,27 @@
 """Train a small CNN from a dlpack store (or, for comparison, from a plain folder of images).
 
     python examples/train_torch.py demo/train.zarr --epochs 2
+    python examples/train_torch.py fmnist.zarr --split train --val-split test --epochs 3
     python examples/train_torch.py demo/raw --folder --size 512x512 --epochs 2   # the scattered baseline
 
 Prints, per epoch, images/s and the fraction of step time spent waiting for data: the number
-that says whether the GPU (or CPU) is starved. Needs the [torch] extra.
+that says whether the GPU (or CPU) is starved; with --val-split, the accuracy on that split.
+Without --split it trains on every sample of the store, whatever split it is in. Needs the
+[torch] extra.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+import dlpack
 
 
 def make_model(channels: int, classes: int) -> nn.Module:
@@ -54,6 +60,24 @@ class FolderDataset(torch.utils.data.Dataset):  # type: ignore[misc]
         return {"image": torch.from_numpy(img).permute(2, 0, 1), "label": label}
 
 
+def evaluate(model: nn.Module, batches: Any, device: torch.device) -> tuple[int, int]:
+    """(correct, labelled) over one pass of ``batches``; unlabelled samples (-1) are not counted."""
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for batch in batches:
+            y = batch["label"].to(device)
+            keep = y >= 0
+            if not keep.any():
+                continue
+            x = batch["image"].to(device, non_blocking=True).float().div_(255.0)
+            pred = model(x).argmax(1)
+            correct += int((pred[keep] == y[keep]).sum())
+            total += int(keep.sum())
+    model.train()
+    return correct, total
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="a dlpack store, or an image folder with --folder")
@@ -65,8 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: all)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--split", help="train on this split of the store only (e.g. train)")
+    p.add_argument("--val-split", help="report accuracy on this split after each epoch (e.g. test)")
     a = p.parse_args(argv)
+    if a.folder and (a.split or a.val_split):
+        p.error("--split and --val-split select samples of a dlpack store, not of --folder")
     device = torch.device(a.device)
+    try:
+        return train(a, device)
+    except dlpack.DlpackError as exc:  # a wrong split name, a variable-size store, ...: say so, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def train(a: argparse.Namespace, device: torch.device) -> int:
+    """The training loop of :func:`main`."""
+    val: Any = None
 
     if a.folder:
         w, h = (int(v) for v in a.size.lower().split("x"))
@@ -83,25 +121,40 @@ def main(argv: list[str] | None = None) -> int:
         )
         channels, classes = 3, len(fds.classes)
     else:
-        import dlpack
         from dlpack.torch import torch_loader
 
         ds = dlpack.open(a.path)
         batches = torch_loader(
-            ds, batch_size=a.batch_size, shuffle=True, seed=0, workers=a.workers, prefetch=a.prefetch, drop_last=True
+            ds,
+            split=a.split,
+            batch_size=a.batch_size,
+            shuffle=True,
+            seed=0,
+            workers=a.workers,
+            prefetch=a.prefetch,
+            drop_last=True,
         )
+        if a.val_split:
+            val = torch_loader(ds, split=a.val_split, batch_size=a.batch_size, shuffle=False, workers=a.workers)
+        if ds.splits and not a.split:
+            print(
+                f"note: the store has splits ({', '.join(ds.splits)}); training on all {len(ds)} samples "
+                "(pass --split NAME to train on one)"
+            )
         channels, classes = ds.manifest.image.channels, len(ds.classes)
 
     model = make_model(channels, classes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    print(f"training on {device} from {'folder' if a.folder else 'dlpack store'} {a.path}")
+    what = f" (split {a.split})" if a.split else ""
+    print(f"training on {device} from {'folder' if a.folder else 'dlpack store'} {a.path}{what}")
     for epoch in range(a.epochs):
         if hasattr(batches, "set_epoch"):
             batches.set_epoch(epoch)
         t0 = time.perf_counter()
         wait = 0.0
         n = 0
+        last_loss = float("nan")  # an epoch may have no full batch (a tiny split)
         t_ready = time.perf_counter()
         for steps, batch in enumerate(batches, 1):
             t_got = time.perf_counter()
@@ -112,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
+            last_loss = loss.item()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             n += len(x)
@@ -121,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         dt = time.perf_counter() - t0
         print(
             f"epoch {epoch}: {n} images in {dt:.2f} s = {n / dt:.0f} images/s, "
-            f"waiting for data {100 * wait / dt:.0f} % of the time, loss {loss.item():.3f}"
+            f"waiting for data {100 * wait / dt:.0f} % of the time, loss {last_loss:.3f}"
         )
+        if val is not None:
+            correct, total = evaluate(model, val, device)
+            acc = f"accuracy {correct / total:.3f} ({correct} of {total} images)" if total else "no labelled images"
+            print(f"epoch {epoch}: validation on {a.val_split}: {acc}")
     return 0
 
 

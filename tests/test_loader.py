@@ -13,9 +13,11 @@ import json
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
 import threading
 from collections.abc import Iterator
+from dataclasses import replace as replace_options
 from pathlib import Path
 from typing import Any
 
@@ -1027,3 +1029,219 @@ def test_per_sample_randomness_ignores_workers_and_resume(ds: dlpack.Dataset) ->
 def test_loader_refuses_what_is_not_a_batch_source() -> None:
     with pytest.raises(OptionError, match="BatchSource"):
         dlpack.Loader([1, 2, 3], LoaderOptions())  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- splits and selections
+
+#: Split of the k-th image of the split store: uneven shares, and every split holds both classes.
+SPLIT_OF = ("train", "train", "test", "train", "val", "train", "test")
+N_SPLIT = 21
+
+
+@pytest.fixture(scope="module")
+def split_ds(store_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dlpack.Dataset]:
+    """A store of the fixture's backend with ``train/``, ``val/`` and ``test/`` top folders (21 images)."""
+    tmp = tmp_path_factory.mktemp("splits")
+    rng = np.random.default_rng(7)
+    for k in range(N_SPLIT):
+        folder = tmp / "src" / SPLIT_OF[k % len(SPLIT_OF)] / f"c{k % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        ok, buf = cv2.imencode(".png", rng.integers(0, 256, (6, 8, 3), dtype=np.uint8))
+        assert ok
+        (folder / f"{k:02d}.png").write_bytes(buf.tobytes())
+    out = tmp / store_path.name
+    dlpack.build(tmp / "src", out, jobs=1, quiet=True)
+    d = dlpack.open(out)
+    yield d
+    d.close()
+
+
+def test_indices_give_the_samples_of_each_split(split_ds: dlpack.Dataset) -> None:
+    assert split_ds.splits == ("test", "train", "val")
+    seen = []
+    for name in split_ds.splits:
+        idx = split_ds.indices(name)
+        assert idx.dtype == np.int64 and idx.ndim == 1
+        assert np.array_equal(idx, np.sort(idx)) and len(idx) > 0
+        assert [split_ds[int(i)]["source"].split("/")[0] for i in idx] == [name] * len(idx)
+        seen += idx.tolist()
+    assert sorted(seen) == list(range(N_SPLIT))  # every sample in exactly one split
+    assert len(split_ds.indices("train")) == 12 and len(split_ds.indices("val")) == 3
+
+
+def test_a_sample_carries_its_split_name(split_ds: dlpack.Dataset, ds: dlpack.Dataset) -> None:
+    for i in range(N_SPLIT):
+        s = split_ds[i]
+        assert type(s["split"]) is str and type(s["label"]) is int
+        assert s["split"] == s["source"].split("/")[0]
+    batch = split_ds.get_batch([0, 5, 20])  # batches carry the codes, as they carry label ids
+    assert [split_ds.splits[c] for c in batch["split"]] == [split_ds[i]["split"] for i in (0, 5, 20)]
+    assert "split" not in ds[0] and ds.splits == ()
+
+
+def test_an_unknown_split_is_refused_naming_the_splits(split_ds: dlpack.Dataset) -> None:
+    for bad in ("valid", "Train", "", None, 1):
+        with pytest.raises(OptionError, match=r"no split .*its splits are: test, train, val"):
+            split_ds.indices(bad)  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="no split 'valid'"):
+        split_ds.loader(split="valid")
+
+
+def test_a_store_without_splits_says_so(ds: dlpack.Dataset) -> None:
+    with pytest.raises(OptionError, match=rf"{re.escape(str(ds.path))} has no splits.*indices="):
+        ds.indices("train")
+    with pytest.raises(OptionError, match="has no splits"):
+        ds.loader(split="train")
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_split_loader_shuffles_exactly_the_split(split_ds: dlpack.Dataset, order: str) -> None:
+    sel = split_ds.indices("train")
+    opts = {"batch_size": 5, "seed": 3, "order": order, "block_size": 4, "window": 2}
+    loader = split_ds.loader(split="train", **opts)
+    same = split_ds.loader(indices=sel, **opts)
+    for epoch in range(3):
+        got = np.concatenate(epoch_indices(loader))
+        want = sel[epoch_order(len(sel), 3, epoch, order, 4, 2)]  # type: ignore[arg-type]
+        assert np.array_equal(got, want)
+        assert np.array_equal(np.concatenate(epoch_indices(same)), want)
+    assert len(loader) == 3 and all(b["split"].tolist() == [1] * len(b["index"]) for b in loader)
+
+
+def test_indices_keep_their_order_and_images(split_ds: dlpack.Dataset) -> None:
+    chosen = [20, 3, 11, 0]
+    batches = list(split_ds.loader(indices=chosen, shuffle=False, batch_size=3))
+    assert [b["index"].tolist() for b in batches] == [[20, 3, 11], [0]]
+    for b in batches:
+        for k, i in enumerate(b["index"]):
+            assert np.array_equal(b["image"][k], split_ds[int(i)]["image"])
+
+
+@pytest.mark.parametrize(
+    ("indices", "message"),
+    [
+        ([1, 2, 2], "repeat sample 2"),
+        ([0, N_SPLIT], f"index {N_SPLIT} is out of range"),
+        ([-1], "index -1 is out of range"),
+        ([], "select no samples"),
+        (np.array([0.0, 1.0]), "integer sample indices"),
+        (np.array([True, False]), "integer sample indices"),
+        (np.array([[0, 1]]), "1-D"),
+    ],
+)
+def test_bad_indices_are_refused(split_ds: dlpack.Dataset, indices: Any, message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        split_ds.loader(indices=indices)
+
+
+def test_split_and_indices_together_are_refused(split_ds: dlpack.Dataset) -> None:
+    with pytest.raises(OptionError, match="split or indices, not both"):
+        split_ds.loader(split="train", indices=[0])
+
+
+def test_a_state_records_the_selection_and_refuses_another(split_ds: dlpack.Dataset) -> None:
+    first = split_ds.loader(split="train", batch_size=4, seed=5)
+    ref = epoch_indices(split_ds.loader(split="train", batch_size=4, seed=5))
+    head = [b["index"] for b in _take(first, 1)]
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["selection"]["split"] == "train" and state["selection"]["count"] == 12
+    for other in ({"split": "test"}, {"indices": split_ds.indices("train")[::-1]}, {}):
+        loader = split_ds.loader(batch_size=4, seed=5, **other)  # type: ignore[arg-type]
+        with pytest.raises(StateError, match=r"another selection of samples \(split 'train', 12 samples"):
+            loader.load_state_dict(state)
+        assert loader.state_dict()["position"] == 0
+    # The same samples chosen by their indices are the same selection.
+    resumed = split_ds.loader(indices=split_ds.indices("train"), batch_size=4, seed=5)
+    resumed.load_state_dict(state)
+    rest = epoch_indices(resumed)
+    assert all(np.array_equal(a, b) for a, b in zip(head + rest, ref, strict=True))
+
+
+def test_a_whole_store_state_resumes_with_or_without_indices(ds: dlpack.Dataset) -> None:
+    first = ds.loader(batch_size=8, seed=2)
+    _take(first, 2)
+    state = json.loads(json.dumps(first.state_dict()))
+    ds.loader(batch_size=8, seed=2, indices=np.arange(N_IMAGES)).load_state_dict(state)
+    # A state written before selections were recorded walked the whole store.
+    old = {k: v for k, v in state.items() if k != "selection"} | {"version": 1}
+    again = ds.loader(batch_size=8, seed=2)
+    again.load_state_dict(old)
+    assert again.state_dict()["position"] == 2
+    with pytest.raises(StateError, match="another selection"):
+        ds.loader(batch_size=8, seed=2, indices=range(10)).load_state_dict(old)
+    with pytest.raises(StateError, match="no 'selection'"):
+        ds.loader(batch_size=8, seed=2).load_state_dict({k: v for k, v in state.items() if k != "selection"})
+
+
+class _Counting:
+    """An in-memory BatchSource of ``n`` samples: cheap enough for many random store sizes."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def get_batch(self, indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+        return {"image": np.zeros((len(indices), 1, 1, 1), np.uint8), "index": np.asarray(indices)}
+
+    def warm(self) -> None:
+        pass
+
+    def fingerprint(self) -> str:
+        return f"counting-{self.n}"
+
+    def image_layout(self) -> tuple[tuple[int, ...], str] | None:
+        return (1, 1, 1), "|u1"
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    data=st.data(),
+    n=st.integers(1, 120),
+    splits=st.integers(1, 4),
+    world_size=st.integers(1, 5),
+    batch_size=st.integers(1, 9),
+    order=st.sampled_from(ORDERS),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 3),
+)
+def test_split_selection_with_ranks_and_resume_covers_each_sample_once(
+    data: st.DataObject,
+    n: int,
+    splits: int,
+    world_size: int,
+    batch_size: int,
+    order: str,
+    seed: int,
+    epoch: int,
+) -> None:
+    codes = np.array(data.draw(st.lists(st.integers(0, splits - 1), min_size=n, max_size=n)))
+    split = data.draw(st.sampled_from(sorted(set(codes.tolist()))))
+    sel = np.flatnonzero(codes == split)
+    source = _Counting(n)
+    opts = LoaderOptions(batch_size=batch_size, seed=seed, order=order, block_size=3, window=2)  # type: ignore[arg-type]
+    shards = []
+    for rank in range(world_size):
+        ranked = replace_options(opts, rank=rank, world_size=world_size, workers=0)
+        loader = dlpack.Loader(source, ranked, indices=sel, split=f"s{split}")
+        loader.set_epoch(epoch)
+        got = np.concatenate([b["index"] for b in loader] or [np.empty(0, np.int64)])
+        # Resuming mid-epoch from a state gives the rest of the same epoch.
+        stop = data.draw(st.integers(0, len(loader)))
+        cut = dlpack.Loader(source, replace_options(ranked, workers=1, prefetch=2), indices=sel, split=f"s{split}")
+        cut.set_epoch(epoch)
+        head = [b["index"] for b in _take(cut, stop)]
+        resumed = dlpack.Loader(source, ranked, indices=sel, split=f"s{split}")
+        resumed.load_state_dict(json.loads(json.dumps(cut.state_dict())))
+        rest = [b["index"] for b in resumed] if stop < len(loader) else []
+        assert np.array_equal(np.concatenate(head + rest or [np.empty(0, np.int64)]), got)
+        shards.append(got)
+    assert len({len(s) for s in shards}) == 1  # every rank has the same number of samples
+    union = np.concatenate(shards)
+    m = len(sel)
+    # Each selected sample exactly once; without drop_last the ranks are padded up to a multiple of
+    # world_size by repeating the epoch's first samples (fewer than world_size of them).
+    assert sorted(union[:m].tolist()) == sel.tolist()
+    assert len(union) - m < world_size and np.array_equal(union[m:], union[: len(union) - m])
+    assert set(union.tolist()) <= set(sel.tolist())

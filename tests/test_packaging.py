@@ -1,8 +1,10 @@
-"""Packaging: every imported third-party module is declared, and the lowest-versions pins match the bounds."""
+"""Packaging: every imported third-party module is declared, every extra is used, the lowest-versions pins
+match the bounds, and the licence the metadata declares ships with its text."""
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 import sys
 from pathlib import Path
@@ -19,8 +21,9 @@ CONSTRAINTS = ROOT / ".ci" / "constraints-min.txt"
 DISTRIBUTION_OF = {
     "cv2": "opencv-python-headless",
     "google_crc32c": "google-crc32c",
-    "halcon": "mvtec-halcon",
 }
+#: SHA-256 of the Apache License 2.0 text exactly as the ASF publishes it (LICENSE-2.0.txt, 202 lines).
+APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
 
 
 def _norm(name: str) -> str:
@@ -106,3 +109,40 @@ def test_constraints_min_pins_every_core_dependency_at_its_lower_bound() -> None
     # "numpy>=2.0" is pinned as 2.0.0: compare release numbers padded with zeros.
     pad = lambda v: tuple(int(x) for x in v.split(".")) + (0,) * (4 - len(v.split(".")))  # noqa: E731
     assert {n: pad(v) for n, v in pins.items()} == {n: pad(v) for n, v in bounds.items()}
+
+
+def test_every_extra_installs_something_dlpack_imports() -> None:
+    optional = _project()["optional-dependencies"]
+    assert isinstance(optional, dict)
+    imported = {_norm(DISTRIBUTION_OF.get(module, module)) for module in _third_party_imports()}
+    unused = {
+        extra: reqs
+        for extra, reqs in optional.items()
+        if extra != "test" and not {_split(r)[0] for r in reqs} & imported
+    }
+    assert unused == {}
+
+
+def test_the_declared_licence_ships_with_its_full_text() -> None:
+    project = _project()
+    assert project["license"] == "Apache-2.0"
+    # license-files is what setuptools puts in the wheel (.dist-info/licenses/) and the sdist.
+    assert project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_bytes()
+    assert text.startswith(b"\n                                 Apache License\n")
+    assert hashlib.sha256(text).hexdigest() == APACHE_2_SHA256
+
+
+def test_the_readme_says_how_to_install_every_extra() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"^## Install\n(.*?)^## ", readme, re.S | re.M)
+    assert m is not None, "README.md has no '## Install' section"
+    section = m.group(1)
+    assert "pip install dlpack-datasets " in section
+    optional = _project()["optional-dependencies"]
+    assert isinstance(optional, dict)
+    for extra in optional:
+        if extra != "test":
+            assert f'pip install "dlpack-datasets[{extra}]"' in section, extra
+    assert "download.pytorch.org/whl/cpu" in section and "CUDA" in section  # the CPU wheel goes first
+    assert "python -m dlpack.sample" in section

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -35,6 +36,7 @@ class Run:
     args: tuple[str, ...]
     check: Callable[[str, Path], None]
     needs: tuple[str, ...] = ()
+    setup: Callable[[Path], None] | None = None  # makes extra inputs in the work folder
 
 
 def _check_build(out: str, work: Path) -> None:
@@ -99,6 +101,19 @@ def _check_train(out: str, work: Path) -> None:
     assert "epoch 0: 8 images in" in out and "waiting for data" in out
 
 
+def _split_store(work: Path) -> None:
+    """``split.zarr``: the sample images twice, under ``train/`` and under ``test/``."""
+    for split in ("train", "test"):
+        shutil.copytree(work / "raw", work / "split" / split)
+    dlpack.build(work / "split", work / "split.zarr", size=(32, 32), quiet=True, jobs=1)
+
+
+def _check_train_split(out: str, work: Path) -> None:
+    assert "from dlpack store split.zarr (split train)" in out and "epoch 0: 8 images in" in out
+    assert "epoch 0: validation on test: accuracy" in out and "of 8 images)" in out
+    assert "epoch 1: validation on test: accuracy" in out
+
+
 def _check_train_folder(out: str, work: Path) -> None:
     assert "training on cpu from folder" in out and "epoch 0: 8 images in" in out
 
@@ -143,6 +158,13 @@ RUNS: dict[str, list[Run]] = {
             needs=("torch",),
         ),
         Run(
+            ("split.zarr", "--split", "train", "--val-split", "test", "--epochs", "2", "--batch-size", "4")
+            + ("--workers", "0", "--device", "cpu"),
+            _check_train_split,
+            needs=("torch",),
+            setup=_split_store,
+        ),
+        Run(
             ("raw", "--folder", "--size", "32x32", "--epochs", "1", "--batch-size", "4", "--workers", "0")
             + ("--max-steps", "2", "--device", "cpu"),
             _check_train_folder,
@@ -179,6 +201,8 @@ def work(tmp_path: Path) -> Path:
 def test_script_runs_on_tiny_inputs(script: str, run: Run, work: Path) -> None:
     for module in run.needs:
         pytest.importorskip(module)
+    if run.setup is not None:
+        run.setup(work)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(
         [sys.executable, str(ROOT / script), *run.args],
@@ -190,3 +214,38 @@ def test_script_runs_on_tiny_inputs(script: str, run: Run, work: Path) -> None:
     )
     assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     run.check(proc.stdout + proc.stderr, work)
+
+
+def _train_main() -> Callable[[list[str]], int]:
+    """``examples/train_torch.py``'s ``main``, loaded in this process."""
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("train_torch", ROOT / "examples" / "train_torch.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    main: Callable[[list[str]], int] = module.main
+    return main
+
+
+def test_train_example_refuses_a_variable_size_store(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dlpack.build(work / "raw", work / "var.zarr", quiet=True, jobs=1)  # no --size: the sample's sizes vary
+    assert dlpack.open(work / "var.zarr").image_layout() is None
+    args = [str(work / "var.zarr"), "--epochs", "1", "--batch-size", "2", "--workers", "0", "--device", "cpu"]
+    assert _train_main()(args) == 2
+    err = capsys.readouterr().err
+    assert (
+        "variable-size store (" in err and "distinct sizes): batches are lists; pass --size WxH or --max-side N" in err
+    )
+    assert "Traceback" not in err
+
+
+def test_train_example_names_the_splits_of_a_wrong_split(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _split_store(work)
+    main = _train_main()
+    assert main([str(work / "split.zarr"), "--split", "valid", "--device", "cpu"]) == 2
+    assert "no split 'valid'; its splits are: test, train" in capsys.readouterr().err
+    assert main([str(work / "train.zarr"), "--split", "train", "--device", "cpu"]) == 2
+    assert "has no splits" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(work / "raw"), "--folder", "--split", "train"])
+    assert exit_info.value.code == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -210,15 +211,82 @@ def test_torch_loader_set_epoch_passes_through(ds: dlpack.Dataset) -> None:
     assert tl.loader.epoch == 4
 
 
-def test_torch_loader_gives_a_list_of_tensors_for_variable_size_stores(tmp_path: Path) -> None:
+def test_torch_loader_refuses_a_variable_size_store_unless_lists_are_asked_for(tmp_path: Path) -> None:
     src = tmp_path / "src" / "a"
     src.mkdir(parents=True)
-    shapes = [(10, 14), (12, 9), (7, 7)]
+    shapes = [(10, 14), (12, 9), (7, 7), (10, 14)]
     for k, (h, w) in enumerate(shapes):
         img = np.full((h, w, 3), 20 * k, np.uint8)
         (src / f"{k}.png").write_bytes(cv2.imencode(".png", img)[1].tobytes())
     out = tmp_path / "v.zarr"
     dlpack.build(tmp_path / "src", out, jobs=1, quiet=True)
-    batch = next(iter(torch_loader(out, batch_size=3, shuffle=False, workers=0, prefetch=0)))
+    hint = "variable-size store (3 distinct sizes): batches are lists; pass --size WxH or --max-side N for tensors"
+    with pytest.raises(dlpack.OptionError, match=re.escape(hint)):
+        torch_loader(out, batch_size=4)
+    with pytest.raises(dlpack.OptionError, match="allow_lists=True"):
+        TorchLoader(dlpack.open(out).loader())
+    loader = torch_loader(out, batch_size=4, shuffle=False, workers=0, prefetch=0, allow_lists=True)
+    batch = next(iter(loader))
     assert [tuple(t.shape) for t in batch["image"]] == [(3, h, w) for h, w in shapes]
-    assert batch["index"].tolist() == [0, 1, 2]
+    assert batch["index"].tolist() == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------- splits
+
+
+@pytest.fixture(scope="module")
+def split_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """12 images at 8x6 under ``train/`` (8) and ``test/`` (4), two classes each."""
+    tmp = tmp_path_factory.mktemp("torch-splits")
+    rng = np.random.default_rng(5)
+    for k in range(12):
+        folder = tmp / "src" / ("test" if k % 3 == 0 else "train") / f"c{k % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{k:02d}.png").write_bytes(
+            cv2.imencode(".png", rng.integers(0, 256, (6, 8, 3), np.uint8))[1].tobytes()
+        )
+    dlpack.build(tmp / "src", tmp / "s.zarr", jobs=1, quiet=True)
+    return tmp / "s.zarr"
+
+
+def test_torch_loader_selects_a_split_and_resumes_it(split_store: Path) -> None:
+    ds = dlpack.open(split_store)
+    train = ds.indices("train")
+    ref = [b["index"].tolist() for b in ds.loader(split="train", batch_size=3, seed=4)]
+    tl = torch_loader(ds, split="train", batch_size=3, seed=4, pin_memory=False)
+    assert len(tl) == 3
+    it = iter(tl)
+    head = [next(it)["index"].tolist()]
+    it.close()
+    state = json.loads(json.dumps(tl.state_dict()))
+    resumed = torch_loader(split_store, indices=train, batch_size=3, seed=4, pin_memory=False)
+    resumed.load_state_dict(state)
+    assert head + [b["index"].tolist() for b in resumed] == ref
+    assert sorted(sum(ref, [])) == train.tolist()
+    with pytest.raises(dlpack.StateError, match="another selection"):
+        torch_loader(ds, split="test", batch_size=3, seed=4).load_state_dict(state)
+    with pytest.raises(dlpack.OptionError, match="its splits are: test, train"):
+        torch_loader(ds, split="val")
+    ds.close()
+
+
+def test_torch_dataset_selects_a_split_and_pickles_it(split_store: Path) -> None:
+    ds = dlpack.open(split_store)
+    test = ds.indices("test")
+    tds = TorchDataset(split_store, split="test")
+    assert len(tds) == len(test) == 4
+    assert [tds[k]["index"] for k in range(len(tds))] == test.tolist()
+    assert torch.equal(tds[1]["image"], chw(ds[int(test[1])]["image"]))
+    copy = pickle.loads(pickle.dumps(tds))
+    assert [copy[k]["index"] for k in range(len(copy))] == test.tolist()
+    chosen = TorchDataset(split_store, indices=[5, 0])
+    assert len(chosen) == 2 and [chosen[0]["index"], chosen[-1]["index"]] == [5, 0]
+    with pytest.raises(dlpack.SampleIndexError, match="item 2 is out of range for a selection of 2 samples"):
+        chosen[2]
+    batches = list(torch.utils.data.DataLoader(tds, batch_size=2, shuffle=False))
+    assert torch.cat([b["index"] for b in batches]).tolist() == test.tolist()
+    with pytest.raises(dlpack.OptionError, match="no split 'val'"):
+        TorchDataset(split_store, split="val")
+    with pytest.raises(dlpack.OptionError, match="repeat sample 1"):
+        TorchDataset(split_store, indices=[1, 1])
+    ds.close()

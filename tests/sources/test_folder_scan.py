@@ -190,9 +190,7 @@ def test_split_folders_above_class_folders(make_tree: MakeTree, tmp_path: Path, 
     with dlpack.open(tmp_path / backend) as ds:
         assert ds.classes == ("Bag", "Coat", "Shirt")
         assert ds.manifest.splits == ("test", "train")
-        got = [
-            (ds[i]["source"], ds.manifest.splits[ds[i]["split"]], ds.classes[ds[i]["label"]]) for i in range(len(ds))
-        ]
+        got = [(ds[i]["source"], ds[i]["split"], ds.classes[ds[i]["label"]]) for i in range(len(ds))]
         assert got == [(i.rel, i.split, i.label) for i in scan.items]
         batch = ds.get_batch(np.arange(len(ds)))
         assert batch["split"].dtype == np.int8
