@@ -322,7 +322,7 @@ def test_update_keeps_classes_and_splits(make_tree: MakeTree, tmp_path: Path, ba
         assert ds.manifest.splits == ("train", "val", "test")  # old codes kept, the new split appended
         for i in range(len(ds)):
             split, cls = ds.reader.source(i).split("/")[:2]
-            assert ds.classes[ds[i]["label"]] == cls and ds.manifest.splits[ds[i]["split"]] == split
+            assert ds.classes[ds[i]["label"]] == cls and ds[i]["split"] == split
 
 
 def test_a_folder_outside_the_splits_is_refused_not_relabelled(
