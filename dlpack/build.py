@@ -683,7 +683,11 @@ class _Journal:
     def create(cls, path: Path, header: Mapping[str, Any], blocks: Mapping[int, Sequence[_Sample]] = {}) -> _Journal:  # noqa: B006 - read only
         """Write a journal of ``header`` and ``blocks`` beside ``path`` and move it into place."""
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        # A new file of ours, never one a link at that name points to.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+        with os.fdopen(os.open(tmp, flags, 0o644), "wb") as f:
             f.write(_journal_line(header))
             for start, samples in sorted(blocks.items()):
                 f.write(_journal_line(_block_record(start, samples)))
@@ -739,8 +743,8 @@ class _JournalState:
 
 def _is_journal(path: Path) -> bool:
     """Whether ``path`` is a dlpack journal, perhaps cut short by a kill while its first line was written."""
-    if path.is_symlink() or not path.is_file():
-        return False
+    if path.is_symlink() or not path.is_file() or path.lstat().st_nlink != 1:
+        return False  # a link, or a file with other names: not a journal dlpack wrote
     marker = _journal_line({_JOURNAL_KEY: _JOURNAL_VERSION})[:-2]
     with open(path, "rb") as f:
         head = f.read(len(marker))
@@ -1177,6 +1181,9 @@ def _not_ours(path: Path) -> str | None:
             return None
         return "it is a folder without dlpack's marker"
     if path.is_file():
+        links = path.lstat().st_nlink
+        if links != 1:
+            return f"it is a file with {links} hard links"
         with open(path, "rb") as f:
             head = f.read(8)
         if not head:
@@ -1230,9 +1237,15 @@ def clear_leftovers(out: Path) -> None:
     tmp, journal = partial_path(out), journal_path(out)
     for path in (journal, journal.with_name(journal.name + ".tmp")):
         if (path.exists() or path.is_symlink()) and not _is_journal(path):
+            why = (
+                "it is a symbolic link" if path.is_symlink()
+                else "it is not a regular file" if not path.is_file()
+                else f"it is a file with {path.lstat().st_nlink} hard links" if path.lstat().st_nlink != 1
+                else "it does not start with a journal header"
+            )  # fmt: skip
             raise StoreError(
-                f"{path} is where this build keeps its journal, but it is not a dlpack journal; "
-                "remove or rename it, then build again"
+                f"{path} is where this build keeps its journal, but it is not a dlpack journal ({why}); "
+                "it was left untouched: remove or rename it, then build again"
             )
     _remove(journal.with_name(journal.name + ".tmp"))
     if tmp.exists() or tmp.is_symlink():
