@@ -830,6 +830,8 @@ class _Partial:
     journal: _Journal | None
     done: dict[int, list[_Sample]]
     note: str
+    #: Whether the store is already complete (a killed build's committed partial): publish it as it is.
+    committed: bool = False
 
 
 def _continue_partial(
@@ -855,16 +857,26 @@ def _continue_partial(
     writer = backend.open_writer(partial_path(out), "r+", plan.shard_bytes)
     try:
         writer.open()
+        # Temporary files of writes the kill cut short are not part of any block.
+        writer.remove_temp_files()
+        n_blocks = -(-len(pairs) // max(1, int(state.header.get("block_len") or 1)))
+        if writer.arrays:  # its manifest was written: the killed build had finished the store
+            complete = _complete_partial(writer, backend, out, plan, images, state, root, pairs)
+            if complete is not None:
+                journal = _Journal.create(jpath, state.header, complete)
+                journal.mark_commit()
+                note = f"resumed: {n_blocks} of {n_blocks} blocks already written (the store was complete)"
+                return _Partial(writer, journal, complete, note, committed=True)
+        if (state.commit or writer.arrays) and not writer.undo_commit([images.name]):
+            raise _Restart(f"it was killed while the {backend.name} library wrote the store's metadata")
         writer.attach_array(images, plan.count)
         if not _resumable(writer, images) or writer.block_len(images.name) != state.header.get("block_len"):
             raise _Restart(f"its {backend.name} image blocks cannot be continued")
-        if state.commit and not writer.undo_commit([images.name]):
-            raise _Restart(f"it was killed while the {backend.name} library wrote the store's metadata")
         done = _verified_blocks(writer, images, state, root, pairs)
     except _Restart:
         writer.abort()
         raise
-    except StoreError as exc:
+    except (StoreError, OptionError) as exc:
         writer.abort()
         raise _Restart(f"its partial store cannot be reopened ({exc})") from exc
     except BaseException:
@@ -874,6 +886,42 @@ def _continue_partial(
     journal = _Journal.create(jpath, state.header, done)
     n_blocks = -(-len(pairs) // writer.block_len(images.name))
     return _Partial(writer, journal, done, f"resumed: {len(done)} of {n_blocks} blocks already written")
+
+
+def _complete_partial(
+    writer: StoreWriter,
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    images: ArraySpec,
+    state: _JournalState,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+) -> dict[int, list[_Sample]] | None:
+    """The blocks of a partial store that a killed build had committed, when it is exactly what this
+    build would publish: its manifest records this plan, every array matches its checksum, and every
+    journalled block's source files are unchanged. None when it is not (it is then taken back or
+    started over)."""
+    reader = backend.open_reader(partial_path(out))
+    try:
+        manifest = reader.manifest
+        same_plan = bool(manifest.plan) and BuildPlan.from_dict(manifest.plan).fingerprint() == plan.fingerprint()
+        if not same_plan or set(manifest.arrays) != set(writer.arrays):
+            return None
+        if reader.verify_arrays():
+            return None
+    except StoreError:
+        return None
+    finally:
+        reader.close()
+    spec = writer.arrays.get(images.name)
+    if spec is None or (spec.dtype, spec.shape, spec.ragged) != (images.dtype, images.shape, images.ragged):
+        return None
+    if not _resumable(writer, spec) or writer.block_len(images.name) != state.header.get("block_len"):
+        return None
+    done = _verified_blocks(writer, spec, state, root, pairs)
+    step = writer.block_len(images.name)
+    return done if len(done) == -(-len(pairs) // step) else None
 
 
 def open_partial(
@@ -1003,6 +1051,11 @@ def write_images(
 def commit_store(partial: _Partial, out: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
     """Write the per-sample arrays, then the manifest: the partial store is complete after this."""
     writer = partial.writer
+    if partial.committed:
+        if partial.journal is not None:
+            partial.journal.close()
+        writer.abort()
+        return
     try:
         if partial.journal is not None:
             partial.journal.mark_commit()
@@ -1214,13 +1267,15 @@ def _hdf5_readable(path: Path) -> bool:
         return False
 
 
-def clear_leftovers(out: Path) -> None:
+def clear_leftovers(out: Path) -> str | None:
     """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
 
     An overwritten store that was waiting for its replacement comes back to ``out`` (or is removed
     when the replacement made it). A stale partial proven to be dlpack's is kept when it has a
     journal (the build then continues it or starts over, see :func:`open_partial`), else removed;
-    a journal whose partial is gone is removed.
+    a journal whose partial is gone is removed. Returns the plan fingerprint of a journal whose
+    build had committed and then published its store (killed before it removed its journal), so
+    that the same build run again can say it is done; else None.
     """
     old = old_path(out)
     if old.exists() or old.is_symlink():
@@ -1256,9 +1311,30 @@ def clear_leftovers(out: Path) -> None:
                 "remove or rename it, then build again"
             )
         if journal.exists():
-            return  # a killed build's blocks: open_partial continues them or starts over
+            return None  # a killed build's blocks: open_partial continues them or starts over
         _remove(tmp)
+    published = None
+    if journal.exists() and owned_store(out) is not None:
+        with contextlib.suppress(_Restart):
+            state = _read_journal(journal)
+            fingerprint = state.header.get("fingerprint")
+            if state.commit and isinstance(fingerprint, str):
+                published = fingerprint
     _remove(journal)  # its partial is gone (published or removed): nothing to continue
+    return published
+
+
+def _published_by_killed_build(backend: type[Backend], out: Path, plan: BuildPlan, published: str | None) -> bool:
+    """Whether ``out`` is the store a killed build of this very ``plan`` committed and published
+    (``published``: its journal's fingerprint, from :func:`clear_leftovers`)."""
+    if published != plan.fingerprint():
+        return False
+    try:
+        with backend.open_reader(out) as reader:
+            recorded = reader.manifest.plan
+        return bool(recorded) and BuildPlan.from_dict(recorded).fingerprint() == published
+    except StoreError:
+        return False
 
 
 def check_replaceable(out: Path) -> None:
@@ -1692,6 +1768,34 @@ def _progress(total: int, desc: str, quiet: bool) -> Any:
 # ---------------------------------------------------------------- the pipeline
 
 
+def _existing_result(
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    scan: SourceScan,
+    sel: _Selection,
+    probes: Sequence[_Probe],
+    t0: float,
+) -> BuildResult:
+    """The result of a build whose store a killed run of the same build had already published."""
+    with backend.open_reader(out) as reader:
+        m = reader.manifest
+        nbytes = reader.nbytes_on_disk()
+    return BuildResult(
+        path=out,
+        count=m.count,
+        skipped=m.skipped,
+        seconds=time.perf_counter() - t0,
+        input_bytes=0,
+        output_bytes=nbytes,
+        conversions=dict(m.conversions),
+        plan=plan,
+        resume="published already: the stopped build had finished it",
+        classes=m.classes,
+        splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
+    )
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -1773,17 +1877,25 @@ def build(
     check_paths(source, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with BuildLock(out_path):
-        clear_leftovers(out_path)
+        published = clear_leftovers(out_path)
         if opts.update:
             return update_stage(source, out_path, backend, opts, t0)
+        exists = f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it"
         if out_path.exists() or out_path.is_symlink():
-            if not opts.overwrite:
-                raise StoreExistsError(f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it")
-            check_replaceable(out_path)
+            if opts.overwrite:
+                check_replaceable(out_path)
+                published = None
+            elif published is None:
+                raise StoreExistsError(exists)
         root = source.root
         scan = scan_stage(source)
         probes = probe_stage(root, scan.items, opts)
         plan, sel = plan_stage(scan, probes, _probed(scan, probes), opts, backend.name)
+        if published is not None:
+            # The same build was killed just after it published OUT: it is done.
+            if not _published_by_killed_build(backend, out_path, plan, published):
+                raise StoreExistsError(exists)
+            return _existing_result(backend, out_path, plan, scan, sel, probes, t0)
         if sel.errors and opts.on_error == "fail":
             pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
             raise _bad_inputs([*sel.errors, *validate_stage(os.fspath(root), plan, pairs, opts)], root)

@@ -532,10 +532,17 @@ class StoreWriter(ABC):
         """Take a partial store killed while committing back to holding only arrays ``keep``.
 
         Removes every other stored array and the manifest, as if they had never been written, so a
-        resumed build commits again and ends with the same bytes. False when the backend cannot
-        (the store is then to be discarded).
+        resumed build commits again and ends with the same bytes. Afterwards no array is attached:
+        the caller attaches the ones it kept. False when the backend cannot (the store is then to be
+        discarded).
         """
         return False
+
+    def remove_temp_files(self) -> int:
+        """Remove the temporary files of writes a kill cut short (only names this backend's writer
+        gives them, inside this store); returns how many. How a resumed partial store ends with
+        exactly the files of a build that was never interrupted."""
+        return 0
 
     def share_block(self, name: str, start: int, other: Path) -> bool:
         """Make block ``start`` (a ``block_len`` multiple) of fixed array ``name`` the same block of the
