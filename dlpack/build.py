@@ -41,6 +41,7 @@ from .errors import (
     DlpackError,
     InputFileError,
     OptionError,
+    PublishedInterrupt,
     SourceError,
     StoreError,
     StoreExistsError,
@@ -1396,6 +1397,36 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
     _remove(old)
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def publish(tmp: Path, out: Path, overwrite: bool) -> None:
+    """:func:`publish_stage`, removing the partial ``tmp`` when it fails.
+
+    Raises :class:`~dlpack.errors.PublishedInterrupt` when Ctrl-C arrives once ``tmp`` is at ``out``
+    (the very file or folder, whatever step of publishing the interrupt cut short): the store is
+    complete, and the caller says so instead of "interrupted".
+    """
+    new = _identity(tmp)
+    try:
+        publish_stage(tmp, out, overwrite)
+    except BaseException as exc:
+        done = isinstance(exc, KeyboardInterrupt) and new is not None and _identity(out) == new
+        # After a cut-short exchange, the partial's name may hold the store that was replaced.
+        _remove(tmp)
+        if done:
+            old = old_path(out)
+            if (old.exists() or old.is_symlink()) and _not_ours(old) is None:
+                _remove(old)  # the replaced store, as publishing would have removed it
+            raise PublishedInterrupt(out) from None
+        raise
+
+
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
@@ -1627,11 +1658,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         commit_store(partial, out, arrays, manifest)
     finally:
         reader.close()
-    try:
-        publish_stage(tmp, out, True)
-    except BaseException:
-        _remove(tmp)
-        raise
+    publish(tmp, out, True)
     n_blocks = shared + written
     return BuildResult(
         path=out,
@@ -1715,10 +1742,27 @@ def _parallel(n_jobs: int, calls: list[Any]) -> Iterator[Any]:
         return
     from joblib import Parallel, parallel_config
 
+    _quiet_resource_tracker()
     # Every worker watches this process from its start, so a killed build leaves no workers.
     with parallel_config(backend="loky", initializer=_start_watchdog, initargs=(os.getpid(),)):
         runner = Parallel(n_jobs=n_jobs, return_as="generator", pre_dispatch="2*n_jobs")
     yield from runner(calls)
+
+
+#: How loky's resource tracker is told not to print its own clean-up (a ``-W`` option it inherits).
+_TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
+
+
+def _quiet_resource_tracker() -> None:
+    """Keep the warnings of loky's resource tracker off the terminal.
+
+    When a build is killed (a SIGTERM to its process group, say), the tracker process outlives it,
+    removes the semaphores and memory-mapping folders the pool had registered, and warns about each
+    as "leaked": the clean-up is right, the warnings only alarm. The tracker is started with this
+    process's ``-W`` options (``sys.warnoptions``), so the filter is set before the first pool.
+    """
+    if _TRACKER_QUIET not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_QUIET)
 
 
 _WATCHDOG_STARTED = False
@@ -1908,22 +1952,22 @@ def build(
             raise
         commit_store(partial, out_path, arrays, manifest)
         try:
-            publish_stage(tmp, out_path, opts.overwrite)
-        except BaseException:
-            _remove(tmp)
-            raise
+            publish(tmp, out_path, opts.overwrite)
         finally:
             _remove(journal_path(out_path))
-    return BuildResult(
-        path=out_path,
-        count=plan.count,
-        skipped=manifest.skipped,
-        seconds=time.perf_counter() - t0,
-        input_bytes=sum(probes[k].nbytes for k in sel.keep),
-        output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
-        conversions=dict(manifest.conversions),
-        plan=plan,
-        resume=resume,
-        classes=manifest.classes,
-        splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
-    )
+        try:
+            return BuildResult(
+                path=out_path,
+                count=plan.count,
+                skipped=manifest.skipped,
+                seconds=time.perf_counter() - t0,
+                input_bytes=sum(probes[k].nbytes for k in sel.keep),
+                output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
+                conversions=dict(manifest.conversions),
+                plan=plan,
+                resume=resume,
+                classes=manifest.classes,
+                splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
+            )
+        except KeyboardInterrupt:
+            raise PublishedInterrupt(out_path) from None

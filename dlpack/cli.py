@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from . import __version__
-from .errors import DlpackError, OptionError
+from .errors import DlpackError, OptionError, PublishedInterrupt
 
 __all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag", "printable"]
 
@@ -439,6 +439,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return int(args.run(args))
+    except PublishedInterrupt as exc:
+        # The new store was in place before the interrupt: the command did what it was asked.
+        _say(f"dlpack: interrupted, but {exc.path} was already published and is complete", err=True)
+        return 0
     except (DlpackError, OSError) as exc:
         # OSError: a disk full, a folder not writable, ...: the message names the path.
         if args.debug:

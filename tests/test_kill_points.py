@@ -1,4 +1,4 @@
-"""A build or an update killed (SIGKILL) at any of its durable steps, then run again, ends as if never killed.
+"""A build or an update killed (SIGKILL, or Ctrl-C) at any of its durable steps, then run again, ends as if never killed.
 
 The durable steps are every ``os.replace``, ``os.rename``, ``renameat2`` and ``os.fsync`` call: a
 kill right after one leaves the files exactly as the step made them. A driver process imports
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import dlpack
 
 MakeTree = Callable[..., Path]
@@ -32,19 +34,24 @@ cfg = json.loads(sys.argv[1])
 template, work, out, args = cfg["template"], cfg["work"], cfg["out"], cfg["args"]
 
 
+SIG = signal.SIGINT if cfg["signal"] == "INT" else signal.SIGKILL
+
+
 def counting(n):
     calls = [0]
+    steps = []
     def wrap(fn):
         def durable_step(*a, **k):
             result = fn(*a, **k)
             calls[0] += 1
+            steps.append([fn.__name__, *map(str, a[:2])])
             if calls[0] == n:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), SIG)
             return result
         return durable_step
     os.replace, os.rename, os.fsync = wrap(os.replace), wrap(os.rename), wrap(os.fsync)
     b._renameat2 = wrap(b._renameat2)
-    return calls
+    return calls, steps
 
 
 def in_child(fn, log):
@@ -73,9 +80,9 @@ def in_child(fn, log):
 
 
 def run(n):
-    calls = counting(n) if n is not None else None
+    calls, steps = counting(n) if n is not None else (None, None)
     rc = dlpack.cli.main(args)
-    return {"rc": rc, "calls": calls[0] if calls else None}
+    return {"rc": rc, "calls": calls[0] if calls else None, "steps": steps}
 
 
 def files(root):
@@ -117,19 +124,20 @@ def outcome():
 
 fresh()
 ref = in_child(lambda: run(0), os.path.join(cfg["logs"], "ref.log"))
-results = {"ref": {**ref, **outcome()}, "points": []}
+results = {"ref": {**ref, **outcome(), "out": out}, "points": []}
 for n in range(1, (ref.get("calls") or 0) + 1):
     fresh()
     kill = in_child(lambda: run(n), os.path.join(cfg["logs"], f"kill-{n}.log"))
     again = in_child(lambda: run(None), os.path.join(cfg["logs"], f"rerun-{n}.log"))
-    point = {"n": n, "killed": kill["killed"], "kill": kill, "rerun": again, **outcome()}
+    kill_log = open(os.path.join(cfg["logs"], f"kill-{n}.log"), errors="replace").read()[-2000:]
+    point = {"n": n, "killed": kill["killed"], "kill": kill, "kill_log": kill_log, "rerun": again, **outcome()}
     point["rerun_log"] = open(os.path.join(cfg["logs"], f"rerun-{n}.log"), errors="replace").read()[-2000:]
     results["points"].append(point)
 print(json.dumps(results))
 """
 
 
-def drive(tmp_path: Path, template: Path, out_name: str, args: list[str]) -> dict[str, Any]:
+def drive(tmp_path: Path, template: Path, out_name: str, args: list[str], sig: str = "KILL") -> dict[str, Any]:
     """Run the driver: the reference run, then every kill point and its rerun (see the module docstring)."""
     work, logs = tmp_path / "work", tmp_path / "logs"
     logs.mkdir()
@@ -139,6 +147,7 @@ def drive(tmp_path: Path, template: Path, out_name: str, args: list[str]) -> dic
         "work": str(work),
         "out": str(out),
         "logs": str(logs),
+        "signal": sig,
         "args": [a.replace("{work}", str(work)) for a in args],
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(dlpack.__file__).parents[1]), *sys.path])}
@@ -150,16 +159,25 @@ def drive(tmp_path: Path, template: Path, out_name: str, args: list[str]) -> dic
     return result
 
 
-def check_every_point(result: dict[str, Any], out_name: str, exact: bool) -> None:
+def check_every_point(result: dict[str, Any], out_name: str, exact: bool, sig: str = "KILL") -> None:
     ref = result["ref"]
     assert ref["rc"] == 0 and ref["files"], ref
     assert ref["calls"] >= 2, ref  # the command has durable steps to kill at
     points = result["points"]
     assert [p["n"] for p in points] == list(range(1, ref["calls"] + 1))
+    # Publishing is the step that moves the partial store to OUT.
+    publish = 1 + next(i for i, step in enumerate(ref["steps"]) if step[0] == "_renameat2" and step[2] == ref["out"])
     for p in points:
-        where = f"killed after durable step {p['n']} of {ref['calls']}"
-        assert p["killed"], f"{where}: the run was not killed there ({p['kill']})"
-        assert p["rerun"].get("rc") == 0, f"{where}: the rerun failed: {p['rerun_log']}"
+        where = f"{sig} after durable step {p['n']} of {ref['calls']}"
+        if sig == "KILL":
+            assert p["killed"], f"{where}: the run was not killed there ({p['kill']})"
+        elif p["n"] < publish:
+            assert p["kill"].get("rc") == 130 and "dlpack: interrupted" in p["kill_log"], f"{where}: {p['kill_log']}"
+        else:  # Ctrl-C once the store is in place: the build is complete, and a rerun finds it built
+            assert p["kill"].get("rc") == 0 and "already published" in p["kill_log"], f"{where}: {p['kill_log']}"
+            assert p["rerun"].get("rc") == 2 and "already exists" in p["rerun_log"], f"{where}: {p['rerun_log']}"
+        if sig == "KILL" or p["n"] < publish:
+            assert p["rerun"].get("rc") == 0, f"{where}: the rerun failed: {p['rerun_log']}"
         assert p["siblings"] == ref["siblings"], f"{where}: leftovers {p['siblings']}"
         assert sorted(p["files"]) == sorted(ref["files"]), f"{where}: other files in {out_name}"
         if exact:
@@ -172,13 +190,14 @@ SPEC = {f"c{k % 2}/{k:02d}.png": ("rgb", 96, 64) for k in range(12)}
 BUILD = ["build", "{work}/src", "{work}/OUT", "--jobs", "1", "--shard-bytes", "65536", "--quiet"]
 
 
+@pytest.mark.parametrize("sig", ["KILL", "INT"])
 def test_a_build_killed_at_every_durable_step_reruns_to_the_same_store(
-    make_tree: MakeTree, tmp_path: Path, backend: str
+    make_tree: MakeTree, tmp_path: Path, backend: str, sig: str
 ) -> None:
     template = tmp_path / "template"
     make_tree(SPEC, "template/src")
     args = [a.replace("OUT", backend) for a in BUILD]
-    check_every_point(drive(tmp_path, template, backend, args), backend, exact=True)
+    check_every_point(drive(tmp_path, template, backend, args, sig), backend, exact=True, sig=sig)
 
 
 def test_an_update_killed_at_every_durable_step_reruns_to_the_same_store(

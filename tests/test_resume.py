@@ -321,3 +321,32 @@ def test_journal_that_is_not_dlpacks_is_refused_and_kept(make_tree: MakeTree, tm
     with pytest.raises(dlpack.StoreError, match="not a dlpack journal"):
         dlpack.build(make_tree({"a/0.png": "rgb"}), out, jobs=1, quiet=True)
     assert journal_of(out).read_text(encoding="utf-8") == "someone's notes\n"
+
+
+def test_sigterm_to_the_process_group_prints_no_resource_tracker_warnings(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    args = ["build", str(src), str(out), "--jobs", "2", *SHARD]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(dlpack.__file__).parents[1]), *sys.path])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PAUSED, "blocks", "2", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(blocks_of(journal_lines(out))) < 2:  # the worker pool is running
+            assert proc.poll() is None and time.monotonic() < deadline, "the build did not reach its second block"
+            time.sleep(0.005)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        # Read to the end: the pool's resource tracker holds stderr until it has cleaned up.
+        err = proc.communicate(timeout=60)[1]
+        _wait_group_gone(proc.pid)
+    assert proc.returncode == -signal.SIGTERM
+    assert "resource_tracker" not in err and "leaked" not in err, err
+    assert rerun(args)["resume"].startswith("resumed: ")
