@@ -36,6 +36,7 @@ import numpy as np
 from . import __version__
 from ._lock import BuildLock, old_path, partial_path
 from .backends import ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
+from .backends.base import writing
 from .errors import (
     BadInputsError,
     DlpackError,
@@ -688,7 +689,7 @@ class _Journal:
             tmp.unlink()
         # A new file of ours, never one a link at that name points to.
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
-        with os.fdopen(os.open(tmp, flags, 0o644), "wb") as f:
+        with writing(path), os.fdopen(os.open(tmp, flags, 0o644), "wb") as f:
             f.write(_journal_line(header))
             for start, samples in sorted(blocks.items()):
                 f.write(_journal_line(_block_record(start, samples)))
@@ -708,9 +709,10 @@ class _Journal:
         self._append({"commit": True})
 
     def _append(self, record: Mapping[str, Any]) -> None:
-        self._f.write(_journal_line(record))
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        with writing(self.path):
+            self._f.write(_journal_line(record))
+            self._f.flush()
+            os.fsync(self._f.fileno())
 
     def close(self) -> None:
         self._f.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -430,6 +431,17 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _with_target(exc: BaseException, args: argparse.Namespace) -> str:
+    """The message of ``exc``; a full disk that names no file is said in words, with the store written."""
+    if isinstance(exc, OSError) and not isinstance(exc, DlpackError) and exc.errno in _NO_SPACE and not exc.filename:
+        target = getattr(args, "out", None) or getattr(args, "store", None) or "the output"
+        return f"cannot write {target}: the disk is full (no space left on device); free some space and run the command again"
+    return str(exc)
+
+
+_NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting (tests call it in-process)."""
     parser = make_parser()
@@ -447,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # OSError: a disk full, a folder not writable, ...: the message names the path.
         if args.debug:
             raise
-        _say(f"dlpack: error: {exc}", err=True)
+        _say(f"dlpack: error: {_with_target(exc, args)}", err=True)
         return 2
     except KeyboardInterrupt:
         print("dlpack: interrupted", file=sys.stderr)

@@ -32,6 +32,7 @@ from .base import (
     StoreWriter,
     changed_error,
     check_mode,
+    writing,
 )
 
 __all__ = ["ZarrBackend", "ZarrReader", "ZarrWriter"]
@@ -71,7 +72,8 @@ def _compressors(name: str, itemsize: int) -> Any:
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    with writing(path):
+        tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -264,12 +266,17 @@ class ZarrWriter(StoreWriter):
         table = index.tobytes()
         # A new file renamed over the old one: a reader that mapped the old shard keeps it whole.
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data.data)
-            if pad:
-                f.write(bytes(pad * lay.row_nbytes))
-            f.write(table)
-            f.write(crc32c(table).to_bytes(4, "little"))
+        try:
+            with writing(path), open(tmp, "wb") as f:
+                f.write(data.data)
+                if pad:
+                    f.write(bytes(pad * lay.row_nbytes))
+                f.write(table)
+                f.write(crc32c(table).to_bytes(4, "little"))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # a shard cut short by a full disk is no use to anyone
+            raise
         os.replace(tmp, path)
 
     def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:

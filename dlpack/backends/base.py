@@ -17,10 +17,12 @@ name and suffix and checks capability flags in one place.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -60,6 +62,28 @@ def array_digest(read_rows: Any, rows: int, row_nbytes: int, dtype: str) -> str:
 def stored_dtype(spec: ArraySpec, stored: str) -> str:
     """The dtype of stored array ``stored`` of ``spec`` (offsets are int64)."""
     return "<i8" if spec.ragged and stored.endswith("_offsets") else spec.dtype
+
+
+#: errno values that mean the file system has no room left for a write.
+NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a full disk while writing ``path`` into a :class:`~dlpack.errors.StoreError` naming it.
+
+    The OS error of a full disk names no file ("[Errno 28] No space left on device"): which store
+    could not be written, and what to do, is said here.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NO_SPACE or isinstance(exc, StoreError):
+            raise
+        raise StoreError(
+            f"cannot write {os.fspath(path)}: the disk is full (no space left on device); "
+            "free some space and run the command again"
+        ) from exc
 
 
 def changed_error(path: Path, detail: str) -> StoreError:
