@@ -42,7 +42,6 @@ from .errors import (
     DlpackError,
     InputFileError,
     OptionError,
-    PublishedInterrupt,
     SourceError,
     StoreError,
     StoreExistsError,
@@ -1397,6 +1396,18 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
             check_replaceable(out)
         os.replace(tmp, out)
     _remove(old)
+
+
+class PublishedInterrupt(KeyboardInterrupt):
+    """Ctrl-C arrived once the new store was already published: the build or update is complete.
+
+    Still a KeyboardInterrupt, so a script stops as its user asked; ``published`` is the complete
+    store (the CLI says so and exits 0).
+    """
+
+    def __init__(self, published: Path) -> None:
+        self.published = published
+        super().__init__(f"interrupted after {published} was published; the store is complete")
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -2,7 +2,7 @@
 
 ``main(argv) -> int`` is the one place where library errors become messages and exit codes:
 0 success, 1 completed with skipped inputs, 2 usage or input errors, 3 internal error (a bug:
-any other exception), 130 interrupted. Text printed for the terminal has control characters
+any other exception), 130 interrupted (0 when the new store was already published). Text printed for the terminal has control characters
 escaped (:func:`printable`), so a file name cannot move the cursor or recolour the terminal.
 
 The flags of ``build`` and ``bench`` are generated from the option dataclasses
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from . import __version__
-from .errors import DlpackError, OptionError, PublishedInterrupt
+from .errors import DlpackError, OptionError
 
 __all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag", "printable"]
 
@@ -451,17 +451,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return int(args.run(args))
-    except PublishedInterrupt as exc:
-        # The new store was in place before the interrupt: the command did what it was asked.
-        _say(f"dlpack: interrupted, but {exc.path} was already published and is complete", err=True)
-        return 0
     except (DlpackError, OSError) as exc:
         # OSError: a disk full, a folder not writable, ...: the message names the path.
         if args.debug:
             raise
         _say(f"dlpack: error: {_with_target(exc, args)}", err=True)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        published = getattr(exc, "published", None)
+        if published is not None:
+            # The new store was in place before the interrupt: the command did what it was asked.
+            _say(f"dlpack: interrupted, but {published} was already published and is complete", err=True)
+            return 0
         print("dlpack: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:

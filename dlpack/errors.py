@@ -20,7 +20,6 @@ __all__ = [
     "StateError",
     "SampleIndexError",
     "MissingExtraError",
-    "PublishedInterrupt",
 ]
 
 
@@ -100,14 +99,3 @@ class MissingExtraError(DlpackError, ImportError):
         super().__init__(
             f"{purpose} needs the optional package '{module}'; install it with: pip install 'dlpack-datasets[{extra}]'"
         )
-
-
-class PublishedInterrupt(KeyboardInterrupt):
-    """Ctrl-C arrived once the new store was already published: the build or update is complete.
-
-    Still a KeyboardInterrupt (a script stops as the user asked); ``path`` is the complete store.
-    """
-
-    def __init__(self, path: object) -> None:
-        self.path = path
-        super().__init__(f"interrupted after {path} was published; the store is complete")

@@ -200,7 +200,12 @@ def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tmp_path, capsy
 
 @pytest.mark.parametrize("how", ["update", "overwrite"])
 def test_a_full_disk_names_the_store_and_keeps_it(
-    make_tree: Callable[..., Path], tmp_path: Path, backend: str, how: str, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+    make_tree: Callable[..., Path],
+    tmp_path: Path,
+    backend: str,
+    how: str,
+    capsys: Capsys,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import errno
     import os
