@@ -179,7 +179,8 @@ def check_every_point(result: dict[str, Any], out_name: str, exact: bool, sig: s
         if sig == "KILL" or p["n"] < publish:
             assert p["rerun"].get("rc") == 0, f"{where}: the rerun failed: {p['rerun_log']}"
         assert p["siblings"] == ref["siblings"], f"{where}: leftovers {p['siblings']}"
-        assert sorted(p["files"]) == sorted(ref["files"]), f"{where}: other files in {out_name}"
+        extra, missing = sorted(set(p["files"]) - set(ref["files"])), sorted(set(ref["files"]) - set(p["files"]))
+        assert not extra and not missing, f"{where}: {out_name} has {extra} more and {missing} fewer files"
         if exact:
             assert p["files"] == ref["files"], f"{where}: not byte-identical"
         assert p["content"] == ref["content"], f"{where}: other content"

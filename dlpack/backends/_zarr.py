@@ -49,6 +49,8 @@ _MAX_JSON = 256 * 2**20
 _SHARD_TEMP = re.compile(r"\.[0-9]+\.[0-9]+\.tmp")
 #: What :func:`_atomic_write` names a metadata file while writing it.
 _META_TEMPS = ("zarr.json.tmp", MANIFEST + ".tmp")
+#: What zarr-python's local store names a file while writing it: ``zarr.<uuid4 hex>.partial``.
+_ZARR_PYTHON_TEMP = re.compile(r"[^/]*\.[0-9a-f]{32}\.partial")
 
 
 def is_shard_temp_name(name: str) -> bool:
@@ -351,7 +353,9 @@ class ZarrWriter(StoreWriter):
         for folder, _dirs, files in os.walk(self.path):  # never follows a link
             at_top = folder == os.fspath(self.path)
             for name in files:
-                temp = name in _META_TEMPS if at_top else is_shard_temp_name(name) or name == "zarr.json.tmp"
+                temp = _ZARR_PYTHON_TEMP.fullmatch(name) is not None or (
+                    name in _META_TEMPS if at_top else is_shard_temp_name(name) or name == "zarr.json.tmp"
+                )
                 if temp:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(folder, name))
