@@ -162,7 +162,8 @@ class BuildResult:
     conversions: dict[str, int] = field(default_factory=dict)
     plan: BuildPlan | None = None
     #: What became of a killed build's partial store: "resumed: k of n blocks already written",
-    #: "started over: <why>", or "" when there was none.
+    #: "started over: <why>", "published already: ..." (the killed build had published OUT), or
+    #: "" when there was none.
     resume: str = ""
     #: What ``update`` changed: "updated: a added, r replaced, d removed; k of n blocks written", or "".
     update: str = ""
