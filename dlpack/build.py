@@ -905,18 +905,14 @@ def _complete_partial(
     build would publish: its manifest records this plan, every array matches its checksum, and every
     journalled block's source files are unchanged. None when it is not (it is then taken back or
     started over)."""
-    reader = backend.open_reader(partial_path(out))
     try:
-        manifest = reader.manifest
-        same_plan = bool(manifest.plan) and BuildPlan.from_dict(manifest.plan).fingerprint() == plan.fingerprint()
-        if not same_plan or set(manifest.arrays) != set(writer.arrays):
-            return None
-        if reader.verify_arrays():
-            return None
+        with backend.open_reader(partial_path(out)) as reader:
+            manifest = reader.manifest
+            recorded = BuildPlan.from_dict(manifest.plan).fingerprint() if manifest.plan else None
+            if recorded != plan.fingerprint() or set(manifest.arrays) != set(writer.arrays) or reader.verify_arrays():
+                return None
     except StoreError:
         return None
-    finally:
-        reader.close()
     spec = writer.arrays.get(images.name)
     if spec is None or (spec.dtype, spec.shape, spec.ragged) != (images.dtype, images.shape, images.ragged):
         return None
@@ -1422,7 +1418,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 def publish(tmp: Path, out: Path, overwrite: bool) -> None:
     """:func:`publish_stage`, removing the partial ``tmp`` when it fails.
 
-    Raises :class:`~dlpack.errors.PublishedInterrupt` when Ctrl-C arrives once ``tmp`` is at ``out``
+    Raises :class:`PublishedInterrupt` when Ctrl-C arrives once ``tmp`` is at ``out``
     (the very file or folder, whatever step of publishing the interrupt cut short): the store is
     complete, and the caller says so instead of "interrupted".
     """
