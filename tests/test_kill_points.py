@@ -224,3 +224,19 @@ def test_an_update_killed_at_every_durable_step_reruns_to_the_same_store(
         hist[:] = [h for h in hist if (h.get("added"), h.get("replaced"), h.get("removed")) != (0, 0, 0)]
     assert result["ref"]["content"]["manifest"]["history"] == [{"added": 1, "replaced": 0, "removed": 0}]
     check_every_point(result, backend, exact=False)
+
+
+def test_an_overwrite_killed_at_every_durable_step_reruns_to_the_same_store(
+    make_tree: MakeTree, tmp_path: Path, backend: str
+) -> None:
+    template = tmp_path / "template"
+    make_tree(SPEC, "template/src")
+    old = make_tree({f"d/{k}.png": ("rgb", 96, 64) for k in range(4)}, "old")
+    args = [a.replace("OUT", backend) for a in BUILD]
+    built = subprocess.run(
+        [sys.executable, "-m", "dlpack", "build", str(old), str(template / backend), "--quiet", "--jobs", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr
+    check_every_point(drive(tmp_path, template, backend, [*args, "--overwrite"]), backend, exact=True)
