@@ -5,6 +5,10 @@ taken means no live build owns the output: a partial store found then is stale. 
 sibling file ``.NAME.dlpack-lock`` (not in the store or the partial, which are created, renamed and
 removed while the lock is held); its text names the holder for the message a second build shows.
 
+The lock file is opened without following links and written only when this build created it, or
+when it is recognisably a dlpack lock file (empty, or a holder record): a link, a file with other
+hard links, or anyone else's file at that name is refused and left as it is.
+
 The holder removes the lock file while still holding the lock. A process that opened the old file
 just before may then lock a file no longer on disk, so every acquisition checks that the locked
 file is still the one at the path, and retries otherwise.
