@@ -5,6 +5,10 @@ taken means no live build owns the output: a partial store found then is stale. 
 sibling file ``.NAME.dlpack-lock`` (not in the store or the partial, which are created, renamed and
 removed while the lock is held); its text names the holder for the message a second build shows.
 
+The lock file is opened without following links and written only when this build created it, or
+when it is recognisably a dlpack lock file (empty, or a holder record): a link, a file with other
+hard links, or anyone else's file at that name is refused and left as it is.
+
 The holder removes the lock file while still holding the lock. A process that opened the old file
 just before may then lock a file no longer on disk, so every acquisition checks that the locked
 file is still the one at the path, and retries otherwise.
@@ -14,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import json
 import os
 import socket
+import stat
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -83,6 +89,32 @@ def _holder_text() -> str:
     )
 
 
+#: A holder record is a few hundred bytes; anything much larger was not written by dlpack.
+_MAX_HOLDER = 64 * 1024
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _is_holder_text(data: bytes) -> bool:
+    """Whether ``data`` is a holder record as :func:`_holder_text` writes it."""
+    try:
+        info = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(info, dict) and set(info) == {"host", "pid", "since", "command"}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _os_reason(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC:
+        return "the disk is full (no space left on device); free some space and build again"
+    return exc.strerror or str(exc)
+
+
 def _describe_holder(path: Path) -> str:
     """The holder recorded in a lock file, in words."""
     try:
@@ -111,14 +143,16 @@ class BuildLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock, or raise :class:`~dlpack.errors.StoreLockedError` naming the holder."""
+        """Take the lock, or raise :class:`~dlpack.errors.StoreLockedError` naming the holder.
+
+        Raises :class:`~dlpack.errors.StoreError` when the lock path holds something that is not a
+        dlpack lock file (a link, a file with other hard links, a file of someone else's): it is left
+        as it is, never truncated or written.
+        """
         if self._fd is not None:
             raise RuntimeError(f"{self.path} is already held by this BuildLock")
         while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
-                raise StoreError(f"cannot create the build lock {self.path}: {exc.strerror or exc}") from exc
+            fd, created = self._open()
             if not _try_lock(fd):
                 os.close(fd)
                 raise StoreLockedError(
@@ -126,7 +160,7 @@ class BuildLock:
                     "Wait for that build to finish or stop it (the lock is released when its process ends)"
                 )
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+                same = os.path.samestat(os.fstat(fd), os.lstat(self.path))
             except FileNotFoundError:
                 same = False
             if same:
@@ -134,10 +168,69 @@ class BuildLock:
             # The previous holder removed the file between our open and our lock: lock the new one.
             os.close(fd)
         self._fd = fd
-        text = _holder_text().encode("utf-8")
-        os.ftruncate(fd, 0)
+        ours = created
+        try:
+            if not created:
+                self._check_stale(fd)
+                ours = True
+            os.lseek(fd, 0, os.SEEK_SET)
+            _write_all(fd, _holder_text().encode("utf-8"))
+        except BaseException as exc:
+            # Locked but not usable (a disk full, a file that is not ours): leave behind no lock file
+            # of ours, and nothing of someone else's changed.
+            self._fd = None
+            if ours:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            os.close(fd)
+            if isinstance(exc, OSError) and not isinstance(exc, StoreError):
+                raise StoreError(f"cannot write the build lock {self.path}: {_os_reason(exc)}") from exc
+            raise
+
+    def _open(self) -> tuple[int, bool]:
+        """Open the lock file without following a link: (fd, whether this call created it)."""
+        flags = os.O_RDWR | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        for _attempt in range(100):
+            try:
+                return os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise StoreError(f"cannot create the build lock {self.path}: {_os_reason(exc)}") from exc
+            try:
+                fd = os.open(self.path, flags)
+            except FileNotFoundError:
+                continue  # its holder removed it just now: create it again
+            except OSError as exc:
+                if exc.errno == errno.ELOOP or self.path.is_symlink():
+                    raise self._not_a_lock("it is a symbolic link") from exc
+                raise StoreError(f"cannot open the build lock {self.path}: {_os_reason(exc)}") from exc
+            st = os.fstat(fd)
+            why = (
+                "it is not a regular file" if not stat.S_ISREG(st.st_mode)
+                else f"it has {st.st_nlink} hard links" if st.st_nlink != 1
+                else None
+            )  # fmt: skip
+            if why is None:
+                return fd, False
+            os.close(fd)
+            raise self._not_a_lock(why)
+        raise StoreError(f"cannot create the build lock {self.path}: it keeps appearing and disappearing")
+
+    def _check_stale(self, fd: int) -> None:
+        """Refuse a stale lock file (one this process did not create) unless it is recognisably dlpack's:
+        empty (its holder was killed before writing its name) or holding a holder record."""
         os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, text)
+        data = os.read(fd, _MAX_HOLDER + 1)
+        if data and (len(data) > _MAX_HOLDER or not _is_holder_text(data)):
+            raise self._not_a_lock("it does not hold a dlpack lock record")
+        os.ftruncate(fd, 0)
+
+    def _not_a_lock(self, why: str) -> StoreError:
+        return StoreError(
+            f"{self.path} is where builds of {self.out} keep their lock, but it is not a dlpack lock file ({why}); "
+            "it was left untouched: remove or rename it, then build again"
+        )
 
     def release(self) -> None:
         """Remove the lock file and release the lock (a no-op when not held)."""

@@ -38,6 +38,7 @@ from . import __version__
 from ._lock import BuildLock, old_path, partial_path
 from ._names import shown as shown_name
 from .backends import ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
+from .backends.base import writing
 from .errors import (
     BadInputsError,
     DlpackError,
@@ -179,7 +180,8 @@ class BuildResult:
     conversions: dict[str, int] = field(default_factory=dict)
     plan: BuildPlan | None = None
     #: What became of a killed build's partial store: "resumed: k of n blocks already written",
-    #: "started over: <why>", or "" when there was none.
+    #: "started over: <why>", "published already: ..." (the killed build had published OUT), or
+    #: "" when there was none.
     resume: str = ""
     #: What ``update`` changed: "updated: a added, r replaced, d removed; k of n blocks written", or "".
     update: str = ""
@@ -706,7 +708,11 @@ class _Journal:
     def create(cls, path: Path, header: Mapping[str, Any], blocks: Mapping[int, Sequence[_Sample]] = {}) -> _Journal:  # noqa: B006 - read only
         """Write a journal of ``header`` and ``blocks`` beside ``path`` and move it into place."""
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        # A new file of ours, never one a link at that name points to.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+        with writing(path), os.fdopen(os.open(tmp, flags, 0o644), "wb") as f:
             f.write(_journal_line(header))
             for start, samples in sorted(blocks.items()):
                 f.write(_journal_line(_block_record(start, samples)))
@@ -726,9 +732,10 @@ class _Journal:
         self._append({"commit": True})
 
     def _append(self, record: Mapping[str, Any]) -> None:
-        self._f.write(_journal_line(record))
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        with writing(self.path):
+            self._f.write(_journal_line(record))
+            self._f.flush()
+            os.fsync(self._f.fileno())
 
     def close(self) -> None:
         self._f.close()
@@ -762,8 +769,8 @@ class _JournalState:
 
 def _is_journal(path: Path) -> bool:
     """Whether ``path`` is a dlpack journal, perhaps cut short by a kill while its first line was written."""
-    if path.is_symlink() or not path.is_file():
-        return False
+    if path.is_symlink() or not path.is_file() or path.lstat().st_nlink != 1:
+        return False  # a link, or a file with other names: not a journal dlpack wrote
     marker = _journal_line({_JOURNAL_KEY: _JOURNAL_VERSION})[:-2]
     with open(path, "rb") as f:
         head = f.read(len(marker))
@@ -849,6 +856,8 @@ class _Partial:
     journal: _Journal | None
     done: dict[int, list[_Sample]]
     note: str
+    #: Whether the store is already complete (a killed build's committed partial): publish it as it is.
+    committed: bool = False
 
 
 def _continue_partial(
@@ -874,16 +883,26 @@ def _continue_partial(
     writer = backend.open_writer(partial_path(out), "r+", plan.shard_bytes)
     try:
         writer.open()
+        # Temporary files of writes the kill cut short are not part of any block.
+        writer.remove_temp_files()
+        n_blocks = -(-len(pairs) // max(1, int(state.header.get("block_len") or 1)))
+        if writer.arrays:  # its manifest was written: the killed build had finished the store
+            complete = _complete_partial(writer, backend, out, plan, images, state, root, pairs)
+            if complete is not None:
+                journal = _Journal.create(jpath, state.header, complete)
+                journal.mark_commit()
+                note = f"resumed: {n_blocks} of {n_blocks} blocks already written (the store was complete)"
+                return _Partial(writer, journal, complete, note, committed=True)
+        if (state.commit or writer.arrays) and not writer.undo_commit([images.name]):
+            raise _Restart(f"it was killed while the {backend.name} library wrote the store's metadata")
         writer.attach_array(images, plan.count)
         if not _resumable(writer, images) or writer.block_len(images.name) != state.header.get("block_len"):
             raise _Restart(f"its {backend.name} image blocks cannot be continued")
-        if state.commit and not writer.undo_commit([images.name]):
-            raise _Restart(f"it was killed while the {backend.name} library wrote the store's metadata")
         done = _verified_blocks(writer, images, state, root, pairs)
     except _Restart:
         writer.abort()
         raise
-    except StoreError as exc:
+    except (StoreError, OptionError) as exc:
         writer.abort()
         raise _Restart(f"its partial store cannot be reopened ({exc})") from exc
     except BaseException:
@@ -893,6 +912,38 @@ def _continue_partial(
     journal = _Journal.create(jpath, state.header, done)
     n_blocks = -(-len(pairs) // writer.block_len(images.name))
     return _Partial(writer, journal, done, f"resumed: {len(done)} of {n_blocks} blocks already written")
+
+
+def _complete_partial(
+    writer: StoreWriter,
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    images: ArraySpec,
+    state: _JournalState,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+) -> dict[int, list[_Sample]] | None:
+    """The blocks of a partial store that a killed build had committed, when it is exactly what this
+    build would publish: its manifest records this plan, every array matches its checksum, and every
+    journalled block's source files are unchanged. None when it is not (it is then taken back or
+    started over)."""
+    try:
+        with backend.open_reader(partial_path(out)) as reader:
+            manifest = reader.manifest
+            recorded = BuildPlan.from_dict(manifest.plan).fingerprint() if manifest.plan else None
+            if recorded != plan.fingerprint() or set(manifest.arrays) != set(writer.arrays) or reader.verify_arrays():
+                return None
+    except StoreError:
+        return None
+    spec = writer.arrays.get(images.name)
+    if spec is None or (spec.dtype, spec.shape, spec.ragged) != (images.dtype, images.shape, images.ragged):
+        return None
+    if not _resumable(writer, spec) or writer.block_len(images.name) != state.header.get("block_len"):
+        return None
+    done = _verified_blocks(writer, spec, state, root, pairs)
+    step = writer.block_len(images.name)
+    return done if len(done) == -(-len(pairs) // step) else None
 
 
 def open_partial(
@@ -1022,6 +1073,11 @@ def write_images(
 def commit_store(partial: _Partial, out: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
     """Write the per-sample arrays, then the manifest: the partial store is complete after this."""
     writer = partial.writer
+    if partial.committed:
+        if partial.journal is not None:
+            partial.journal.close()
+        writer.abort()
+        return
     try:
         if partial.journal is not None:
             partial.journal.mark_commit()
@@ -1200,6 +1256,9 @@ def _not_ours(path: Path) -> str | None:
             return None
         return "it is a folder without dlpack's marker"
     if path.is_file():
+        links = path.lstat().st_nlink
+        if links != 1:
+            return f"it is a file with {links} hard links"
         with open(path, "rb") as f:
             head = f.read(8)
         if not head:
@@ -1230,13 +1289,15 @@ def _hdf5_readable(path: Path) -> bool:
         return False
 
 
-def clear_leftovers(out: Path) -> None:
+def clear_leftovers(out: Path) -> str | None:
     """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
 
     An overwritten store that was waiting for its replacement comes back to ``out`` (or is removed
     when the replacement made it). A stale partial proven to be dlpack's is kept when it has a
     journal (the build then continues it or starts over, see :func:`open_partial`), else removed;
-    a journal whose partial is gone is removed.
+    a journal whose partial is gone is removed. Returns the plan fingerprint of a journal whose
+    build had committed and then published its store (killed before it removed its journal), so
+    that the same build run again can say it is done; else None.
     """
     old = old_path(out)
     if old.exists() or old.is_symlink():
@@ -1253,9 +1314,15 @@ def clear_leftovers(out: Path) -> None:
     tmp, journal = partial_path(out), journal_path(out)
     for path in (journal, journal.with_name(journal.name + ".tmp")):
         if (path.exists() or path.is_symlink()) and not _is_journal(path):
+            why = (
+                "it is a symbolic link" if path.is_symlink()
+                else "it is not a regular file" if not path.is_file()
+                else f"it is a file with {path.lstat().st_nlink} hard links" if path.lstat().st_nlink != 1
+                else "it does not start with a journal header"
+            )  # fmt: skip
             raise StoreError(
-                f"{path} is where this build keeps its journal, but it is not a dlpack journal; "
-                "remove or rename it, then build again"
+                f"{path} is where this build keeps its journal, but it is not a dlpack journal ({why}); "
+                "it was left untouched: remove or rename it, then build again"
             )
     _remove(journal.with_name(journal.name + ".tmp"))
     if tmp.exists() or tmp.is_symlink():
@@ -1266,9 +1333,30 @@ def clear_leftovers(out: Path) -> None:
                 "remove or rename it, then build again"
             )
         if journal.exists():
-            return  # a killed build's blocks: open_partial continues them or starts over
+            return None  # a killed build's blocks: open_partial continues them or starts over
         _remove(tmp)
+    published = None
+    if journal.exists() and owned_store(out) is not None:
+        with contextlib.suppress(_Restart):
+            state = _read_journal(journal)
+            fingerprint = state.header.get("fingerprint")
+            if state.commit and isinstance(fingerprint, str):
+                published = fingerprint
     _remove(journal)  # its partial is gone (published or removed): nothing to continue
+    return published
+
+
+def _published_by_killed_build(backend: type[Backend], out: Path, plan: BuildPlan, published: str | None) -> bool:
+    """Whether ``out`` is the store a killed build of this very ``plan`` committed and published
+    (``published``: its journal's fingerprint, from :func:`clear_leftovers`)."""
+    if published != plan.fingerprint():
+        return False
+    try:
+        with backend.open_reader(out) as reader:
+            recorded = reader.manifest.plan
+        return bool(recorded) and BuildPlan.from_dict(recorded).fingerprint() == published
+    except StoreError:
+        return False
 
 
 def check_replaceable(out: Path) -> None:
@@ -1328,6 +1416,48 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
             check_replaceable(out)
         os.replace(tmp, out)
     _remove(old)
+
+
+class PublishedInterrupt(KeyboardInterrupt):
+    """Ctrl-C arrived once the new store was already published: the build or update is complete.
+
+    Still a KeyboardInterrupt, so a script stops as its user asked; ``published`` is the complete
+    store (the CLI says so and exits 0).
+    """
+
+    def __init__(self, published: Path) -> None:
+        self.published = published
+        super().__init__(f"interrupted after {published} was published; the store is complete")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def publish(tmp: Path, out: Path, overwrite: bool) -> None:
+    """:func:`publish_stage`, removing the partial ``tmp`` when it fails.
+
+    Raises :class:`PublishedInterrupt` when Ctrl-C arrives once ``tmp`` is at ``out``
+    (the very file or folder, whatever step of publishing the interrupt cut short): the store is
+    complete, and the caller says so instead of "interrupted".
+    """
+    new = _identity(tmp)
+    try:
+        publish_stage(tmp, out, overwrite)
+    except BaseException as exc:
+        done = isinstance(exc, KeyboardInterrupt) and new is not None and _identity(out) == new
+        # After a cut-short exchange, the partial's name may hold the store that was replaced.
+        _remove(tmp)
+        if done:
+            old = old_path(out)
+            if (old.exists() or old.is_symlink()) and _not_ours(old) is None:
+                _remove(old)  # the replaced store, as publishing would have removed it
+            raise PublishedInterrupt(out) from None
+        raise
 
 
 _AT_FDCWD = -100
@@ -1921,11 +2051,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             raise
     finally:
         reader.close()
-    try:
-        publish_stage(tmp, out, True)
-    except BaseException:
-        _remove(tmp)
-        raise
+    publish(tmp, out, True)
     n_blocks = shared + written
     note = (
         f"updated: {len(added)} added, {len(ch.replaced)} replaced, {len(ch.removed)} removed; "
@@ -2016,10 +2142,27 @@ def _parallel(n_jobs: int, calls: list[Any]) -> Iterator[Any]:
         return
     from joblib import Parallel, parallel_config
 
+    _quiet_resource_tracker()
     # Every worker watches this process from its start, so a killed build leaves no workers.
     with parallel_config(backend="loky", initializer=_start_watchdog, initargs=(os.getpid(),)):
         runner = Parallel(n_jobs=n_jobs, return_as="generator", pre_dispatch="2*n_jobs")
     yield from runner(calls)
+
+
+#: How loky's resource tracker is told not to print its own clean-up (a ``-W`` option it inherits).
+_TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
+
+
+def _quiet_resource_tracker() -> None:
+    """Keep the warnings of loky's resource tracker off the terminal.
+
+    When a build is killed (a SIGTERM to its process group, say), the tracker process outlives it,
+    removes the semaphores and memory-mapping folders the pool had registered, and warns about each
+    as "leaked": the clean-up is right, the warnings only alarm. The tracker is started with this
+    process's ``-W`` options (``sys.warnoptions``), so the filter is set before the first pool.
+    """
+    if _TRACKER_QUIET not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_QUIET)
 
 
 _WATCHDOG_STARTED = False
@@ -2067,6 +2210,34 @@ def _progress(total: int, desc: str, quiet: bool) -> Any:
 
 
 # ---------------------------------------------------------------- the pipeline
+
+
+def _existing_result(
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    scan: SourceScan,
+    sel: _Selection,
+    probes: Sequence[_Probe],
+    t0: float,
+) -> BuildResult:
+    """The result of a build whose store a killed run of the same build had already published."""
+    with backend.open_reader(out) as reader:
+        m = reader.manifest
+        nbytes = reader.nbytes_on_disk()
+    return BuildResult(
+        path=out,
+        count=m.count,
+        skipped=m.skipped,
+        seconds=time.perf_counter() - t0,
+        input_bytes=0,
+        output_bytes=nbytes,
+        conversions=dict(m.conversions),
+        plan=plan,
+        resume="published already: the stopped build had finished it",
+        classes=m.classes,
+        splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
+    )
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -2152,17 +2323,25 @@ def build(
     check_paths(source, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with BuildLock(out_path):
-        clear_leftovers(out_path)
+        published = clear_leftovers(out_path)
         if opts.update:
             return update_stage(source, out_path, backend, opts, t0)
+        exists = f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it"
         if out_path.exists() or out_path.is_symlink():
-            if not opts.overwrite:
-                raise StoreExistsError(f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it")
-            check_replaceable(out_path)
+            if opts.overwrite:
+                check_replaceable(out_path)
+                published = None
+            elif published is None:
+                raise StoreExistsError(exists)
         root = source.root
         scan = scan_stage(source)
         probes = probe_stage(root, scan.items, opts)
         plan, sel = plan_stage(scan, probes, _probed(scan, probes), opts, backend.name)
+        if published is not None:
+            # The same build was killed just after it published OUT: it is done.
+            if not _published_by_killed_build(backend, out_path, plan, published):
+                raise StoreExistsError(exists)
+            return _existing_result(backend, out_path, plan, scan, sel, probes, t0)
         if sel.errors and opts.on_error == "fail":
             pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
             found = validate_stage(os.fspath(root), plan, pairs, opts)
@@ -2176,22 +2355,22 @@ def build(
             raise
         commit_store(partial, out_path, arrays, manifest)
         try:
-            publish_stage(tmp, out_path, opts.overwrite)
-        except BaseException:
-            _remove(tmp)
-            raise
+            publish(tmp, out_path, opts.overwrite)
         finally:
             _remove(journal_path(out_path))
-    return BuildResult(
-        path=out_path,
-        count=plan.count,
-        skipped=manifest.skipped,
-        seconds=time.perf_counter() - t0,
-        input_bytes=sum(probes[k].nbytes for k in sel.keep),
-        output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
-        conversions=dict(manifest.conversions),
-        plan=plan,
-        resume=resume,
-        classes=manifest.classes,
-        splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
-    )
+        try:
+            return BuildResult(
+                path=out_path,
+                count=plan.count,
+                skipped=manifest.skipped,
+                seconds=time.perf_counter() - t0,
+                input_bytes=sum(probes[k].nbytes for k in sel.keep),
+                output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
+                conversions=dict(manifest.conversions),
+                plan=plan,
+                resume=resume,
+                classes=manifest.classes,
+                splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
+            )
+        except KeyboardInterrupt:
+            raise PublishedInterrupt(out_path) from None

@@ -2,7 +2,7 @@
 
 ``main(argv) -> int`` is the one place where library errors become messages and exit codes:
 0 success, 1 completed with skipped inputs, 2 usage or input errors, 3 internal error (a bug:
-any other exception), 130 interrupted. Text printed for the terminal has control characters
+any other exception), 130 interrupted (0 when the new store was already published). Text printed for the terminal has control characters
 escaped (:func:`printable`), so a file name cannot move the cursor or recolour the terminal.
 
 The flags of ``build`` and ``bench`` are generated from the option dataclasses
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -433,6 +434,17 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _with_target(exc: BaseException, args: argparse.Namespace) -> str:
+    """The message of ``exc``; a full disk that names no file is said in words, with the store written."""
+    if isinstance(exc, OSError) and not isinstance(exc, DlpackError) and exc.errno in _NO_SPACE and not exc.filename:
+        target = getattr(args, "out", None) or getattr(args, "store", None) or "the output"
+        return f"cannot write {target}: the disk is full (no space left on device); free some space and run the command again"
+    return str(exc)
+
+
+_NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting (tests call it in-process)."""
     parser = make_parser()
@@ -446,9 +458,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # OSError: a disk full, a folder not writable, ...: the message names the path.
         if args.debug:
             raise
-        _say(f"dlpack: error: {exc}", err=True)
+        _say(f"dlpack: error: {_with_target(exc, args)}", err=True)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        published = getattr(exc, "published", None)
+        if published is not None:
+            # The new store was in place before the interrupt: the command did what it was asked.
+            _say(f"dlpack: interrupted, but {published} was already published and is complete", err=True)
+            return 0
         print("dlpack: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:

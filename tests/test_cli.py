@@ -270,3 +270,51 @@ def test_verify_escapes_a_newline_in_the_name_of_a_damaged_image(tmp_path: Path,
     err = capsys.readouterr().err
     assert "  sample 1 (a/x\\n  sample 9 (fake).png)" in err
     assert "sample 9" not in err.replace("a/x\\n  sample 9", "")
+
+
+@pytest.mark.parametrize("how", ["update", "overwrite"])
+def test_a_full_disk_names_the_store_and_keeps_it(
+    make_tree: Callable[..., Path],
+    tmp_path: Path,
+    backend: str,
+    how: str,
+    capsys: Capsys,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import errno
+    import os
+
+    import dlpack.backends._zarr as zarr_backend
+
+    src = make_tree({"cat/0.png": "rgb", "dog/1.png": "rgb"})
+    out = tmp_path / backend
+    assert main(["build", str(src), str(out), "--quiet", "--jobs", "1"]) == 0
+    (src / "cat" / "2.png").write_bytes((src / "cat" / "0.png").read_bytes())
+    before = dlpack.open(out).fingerprint()
+
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    class FullFile:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def __enter__(self) -> FullFile:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        write = full
+
+    # The disk fills while image data is written: a Zarr shard file, or the HDF5 file's raw bytes.
+    monkeypatch.setattr(zarr_backend, "open", FullFile, raising=False)
+    monkeypatch.setattr(os, "pwrite", full)
+    flag = "--update" if how == "update" else "--overwrite"
+    rc = main(["build", str(src), str(out), flag, "--quiet", "--jobs", "1"])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "the disk is full" in err and backend in err and "[Errno 28]" not in err, err
+    assert dlpack.open(out).fingerprint() == before  # the store is as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([backend, "src"])

@@ -229,3 +229,64 @@ def test_store_overwritten_by_a_killed_build_comes_back(
             dlpack.build(new, out, quiet=True, jobs=1)
         assert snapshot(out) == before
     assert siblings(tmp_path) == sorted([backend, "other"])
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink", "dangling"])
+@pytest.mark.parametrize("where", ["lock", "journal", "partial"])
+def test_a_link_at_a_build_path_is_refused_and_its_target_untouched(
+    make_tree: MakeTree, tmp_path: Path, link: str, where: str
+) -> None:
+    from dlpack.build import journal_path
+
+    src = make_tree({"a/0.png": "rgb"})
+    out = tmp_path / "o.zarr"
+    at = {"lock": lock_path, "journal": journal_path, "partial": partial_path}[where](out)
+    victim = tmp_path / "victim.txt"
+    if link != "dangling":
+        victim.write_text("precious\n")
+    if link == "hardlink":
+        os.link(victim, at)
+    else:
+        at.symlink_to(victim)
+    with pytest.raises(StoreError, match="symbolic link|hard links") as info:
+        dlpack.build(src, out, quiet=True, jobs=1)
+    assert str(at) in str(info.value)
+    if link == "dangling":
+        assert not victim.exists() and at.is_symlink()
+    else:
+        assert victim.read_text() == "precious\n"
+        assert at.is_symlink() or os.path.samefile(at, victim)
+    assert not out.exists()
+
+
+def test_a_stale_lock_file_of_someone_else_is_refused_and_left_untouched(make_tree: MakeTree, tmp_path: Path) -> None:
+    out = tmp_path / "o.zarr"
+    lock_path(out).write_text("my notes\n")
+    with pytest.raises(StoreError, match="not a dlpack lock file"):
+        dlpack.build(make_tree({"a/0.png": "rgb"}), out, quiet=True, jobs=1)
+    assert lock_path(out).read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("stale", ["", '{"command": "dlpack build", "host": "h", "pid": 1, "since": "x"}'])
+def test_a_stale_dlpack_lock_file_is_taken_over(make_tree: MakeTree, tmp_path: Path, stale: str) -> None:
+    out = tmp_path / "o.zarr"
+    lock_path(out).write_text(stale)
+    dlpack.build(make_tree({"a/0.png": "rgb"}), out, quiet=True, jobs=1)
+    assert siblings(tmp_path) == ["o.zarr"]
+
+
+def test_a_lock_that_cannot_be_written_leaves_no_lock_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "o.zarr"
+    with pytest.raises(StoreError, match="disk is full") as info:
+        monkeypatch.setattr(os, "write", full)  # the disk fills between creating the file and writing it
+        try:
+            BuildLock(out).acquire()
+        finally:
+            monkeypatch.undo()
+    assert str(lock_path(out)) in str(info.value)
+    assert not lock_path(out).exists()

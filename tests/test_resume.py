@@ -171,8 +171,44 @@ def test_killed_build_resumes_from_its_blocks_and_ends_byte_identical(
     assert result["resume"] == f"resumed: {len(done)} of {N_BLOCKS} blocks already written"
     if before:
         assert shard_stats(out, done) == before  # the same files, never rewritten
+    assert sorted(snapshot(out)) == sorted(snapshot(ref))  # the same file names
     assert snapshot(out) == snapshot(ref)
     assert leftovers(out) == []
+
+
+def test_temp_files_of_killed_writes_are_removed_at_resume(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    args = ["build", str(src), str(out), "--jobs", "1", *SHARD]
+    kill_when(args, out, "blocks", 2, lambda lines: len(blocks_of(lines)) >= 2)
+    partial = partial_of(out)
+    # What writes killed before their rename leave: a shard being written (beside a written shard
+    # and in a folder of its own), an array's metadata being rewritten, by dlpack or zarr-python.
+    temps = [
+        partial / "images" / "c" / "0" / "0" / "0" / ".0.4242.tmp",
+        partial / "images" / "c" / "4" / "0" / "0" / ".0.4243.tmp",
+        partial / "images" / "zarr.json.tmp",
+        partial / "images" / "zarr.0123456789abcdef0123456789abcdef.partial",  # zarr-python's own
+    ]
+    for temp in temps:
+        temp.parent.mkdir(parents=True, exist_ok=True)
+        temp.write_bytes(b"\0" * 100)
+    rerun(args)
+    ref = tmp_path / "ref.zarr"
+    dlpack.build(src, ref, shard_bytes=2**16, jobs=1, quiet=True)
+    assert sorted(snapshot(out)) == sorted(snapshot(ref))
+    assert snapshot(out) == snapshot(ref)
+
+
+@pytest.mark.parametrize(
+    "name, temp",
+    [(".0.123.tmp", True), (".17.4.tmp", True), ("0", False), (".0.tmp", False), ("x.0.1.tmp", False),
+     (".0.12.tmpx", False), (".a.1.tmp", False), ("zarr.json.tmp", False)],
+)  # fmt: skip
+def test_shard_temp_names_are_recognised_exactly(name: str, temp: bool) -> None:
+    from dlpack.backends._zarr import is_shard_temp_name
+
+    assert is_shard_temp_name(name) is temp
 
 
 def test_block_whose_file_changed_is_written_again(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
@@ -286,3 +322,32 @@ def test_journal_that_is_not_dlpacks_is_refused_and_kept(make_tree: MakeTree, tm
     with pytest.raises(dlpack.StoreError, match="not a dlpack journal"):
         dlpack.build(make_tree({"a/0.png": "rgb"}), out, jobs=1, quiet=True)
     assert journal_of(out).read_text(encoding="utf-8") == "someone's notes\n"
+
+
+def test_sigterm_to_the_process_group_prints_no_resource_tracker_warnings(make_tree: MakeTree, tmp_path: Path) -> None:
+    src = tree(make_tree)
+    out = tmp_path / "out.zarr"
+    args = ["build", str(src), str(out), "--jobs", "2", *SHARD]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(dlpack.__file__).parents[1]), *sys.path])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PAUSED, "blocks", "2", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(blocks_of(journal_lines(out))) < 2:  # the worker pool is running
+            assert proc.poll() is None and time.monotonic() < deadline, "the build did not reach its second block"
+            time.sleep(0.005)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        # Read to the end: the pool's resource tracker holds stderr until it has cleaned up.
+        err = proc.communicate(timeout=60)[1]
+        _wait_group_gone(proc.pid)
+    assert proc.returncode == -signal.SIGTERM
+    assert "resource_tracker" not in err and "leaked" not in err, err
+    assert rerun(args)["resume"].startswith("resumed: ")

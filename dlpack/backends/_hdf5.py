@@ -28,6 +28,7 @@ from .base import (
     StoreReader,
     StoreWriter,
     check_mode,
+    writing,
 )
 
 __all__ = ["Hdf5Backend", "Hdf5Reader", "Hdf5Writer"]
@@ -275,9 +276,10 @@ class Hdf5Writer(StoreWriter):
         fd = os.open(self.path, os.O_WRONLY)
         try:
             view, pos = data.data.cast("B"), offset + start * row_nbytes
-            while view:
-                n = os.pwrite(fd, view, pos)
-                view, pos = view[n:], pos + n
+            with writing(self.path):
+                while view:
+                    n = os.pwrite(fd, view, pos)
+                    view, pos = view[n:], pos + n
         finally:
             os.close(fd)
 

@@ -7,8 +7,10 @@ and creates the metadata, so the store stays standard for zarr-python and tensor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from .base import (
     StoreWriter,
     changed_error,
     check_mode,
+    writing,
 )
 
 __all__ = ["ZarrBackend", "ZarrReader", "ZarrWriter"]
@@ -40,6 +43,20 @@ _MISSING = 2**64 - 1
 _DIR_FD = os.open in os.supports_dir_fd and hasattr(os, "O_DIRECTORY")
 #: zarr.json and manifest.json larger than this are refused before they are read.
 _MAX_JSON = 256 * 2**20
+
+
+#: What :meth:`ZarrWriter._write_raw_shard` names a shard file while writing it: ``.NAME.PID.tmp``.
+_SHARD_TEMP = re.compile(r"\.[0-9]+\.[0-9]+\.tmp")
+#: What :func:`_atomic_write` names a metadata file while writing it.
+_META_TEMPS = ("zarr.json.tmp", MANIFEST + ".tmp")
+#: What zarr-python's local store names a file while writing it: ``zarr.<uuid4 hex>.partial``.
+_ZARR_PYTHON_TEMP = re.compile(r"[^/]*\.[0-9a-f]{32}\.partial")
+
+
+def is_shard_temp_name(name: str) -> bool:
+    """Whether ``name`` is a shard file being written (``.0.PID.tmp``, see ``_write_raw_shard``):
+    what a write killed before its rename leaves beside the shard; no other file is named so."""
+    return _SHARD_TEMP.fullmatch(name) is not None
 
 
 def _compressors(name: str, itemsize: int) -> Any:
@@ -57,7 +74,8 @@ def _compressors(name: str, itemsize: int) -> Any:
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    with writing(path):
+        tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -250,12 +268,17 @@ class ZarrWriter(StoreWriter):
         table = index.tobytes()
         # A new file renamed over the old one: a reader that mapped the old shard keeps it whole.
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data.data)
-            if pad:
-                f.write(bytes(pad * lay.row_nbytes))
-            f.write(table)
-            f.write(crc32c(table).to_bytes(4, "little"))
+        try:
+            with writing(path), open(tmp, "wb") as f:
+                f.write(data.data)
+                if pad:
+                    f.write(bytes(pad * lay.row_nbytes))
+                f.write(table)
+                f.write(crc32c(table).to_bytes(4, "little"))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # a shard cut short by a full disk is no use to anyone
+            raise
         os.replace(tmp, path)
 
     def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:
@@ -308,7 +331,10 @@ class ZarrWriter(StoreWriter):
         return True
 
     def undo_commit(self, keep: Sequence[str]) -> bool:
-        kept = {stored for name in keep if name in self.arrays for stored in self.arrays[name].stored_names()}
+        # Fixed arrays are stored under their own name, whether or not a manifest listed them.
+        kept = {
+            stored for name in keep for stored in (self.arrays[name].stored_names() if name in self.arrays else (name,))
+        }
         self._h_arrays.clear()
         for child in self.path.iterdir():
             if child.is_dir() and not child.is_symlink() and child.name not in kept:
@@ -318,8 +344,23 @@ class ZarrWriter(StoreWriter):
             (self.path / leftover).unlink(missing_ok=True)
         # Back to the metadata the group was created with, which the commit rewrites from.
         _atomic_write(self.path / "zarr.json", _new_group_meta())
-        self.arrays = {name: spec for name, spec in self.arrays.items() if name in keep}
+        # Nothing is attached any more: the caller attaches the arrays it kept.
+        self.arrays, self.count = {}, None
         return True
+
+    def remove_temp_files(self) -> int:
+        removed = 0
+        for folder, _dirs, files in os.walk(self.path):  # never follows a link
+            at_top = folder == os.fspath(self.path)
+            for name in files:
+                temp = _ZARR_PYTHON_TEMP.fullmatch(name) is not None or (
+                    name in _META_TEMPS if at_top else is_shard_temp_name(name) or name == "zarr.json.tmp"
+                )
+                if temp:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(folder, name))
+                        removed += 1
+        return removed
 
     def _delete_stored(self, name: str) -> None:
         self._h_arrays.pop(name, None)

@@ -17,10 +17,12 @@ name and suffix and checks capability flags in one place.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -60,6 +62,28 @@ def array_digest(read_rows: Any, rows: int, row_nbytes: int, dtype: str) -> str:
 def stored_dtype(spec: ArraySpec, stored: str) -> str:
     """The dtype of stored array ``stored`` of ``spec`` (offsets are int64)."""
     return "<i8" if spec.ragged and stored.endswith("_offsets") else spec.dtype
+
+
+#: errno values that mean the file system has no room left for a write.
+NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a full disk while writing ``path`` into a :class:`~dlpack.errors.StoreError` naming it.
+
+    The OS error of a full disk names no file ("[Errno 28] No space left on device"): which store
+    could not be written, and what to do, is said here.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NO_SPACE or isinstance(exc, StoreError):
+            raise
+        raise StoreError(
+            f"cannot write {os.fspath(path)}: the disk is full (no space left on device); "
+            "free some space and run the command again"
+        ) from exc
 
 
 def changed_error(path: Path, detail: str) -> StoreError:
@@ -538,10 +562,17 @@ class StoreWriter(ABC):
         """Take a partial store killed while committing back to holding only arrays ``keep``.
 
         Removes every other stored array and the manifest, as if they had never been written, so a
-        resumed build commits again and ends with the same bytes. False when the backend cannot
-        (the store is then to be discarded).
+        resumed build commits again and ends with the same bytes. Afterwards no array is attached:
+        the caller attaches the ones it kept. False when the backend cannot (the store is then to be
+        discarded).
         """
         return False
+
+    def remove_temp_files(self) -> int:
+        """Remove the temporary files of writes a kill cut short (only names this backend's writer
+        gives them, inside this store); returns how many. How a resumed partial store ends with
+        exactly the files of a build that was never interrupted."""
+        return 0
 
     def share_block(self, name: str, start: int, other: Path) -> bool:
         """Make block ``start`` (a ``block_len`` multiple) of fixed array ``name`` the same block of the

@@ -1,0 +1,250 @@
+"""A build or an update killed (SIGKILL, or Ctrl-C) at any of its durable steps, then run again, ends as if never killed.
+
+The durable steps are every ``os.replace``, ``os.rename``, ``renameat2`` and ``os.fsync`` call: a
+kill right after one leaves the files exactly as the step made them. A driver process imports
+dlpack once, then per kill point forks a child that counts those calls and kills itself right
+after the N-th, forks a plain child that reruns the same command, and records the result. Every
+point of the command is covered, one per run, numbered in call order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dlpack
+
+MakeTree = Callable[..., Path]
+
+DRIVER = r"""
+import hashlib, importlib, json, os, shutil, signal, sys
+import cv2, h5py, numpy, zarr  # noqa: F401 - imported once, before any fork
+import dlpack, dlpack.cli
+b = importlib.import_module("dlpack.build")
+
+cfg = json.loads(sys.argv[1])
+template, work, out, args = cfg["template"], cfg["work"], cfg["out"], cfg["args"]
+
+
+SIG = signal.SIGINT if cfg["signal"] == "INT" else signal.SIGKILL
+
+
+def counting(n):
+    calls = [0]
+    steps = []
+    def wrap(fn):
+        def durable_step(*a, **k):
+            result = fn(*a, **k)
+            calls[0] += 1
+            steps.append([fn.__name__, *map(str, a[:2])])
+            if calls[0] == n:
+                os.kill(os.getpid(), SIG)
+            return result
+        return durable_step
+    os.replace, os.rename, os.fsync = wrap(os.replace), wrap(os.rename), wrap(os.fsync)
+    b._renameat2 = wrap(b._renameat2)
+    return calls, steps
+
+
+def in_child(fn, log):
+    # fn's JSON result through a pipe; its own output into the file ``log``.
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        try:
+            result = fn()
+        except BaseException as exc:
+            result = {"error": repr(exc)}
+        os.write(w, json.dumps(result).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    return {"killed": killed, **(json.loads(data) if data else {})}
+
+
+def run(n):
+    calls, steps = counting(n) if n is not None else (None, None)
+    rc = dlpack.cli.main(args)
+    return {"rc": rc, "calls": calls[0] if calls else None, "steps": steps}
+
+
+def files(root):
+    if os.path.isfile(root):
+        return {"": hashlib.sha256(open(root, "rb").read()).hexdigest()}
+    found = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            p = os.path.join(folder, name)
+            found[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return found
+
+
+def content():
+    # What a reader sees: every array's bytes and the manifest, update times left out.
+    with dlpack.open(out) as ds:
+        r = ds.reader
+        m = json.loads(r.manifest.to_json())
+        arrays = {name: hashlib.sha256(numpy.ascontiguousarray(r.read_all(name)).tobytes()).hexdigest() if not spec.ragged
+                  else [hashlib.sha256(r.read(name, i).tobytes()).hexdigest() for i in range(len(ds))]
+                  for name, spec in r.arrays.items()}
+    for entry in m.get("history", []):
+        entry.pop("time", None)
+    return {"arrays": arrays, "manifest": m}
+
+
+def fresh():
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(template, work, symlinks=True)
+
+
+def outcome():
+    return {
+        "files": files(out) if os.path.exists(out) else None,
+        # Equal files are equal content: a reader is asked only where files may differ.
+        "content": in_child(content, os.path.join(cfg["logs"], "content.log")) if cfg["content"] else None,
+        "siblings": sorted(os.listdir(os.path.dirname(out))),
+    }
+
+
+fresh()
+ref = in_child(lambda: run(0), os.path.join(cfg["logs"], "ref.log"))
+results = {"ref": {**ref, **outcome(), "out": out, "args": args}, "points": []}
+for n in range(1, (ref.get("calls") or 0) + 1):
+    fresh()
+    kill = in_child(lambda: run(n), os.path.join(cfg["logs"], f"kill-{n}.log"))
+    again = in_child(lambda: run(None), os.path.join(cfg["logs"], f"rerun-{n}.log"))
+    kill_log = open(os.path.join(cfg["logs"], f"kill-{n}.log"), errors="replace").read()[-2000:]
+    point = {"n": n, "killed": kill["killed"], "kill": kill, "kill_log": kill_log, "rerun": again, **outcome()}
+    point["rerun_log"] = open(os.path.join(cfg["logs"], f"rerun-{n}.log"), errors="replace").read()[-2000:]
+    results["points"].append(point)
+print(json.dumps(results))
+"""
+
+
+def drive(
+    tmp_path: Path, template: Path, out_name: str, args: list[str], sig: str = "KILL", content: bool = False
+) -> dict[str, Any]:
+    """Run the driver: the reference run, then every kill point and its rerun (see the module docstring)."""
+    work, logs = tmp_path / "work", tmp_path / "logs"
+    logs.mkdir()
+    out = work / out_name
+    cfg = {
+        "template": str(template),
+        "work": str(work),
+        "out": str(out),
+        "logs": str(logs),
+        "signal": sig,
+        "content": content,
+        "args": [a.replace("{work}", str(work)) for a in args],
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(dlpack.__file__).parents[1]), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(cfg)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def check_every_point(result: dict[str, Any], out_name: str, exact: bool, sig: str = "KILL") -> None:
+    ref = result["ref"]
+    assert ref["rc"] == 0 and ref["files"], ref
+    assert ref["calls"] >= 2, ref  # the command has durable steps to kill at
+    points = result["points"]
+    assert [p["n"] for p in points] == list(range(1, ref["calls"] + 1))
+    # Publishing is the step that moves the partial store to OUT.
+    publish = 1 + next(i for i, step in enumerate(ref["steps"]) if step[0] == "_renameat2" and step[2] == ref["out"])
+    for p in points:
+        where = f"{sig} after durable step {p['n']} of {ref['calls']}"
+        if sig == "KILL":
+            assert p["killed"], f"{where}: the run was not killed there ({p['kill']})"
+        elif p["n"] < publish:
+            assert p["kill"].get("rc") == 130 and "dlpack: interrupted" in p["kill_log"], f"{where}: {p['kill_log']}"
+        else:  # Ctrl-C once the store is in place: the command is complete
+            assert p["kill"].get("rc") == 0 and "already published" in p["kill_log"], f"{where}: {p['kill_log']}"
+        if sig == "INT" and p["n"] >= publish and "--update" not in ref["args"]:
+            # A build that completed: running it again finds the store there, as after any build.
+            assert p["rerun"].get("rc") == 2 and "already exists" in p["rerun_log"], f"{where}: {p['rerun_log']}"
+        else:
+            assert p["rerun"].get("rc") == 0, f"{where}: the rerun failed: {p['rerun_log']}"
+        assert p["siblings"] == ref["siblings"], f"{where}: leftovers {p['siblings']}"
+        extra, missing = sorted(set(p["files"]) - set(ref["files"])), sorted(set(ref["files"]) - set(p["files"]))
+        assert not extra and not missing, f"{where}: {out_name} has {extra} more and {missing} fewer files"
+        if exact:
+            assert p["files"] == ref["files"], f"{where}: not byte-identical"
+        else:
+            assert p["content"] == ref["content"], f"{where}: other content"
+
+
+#: 12 noise PNGs of 96x64x3 (18 KiB stored) in 64 KiB shards: 3 images a block, 4 blocks.
+SPEC = {f"c{k % 2}/{k:02d}.png": ("rgb", 96, 64) for k in range(12)}
+BUILD = ["build", "{work}/src", "{work}/OUT", "--jobs", "1", "--shard-bytes", "65536", "--quiet"]
+
+
+@pytest.mark.parametrize("sig", ["KILL", "INT"])
+def test_a_build_killed_at_every_durable_step_reruns_to_the_same_store(
+    make_tree: MakeTree, tmp_path: Path, backend: str, sig: str
+) -> None:
+    template = tmp_path / "template"
+    make_tree(SPEC, "template/src")
+    args = [a.replace("OUT", backend) for a in BUILD]
+    check_every_point(drive(tmp_path, template, backend, args, sig), backend, exact=True, sig=sig)
+
+
+@pytest.mark.parametrize("sig", ["KILL", "INT"])
+def test_an_update_killed_at_every_durable_step_reruns_to_the_same_store(
+    make_tree: MakeTree, tmp_path: Path, backend: str, sig: str
+) -> None:
+    template = tmp_path / "template"
+    src = make_tree(SPEC, "template/src")
+    args = [a.replace("OUT", backend) for a in BUILD]
+    built = subprocess.run(
+        [sys.executable, "-m", "dlpack", *(a.replace("{work}", str(template)) for a in args)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr
+    shutil.copy2(src / "c0" / "00.png", src / "c0" / "12.png")  # one file added
+    touched = src / "c1" / "01.png"  # one touched: same bytes, newer mtime
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    result = drive(tmp_path, template, backend, [*args, "--update"], sig, content=True)
+    # An update records when it ran, and a rerun after its publish finds nothing to change: the
+    # store's arrays and manifest must match, and no update entry may say it changed more.
+    for p in [result["ref"], *result["points"]]:
+        hist = p["content"].get("manifest", {}).get("history", [])
+        hist[:] = [h for h in hist if (h.get("added"), h.get("replaced"), h.get("removed")) != (0, 0, 0)]
+    assert result["ref"]["content"]["manifest"]["history"] == [{"added": 1, "replaced": 0, "removed": 0}]
+    check_every_point(result, backend, exact=False, sig=sig)
+
+
+def test_an_overwrite_killed_at_every_durable_step_reruns_to_the_same_store(
+    make_tree: MakeTree, tmp_path: Path, backend: str
+) -> None:
+    template = tmp_path / "template"
+    make_tree(SPEC, "template/src")
+    old = make_tree({f"d/{k}.png": ("rgb", 96, 64) for k in range(4)}, "old")
+    args = [a.replace("OUT", backend) for a in BUILD]
+    built = subprocess.run(
+        [sys.executable, "-m", "dlpack", "build", str(old), str(template / backend), "--quiet", "--jobs", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr
+    check_every_point(drive(tmp_path, template, backend, [*args, "--overwrite"]), backend, exact=True)
