@@ -418,7 +418,10 @@ def _checked_array(
                 )
         spec = ArraySpec(name, first.dtype.str, tuple(first.shape[1:]), True, key, compression)
     else:
-        data = np.asarray(values)
+        try:
+            data = np.asarray(values)
+        except ValueError:  # NumPy refuses samples of different shapes
+            data = np.empty(0, dtype=object)
         if data.dtype.hasobject:
             raise OptionError(f"{name!r} is not one numeric array (samples of different shapes? pass ragged=True)")
         if data.ndim == 0 or len(data) != n:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import dlpack
 from dlpack import Dataset
-from dlpack.errors import OptionError, SampleIndexError, StoreExistsError
+from dlpack import ArraySpec
+from dlpack.errors import OptionError, SampleIndexError, StoreError, StoreExistsError
 
 TREE = {f"{c}/{k}.png": "rgb" for c in ("ok", "bad") for k in range(5)}
 
@@ -102,3 +104,117 @@ def test_sample_index_must_be_an_integer(store: Path) -> None:
         ds[1.7]  # type: ignore[index]
     with pytest.raises(SampleIndexError, match="integers"):
         ds.get_batch(np.array([0.5, 1.0]))
+
+
+# ---------------------------------------------------------------- one locked, checked, all-or-nothing step
+
+
+def _files(store: Path) -> dict[str, bytes]:
+    """Every file of a store (a Zarr folder, or an HDF5 file under '') and the dlpack siblings next to it."""
+    found = {p.name: b"" for p in store.parent.iterdir() if p.name.startswith(f".{store.name}.dlpack-")}
+    if store.is_file():
+        return {"": store.read_bytes(), **found}
+    return {p.relative_to(store).as_posix(): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()} | found
+
+
+def _bad_labels(store: Path, value: int) -> None:
+    """Give every sample label ``value`` through the low-level writer, which does not check labels."""
+    from dlpack.backends import open_reader, open_writer
+
+    reader = open_reader(store)
+    manifest, n = reader.manifest, len(reader)
+    reader.close()
+    writer = open_writer(store, "r+")
+    writer.delete_array("labels")
+    writer.create_array(manifest.arrays["labels"], n)
+    writer.write_block("labels", 0, np.full(n, value, np.int32))
+    writer.commit(manifest)
+
+
+def test_labels_and_split_are_checked_against_the_classes_and_splits(
+    make_tree: Callable[..., Path], tmp_path: Path, backend: str
+) -> None:
+    src = make_tree({f"{s}/{c}/{k}.png": "rgb" for s in ("train", "val") for c in ("a", "b") for k in range(2)})
+    out = tmp_path / backend
+    dlpack.build(src, out, size=(8, 6), quiet=True, jobs=1)
+    n, before = 8, _files(out)
+    with pytest.raises(OptionError, match=r"labels.*-1\.\.1.*2 classes.*sample 0 holds 7"):
+        dlpack.add_array(out, "labels", np.full(n, 7, np.int32), replace=True)
+    with pytest.raises(OptionError, match=r"split.*-1\.\.1.*2 splits.*train, val.*sample 3 holds 2"):
+        dlpack.add_array(out, "split", np.array([0, 0, 1, 2, 0, 0, 0, 0]), replace=True)
+    with pytest.raises(OptionError, match="integer codes"):
+        dlpack.add_array(out, "labels", np.zeros(n, np.float32), replace=True)
+    assert _files(out) == before
+    dlpack.add_array(out, "labels", np.arange(n) % 2, replace=True)  # int64 codes in range: stored as <i4
+    with dlpack.open(out) as ds:
+        assert [ds[i]["label"] for i in range(n)] == [i % 2 for i in range(n)]
+        assert ds.manifest.arrays["labels"].key == "label" and ds.manifest.arrays["labels"].dtype == "<i4"
+
+
+@pytest.mark.parametrize("name", ["source_stat", "source_sha256", "transform", "original_size", "images", "source"])
+def test_arrays_the_update_trusts_cannot_be_replaced(store: Path, name: str) -> None:
+    before = _files(store)
+    with pytest.raises(OptionError, match="cannot be replaced"):
+        dlpack.add_array(store, name, np.zeros((10, 2), np.int64), replace=True)
+    assert _files(store) == before
+
+
+def test_a_store_whose_labels_are_out_of_range_can_be_repaired(store: Path) -> None:
+    from dlpack.backends import open_reader
+
+    _bad_labels(store, 7)
+    with pytest.raises(StoreError, match="holds 7 at sample 0"):
+        dlpack.open(store)
+    with open_reader(store, check_labels=False) as reader:  # what a repair reads the store with
+        assert reader.read_all("labels").tolist() == [7] * 10
+    dlpack.add_array(store, "labels", np.zeros(10, np.int32), replace=True)
+    with dlpack.open(store) as ds:
+        assert ds.verify() == [] and [ds[i]["label"] for i in range(10)] == [0] * 10
+
+
+def test_values_are_checked_before_anything_is_written(store: Path) -> None:
+    n, before = 10, _files(store)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"name": "w6", "values": np.zeros(n, np.complex64)}, "complex"),
+        ({"name": "r2", "values": [np.zeros((1, 4 if i < 5 else 3), np.float32) for i in range(n)], "ragged": True},
+         r"sample 5 has rows of shape \(3,\)"),
+        ({"name": "r3", "values": [np.full((1, 2), 1.5 if i else 1, np.float32 if i else np.int64) for i in range(n)],
+          "ragged": True}, "does not cast"),
+        ({"name": "r4", "values": [np.zeros(2 if i < 5 else (2, 2), np.uint8) for i in range(n)], "ragged": True},
+         "sample 5 has rows"),
+        ({"name": "w7", "values": _weights(n), "key": ""}, "non-empty string"),
+        ({"name": "w8", "values": [np.zeros(i) for i in range(n)]}, "ragged=True"),
+        ({"name": "w9_data", "values": _weights(n)}, "ends in"),
+    ]  # fmt: skip
+    for kwargs, match in cases:
+        with pytest.raises(OptionError, match=match):
+            dlpack.add_array(store, **kwargs)
+        assert _files(store) == before, kwargs["name"]
+    spec = dlpack.add_array(store, "w6", _weights(n))  # the retry of a refused name just works
+    assert spec.dtype == "<f4" and dlpack.open(store)[1]["w6"] == pytest.approx(_weights(n)[1])
+
+
+def test_debris_of_killed_writers_is_removed_and_other_files_kept(store: Path, backend: str) -> None:
+    from dlpack.backends import open_writer
+
+    writer = open_writer(store, "r+")  # a writer that never committed: its array is "being written"
+    writer.create_array(ArraySpec("junk", "<f4"), 10)
+    writer.write_block("junk", 0, np.ones(10, np.float32))
+    writer.abort()
+    if backend.endswith(".zarr"):
+        temp = next((store / "labels").rglob("c/*")).with_name(".0.4242.tmp")  # a shard write cut short
+        temp.write_bytes(b"\0" * 8)
+        (store / "NOTES.md").write_text("mine")
+        (store / "notes").mkdir()
+        (store / "notes" / ".0.1.tmp").write_text("also mine")  # not inside an array: not dlpack's
+    dlpack.add_array(store, "junk", np.zeros(10, np.float32))
+    with dlpack.open(store) as ds:
+        assert ds.verify() == [] and ds[3]["junk"] == 0
+    if backend.endswith(".zarr"):
+        assert not temp.exists()
+        assert (store / "NOTES.md").read_text() == "mine" and (store / "notes" / ".0.1.tmp").read_text() == "also mine"
+    else:
+        import h5py
+
+        with h5py.File(store, "r") as f:
+            assert sorted(n for n in f if n.startswith("dlpack_new")) == []
