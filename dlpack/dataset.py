@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import operator
@@ -41,6 +42,8 @@ PROTECTED_ARRAYS = frozenset(
 )
 #: Arrays add_array may replace whose values index a manifest list: (key, stored dtype, list field).
 CODED_ARRAYS = {"labels": ("label", "<i4", "classes"), "split": ("split", "|i1", "splits")}
+#: Names add_array gives an array it writes aside before switching it in (HDF5): users' names never start so.
+STAGED_PREFIX = "dlpack_new_"
 
 
 class Dataset:
@@ -378,6 +381,8 @@ def _checked_array(
     if not isinstance(name, str):
         raise OptionError(f"array name must be a string, got {name!r}")
     ArraySpec(name, "<i4")  # the name's rules, before any other message
+    if name.startswith(STAGED_PREFIX):
+        raise OptionError(f"array names starting with {STAGED_PREFIX!r} are dlpack's own")
     if name.endswith(RAGGED_SUFFIXES):
         raise OptionError(f"array name {name!r} ends in {' or '.join(RAGGED_SUFFIXES)}, which ragged arrays use")
     if name in PROTECTED_ARRAYS:
@@ -503,25 +508,30 @@ def beside_path(out: str | os.PathLike[str]) -> Path:
 def _add_in_place(
     out: Path, manifest: Manifest, spec: ArraySpec, data: np.ndarray | list[np.ndarray], existing: ArraySpec | None
 ) -> None:
-    """HDF5: the new array is written under a temporary name, and takes its name (replacing the
-    old one) only once complete, just before the manifest is rewritten."""
+    """HDF5: the new array is written and committed under a temporary name, without a key; then,
+    in one session of the HDF5 library (which writes the file when it closes it), the array it
+    replaces is deleted, the new one takes its name and the manifest is rewritten. The file holds
+    a complete store whenever the library has written it."""
+    from .backends._hdf5 import ensure_space
+
     writer = open_writer(out, "r+")
-    staged = ""
+    staged = STAGED_PREFIX + hashlib.sha256(spec.name.encode()).hexdigest()[:16]
     try:
         writer.clear_debris()
-        staged = "dlpack_new_" + hashlib.sha256(spec.name.encode()).hexdigest()[:16]
-        if staged in writer.arrays:
-            raise StoreError(f"store {out} has an array {staged!r}, a name add_array uses for itself")
-        _write_values(writer, dataclasses.replace(spec, name=staged), data, manifest.count)
+        for leftover in [n for n in writer.arrays if n.startswith(STAGED_PREFIX)]:
+            writer.delete_array(leftover)  # committed by a call killed before its switch
+        _write_values(writer, dataclasses.replace(spec, name=staged, key=None), data, manifest.count)
+        writer.commit(manifest)
+        ensure_space(out, 4 * len(manifest.to_json().encode("utf-8")) + 2**20, "the manifest")
         if existing is not None:
             writer.delete_array(existing.name)
-        writer.rename_array(staged, spec.name)
-        staged = ""
+        writer.rename_array(staged, spec.name, spec.key)
         writer.commit(manifest)
     except BaseException:
-        try:
-            if staged in writer.arrays:
+        if staged in writer.arrays:  # failed before the switch: take the staged array out again
+            with contextlib.suppress(Exception):
                 writer.delete_array(staged)
-        finally:
-            writer.abort()
+                writer.commit(manifest)
         raise
+    finally:
+        writer.abort()

@@ -3,6 +3,14 @@ through ``ds[i]``, ``get_batch`` and the loader, on every backend."""
 
 from __future__ import annotations
 
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,9 +19,8 @@ import numpy as np
 import pytest
 
 import dlpack
-from dlpack import Dataset
-from dlpack import ArraySpec
-from dlpack.errors import OptionError, SampleIndexError, StoreError, StoreExistsError
+from dlpack import ArraySpec, Dataset
+from dlpack.errors import OptionError, SampleIndexError, StoreError, StoreExistsError, StoreLockedError
 
 TREE = {f"{c}/{k}.png": "rgb" for c in ("ok", "bad") for k in range(5)}
 
@@ -218,3 +225,174 @@ def test_debris_of_killed_writers_is_removed_and_other_files_kept(store: Path, b
 
         with h5py.File(store, "r") as f:
             assert sorted(n for n in f if n.startswith("dlpack_new")) == []
+
+
+# ---------------------------------------------------------------- concurrent calls
+
+_RACER = """
+import os, sys, time
+import numpy as np
+import dlpack
+from dlpack.backends.base import StoreWriter
+
+commit = StoreWriter.commit
+
+def slow_commit(self, manifest):
+    time.sleep(0.5)  # widen the time between reading the store's manifest and writing the new one
+    commit(self, manifest)
+
+StoreWriter.commit = slow_commit
+store, name, go = sys.argv[1:]
+while not os.path.exists(go):
+    time.sleep(0.005)
+dlpack.add_array(store, name, np.full(10, len(name), np.float32))
+"""
+
+
+def test_two_add_arrays_at_once_keep_both_arrays(store: Path, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RACER, str(store), name, str(go)], env=env, stderr=subprocess.PIPE)
+        for name in ("aaa", "bbbb")
+    ]
+    time.sleep(0.3)
+    go.touch()
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err.decode()
+    with dlpack.open(store) as ds:
+        assert {"aaa", "bbbb"} <= set(ds.manifest.arrays)
+        assert (ds[0]["aaa"], ds[0]["bbbb"]) == (3, 4) and ds.verify() == []
+
+
+def test_add_array_waits_for_the_lock_then_refuses_naming_the_holder(store: Path) -> None:
+    from dlpack._lock import BuildLock
+
+    lock = BuildLock(store)
+    lock.acquire()
+    try:
+        with pytest.raises(StoreLockedError, match=rf"waited 0.2 s.*pid {os.getpid()}"):
+            dlpack.add_array(store, "w", _weights(10), lock_timeout=0.2)
+        timer = threading.Timer(0.3, lock.release)
+        timer.start()
+        dlpack.add_array(store, "w", _weights(10), lock_timeout=30)  # waits until the lock is free
+        timer.join()
+    finally:
+        lock.release()
+    assert dlpack.open(store)[0]["w"] == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------- kills and a full disk
+
+ACTIONS: dict[str, Callable[[Path], Any]] = {
+    "replace": lambda s: dlpack.add_array(s, "w", np.arange(10, dtype=np.float32), replace=True),
+    "ragged": lambda s: dlpack.add_array(s, "boxes", _boxes(10), ragged=True),
+}
+
+
+def _prepared(store: Path, tmp_path: Path, action: str) -> tuple[Path, Path]:
+    """Give the store an array ``w`` of ones and save a copy of it; return the copy and a reference
+    copy on which ``action`` ran uninterrupted."""
+    dlpack.add_array(store, "w", np.ones(10, np.float32))
+    copies = []
+    for folder in ("saved", "ref"):
+        (tmp_path / folder).mkdir()
+        copy = tmp_path / folder / store.name
+        (shutil.copytree if store.is_dir() else shutil.copy2)(store, copy)
+        copies.append(copy)
+    ACTIONS[action](copies[1])
+    return copies[0], copies[1]
+
+
+def _content(store: Path) -> dict[str, Any]:
+    """What a store holds for its users: every array of every sample, and its manifest. An HDF5
+    call killed between its two commits leaves the new array listed under a temporary name without
+    a key (no sample shows it; the next call removes it), and so another generation."""
+    with dlpack.open(store) as ds:
+        assert ds.verify() == []
+        staged = [n for n, spec in ds.manifest.arrays.items() if n.startswith("dlpack_new_")]
+        assert all(ds.manifest.arrays[n].key is None for n in staged)
+        names = [n for n in ds.manifest.arrays if n not in staged]
+        arrays = {n: [ds.reader.read(n, i).tolist() for i in range(len(ds))] for n in names}
+        manifest = ds.manifest.to_dict()
+        manifest["arrays"] = {n: manifest["arrays"][n] for n in names}
+        if staged:
+            del manifest["generation"]
+        return {"manifest": manifest, "arrays": arrays}
+
+
+def _without_generation(content: dict[str, Any]) -> dict[str, Any]:
+    return {**content, "manifest": {k: v for k, v in content["manifest"].items() if k != "generation"}}
+
+
+def _killed_after(k: int, backend: str, action: Callable[[], Any]) -> bool:
+    """Run ``action`` in a forked child that SIGKILLs itself right after its ``k``-th rename (Zarr)
+    or HDF5 file close (when the HDF5 library writes the file); True when it was killed."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            import importlib
+
+            import dlpack.backends._hdf5 as h5
+
+            build = importlib.import_module("dlpack.build")  # the module, not dlpack.build the function
+
+            calls = [0]
+
+            def then_kill(fn: Callable[..., Any]) -> Callable[..., Any]:
+                def wrapped(*args: Any, **kwargs: Any) -> Any:
+                    result = fn(*args, **kwargs)
+                    calls[0] += 1
+                    if calls[0] == k:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return result
+
+                return wrapped
+
+            if backend.endswith(".zarr"):
+                os.replace = then_kill(os.replace)  # type: ignore[assignment]
+                os.rename = then_kill(os.rename)  # type: ignore[assignment]
+                build._renameat2 = then_kill(build._renameat2)  # type: ignore[assignment]
+            else:
+                h5.Hdf5Writer._close = then_kill(h5.Hdf5Writer._close)  # type: ignore[method-assign]
+            action()
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) or os.WEXITSTATUS(status) == 0, f"the child failed after {k} steps"
+    return os.WIFSIGNALED(status)
+
+
+@pytest.mark.parametrize("action", sorted(ACTIONS))
+def test_a_kill_at_any_step_leaves_the_old_or_the_new_store_and_the_rerun_succeeds(
+    store: Path, tmp_path: Path, backend: str, action: str
+) -> None:
+    saved, ref = _prepared(store, tmp_path, action)
+    old, new = _content(store), _content(ref)
+    for k in itertools.count(1):
+        killed = _killed_after(k, backend, lambda: ACTIONS[action](store))
+        got = _content(store)  # the store opens and verifies after every kill
+        assert got in (old, new) or _without_generation(got) in (_without_generation(old), _without_generation(new)), (
+            f"killed after step {k}: neither the old nor the new store"
+        )
+        if _without_generation(got) == _without_generation(old) or action == "replace":
+            ACTIONS[action](store)  # the rerun of the killed call
+        else:  # killed after its switch: the next build or add_array clears what is left
+            from dlpack._lock import BuildLock
+            from dlpack.build import clear_leftovers
+
+            with BuildLock(store):
+                clear_leftovers(store)
+        assert _content(store) == new  # with the same generation, so no temporary array is left
+        if backend.endswith(".zarr"):  # and nothing is left of the killed call: the same files as the reference
+            assert _files(store) == _files(ref), f"killed after step {k}"
+        if not killed:
+            break
+        shutil.rmtree(store) if store.is_dir() else store.unlink()
+        (shutil.copytree if saved.is_dir() else shutil.copy2)(saved, store)
+    assert k > 3, "the action was killed at every step it takes"

@@ -301,10 +301,7 @@ class Hdf5Writer(StoreWriter):
             node = f.get(name)
             if name in listed or not isinstance(node, h5py.Dataset):
                 continue
-            digest = node.attrs.get(DIGEST_ATTR)
-            if isinstance(digest, bytes):
-                digest = digest.decode("ascii", "replace")
-            if digest == "":  # created by a dlpack writer that never committed it
+            if isinstance(node.attrs.get(DIGEST_ATTR), (str, bytes)):  # a dlpack writer's, never committed
                 del f[name]
                 self._raw.pop(name, None)
                 found.append(name)

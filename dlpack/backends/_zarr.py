@@ -409,7 +409,9 @@ def _uncommitted_array(folder: Path) -> bool:
     except (OSError, ValueError, RecursionError):
         return False
     attrs = meta.get("attributes") if isinstance(meta, dict) else None
-    return isinstance(meta, dict) and meta.get("node_type") == "array" and isinstance(attrs, dict) and DIGEST_ATTR in attrs
+    return (
+        isinstance(meta, dict) and meta.get("node_type") == "array" and isinstance(attrs, dict) and DIGEST_ATTR in attrs
+    )
 
 
 def _share(src: Path, dst: Path, array: bool) -> None:

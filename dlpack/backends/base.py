@@ -568,8 +568,8 @@ class StoreWriter(ABC):
             self._touched.discard(stored)
         self._ragged.pop(name, None)
 
-    def rename_array(self, old: str, new: str) -> None:
-        """Give array ``old``, written by this writer and not yet committed, the name ``new`` (free).
+    def rename_array(self, old: str, new: str, key: str | None = None) -> None:
+        """Give array ``old`` the name ``new`` (which must be free) and the sample key ``key``.
 
         How ``add_array`` switches in an array it built aside under a temporary name, once the
         array is complete, so that a failure before then leaves the array it replaces untouched.
@@ -579,8 +579,9 @@ class StoreWriter(ABC):
             raise StoreError(f"store {self.path} has no array {old!r}")
         if new in self.arrays:
             raise OptionError(f"store {self.path} already has an array {new!r}; delete_array it first")
-        renamed = replace(spec, name=new)
-        for a, b in zip(spec.stored_names(), renamed.stored_names(), strict=True):
+        names = dict(zip(spec.stored_names(), replace(spec, name=new, sha256={}).stored_names(), strict=True))
+        renamed = replace(spec, name=new, key=key, sha256={names[k]: v for k, v in spec.sha256.items()})
+        for a, b in names.items():
             self._rename_stored(a, b)
             if a in self._touched:
                 self._touched.discard(a)
@@ -662,6 +663,7 @@ class StoreWriter(ABC):
                 raise StoreError(f"ragged array {name!r} has {buf.samples} of {self.count} samples written")
             self._flush_ragged(name, final=True)
             self._write_rows(name + "_offsets", 0, np.asarray(buf.offsets, dtype="<i8"))
+        self._ragged.clear()  # written: a later commit of this writer does not write them again
         arrays: dict[str, ArraySpec] = {}
         for name, spec in sorted(self.arrays.items()):
             digests = dict(spec.sha256)
