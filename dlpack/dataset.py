@@ -42,8 +42,8 @@ PROTECTED_ARRAYS = frozenset(
 )
 #: Arrays add_array may replace whose values index a manifest list: (key, stored dtype, list field).
 CODED_ARRAYS = {"labels": ("label", "<i4", "classes"), "split": ("split", "|i1", "splits")}
-#: Names add_array gives an array it writes aside before switching it in (HDF5): users' names never start so.
-STAGED_PREFIX = "dlpack_new_"
+#: Names add_array gives the arrays it moves aside while switching one in (HDF5): users' names never start so.
+STAGED_PREFIX = "dlpack_"
 
 
 class Dataset:
@@ -339,6 +339,9 @@ def add_array(
             if time.monotonic() >= deadline:
                 raise StoreLockedError(f"waited {lock_timeout:g} s to add array {name!r}: {exc}") from None
             time.sleep(0.05)
+        except OSError as exc:  # e.g. a full disk while the holder's name was written
+            lock.release()
+            raise StoreError(f"cannot take the lock of {out} to add array {name!r}: {exc}") from exc
     try:
         from .build import clear_leftovers
 
@@ -482,9 +485,14 @@ def _add_beside(
     from .build import publish_stage
 
     stage = beside_path(out)
-    prepare_beside(out, stage, skip=existing.stored_names() if existing is not None else ())
     writer = None
     try:
+        prepare_beside(out, stage, skip=existing.stored_names() if existing is not None else ())
+        taken = [n for n in spec.stored_names() if (stage / n).exists() or (stage / n).is_symlink()]
+        if taken:
+            raise StoreError(
+                f"{out} holds {', '.join(taken)}, which is not one of its arrays; choose another array name"
+            )
         writer = open_writer(stage, "r+")
         if existing is not None:
             writer.delete_array(existing.name)
@@ -508,25 +516,40 @@ def beside_path(out: str | os.PathLike[str]) -> Path:
 def _add_in_place(
     out: Path, manifest: Manifest, spec: ArraySpec, data: np.ndarray | list[np.ndarray], existing: ArraySpec | None
 ) -> None:
-    """HDF5: the new array is written and committed under a temporary name, without a key; then,
+    """HDF5: the new array is written and committed under a temporary name, without a key. Then,
     in one session of the HDF5 library (which writes the file when it closes it), the array it
-    replaces is deleted, the new one takes its name and the manifest is rewritten. The file holds
-    a complete store whenever the library has written it."""
+    replaces moves aside, the new one takes its name and the manifest is rewritten; only then is
+    the old one deleted. Whatever fails is undone in that session, so the file holds a complete
+    store whenever the library writes it."""
     from .backends._hdf5 import ensure_space
 
     writer = open_writer(out, "r+")
-    staged = STAGED_PREFIX + hashlib.sha256(spec.name.encode()).hexdigest()[:16]
+    tag = hashlib.sha256(spec.name.encode()).hexdigest()[:16]
+    staged, retired = STAGED_PREFIX + "new_" + tag, STAGED_PREFIX + "old_" + tag
     try:
         writer.clear_debris()
         for leftover in [n for n in writer.arrays if n.startswith(STAGED_PREFIX)]:
-            writer.delete_array(leftover)  # committed by a call killed before its switch
+            writer.delete_array(leftover)  # committed by a call killed before it finished
         _write_values(writer, dataclasses.replace(spec, name=staged, key=None), data, manifest.count)
         writer.commit(manifest)
         ensure_space(out, 4 * len(manifest.to_json().encode("utf-8")) + 2**20, "the manifest")
-        if existing is not None:
-            writer.delete_array(existing.name)
-        writer.rename_array(staged, spec.name, spec.key)
-        writer.commit(manifest)
+        old = None
+        try:
+            if existing is not None:
+                writer.rename_array(existing.name, retired)
+                old = writer.arrays.pop(retired)  # no longer listed, deleted once the switch is written
+            writer.rename_array(staged, spec.name, spec.key)
+            writer.commit(manifest)  # the switch
+        except BaseException:
+            if spec.name in writer.arrays and staged not in writer.arrays:
+                writer.rename_array(spec.name, staged)
+            if existing is not None and old is not None:
+                writer.arrays[retired] = old
+                writer.rename_array(retired, existing.name, existing.key)
+            raise
+        if old is not None:
+            writer.arrays[retired] = old
+            writer.delete_array(retired)  # listed by no manifest: a kill before this leaves debris, removed next time
     except BaseException:
         if staged in writer.arrays:  # failed before the switch: take the staged array out again
             with contextlib.suppress(Exception):

@@ -3,6 +3,7 @@ through ``ds[i]``, ``get_batch`` and the loader, on every backend."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import shutil
@@ -224,7 +225,7 @@ def test_debris_of_killed_writers_is_removed_and_other_files_kept(store: Path, b
         import h5py
 
         with h5py.File(store, "r") as f:
-            assert sorted(n for n in f if n.startswith("dlpack_new")) == []
+            assert sorted(n for n in f if n.startswith("dlpack_")) == []
 
 
 # ---------------------------------------------------------------- concurrent calls
@@ -311,7 +312,7 @@ def _content(store: Path) -> dict[str, Any]:
     a key (no sample shows it; the next call removes it), and so another generation."""
     with dlpack.open(store) as ds:
         assert ds.verify() == []
-        staged = [n for n, spec in ds.manifest.arrays.items() if n.startswith("dlpack_new_")]
+        staged = [n for n, spec in ds.manifest.arrays.items() if n.startswith("dlpack_")]
         assert all(ds.manifest.arrays[n].key is None for n in staged)
         names = [n for n in ds.manifest.arrays if n not in staged]
         arrays = {n: [ds.reader.read(n, i).tolist() for i in range(len(ds))] for n in names}
@@ -396,3 +397,98 @@ def test_a_kill_at_any_step_leaves_the_old_or_the_new_store_and_the_rerun_succee
         shutil.rmtree(store) if store.is_dir() else store.unlink()
         (shutil.copytree if saved.is_dir() else shutil.copy2)(saved, store)
     assert k > 3, "the action was killed at every step it takes"
+
+
+def _full_disk_at(monkeypatch: pytest.MonkeyPatch, backend: str, k: int) -> None:
+    """Make the ``k``-th write step of an add_array fail as a full disk does (Zarr: every file
+    created, linked, copied or renamed; HDF5: every free-space check before the library writes)."""
+    import importlib
+
+    import dlpack.backends._hdf5 as h5
+    import dlpack.backends._zarr as zarr_backend
+
+    calls = [0]
+
+    def failing(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == k:
+                if fn is h5.ensure_space:
+                    raise StoreError(f"not enough free space in {args[0]} (simulated)")
+                raise OSError(errno.ENOSPC, "No space left on device (simulated)", str(args[0]))
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    if backend.endswith(".zarr"):
+        build = importlib.import_module("dlpack.build")
+        for owner, attr in [(os, "replace"), (os, "rename"), (os, "link"), (os, "mkdir"), (shutil, "copyfile"),
+                            (Path, "write_text"), (build, "_renameat2")]:  # fmt: skip
+            monkeypatch.setattr(owner, attr, failing(getattr(owner, attr)))
+        monkeypatch.setattr(zarr_backend, "open", failing(open), raising=False)  # shard files
+    else:
+        monkeypatch.setattr(h5, "ensure_space", failing(h5.ensure_space))
+
+
+@pytest.mark.parametrize("action", sorted(ACTIONS))
+def test_a_full_disk_at_any_write_leaves_the_store_as_it_was(
+    store: Path, tmp_path: Path, backend: str, action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, ref = _prepared(store, tmp_path, action)
+    old, new = _content(store), _content(ref)
+    files = _files(store)
+    for k in itertools.count(1):
+        with monkeypatch.context() as m:
+            _full_disk_at(m, backend, k)
+            try:
+                ACTIONS[action](store)
+            except StoreError as exc:
+                assert str(store) in str(exc) and ("No space" in str(exc) or "free space" in str(exc))
+                failed = True
+            else:
+                failed = False
+        if not failed:
+            break
+        assert _content(store) == old, f"a full disk at write {k} changed the store"
+        if backend.endswith(".zarr"):
+            assert _files(store) == files, f"a full disk at write {k} left files behind"
+    assert k > 3 and _content(store) == new
+
+
+def test_a_real_full_disk_leaves_the_store_readable(make_tree: Callable[..., Path], tmp_path: Path) -> None:
+    """On a small tmpfs (needs the right to mount), an add_array at every few KiB of free space."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        saved = tmp_path / "saved.zarr"
+        dlpack.build(make_tree(TREE), saved, size=(16, 12), quiet=True, jobs=1, shard_bytes=2**16)
+        for k in range(12):  # a manifest of several KiB, which a full disk could cut short
+            dlpack.add_array(saved, f"extra_{k}", _weights(10))
+        old = _content(saved)
+        store, filler = mnt / "s.zarr", mnt / "filler"
+        outcomes = set()
+        for free_kib in range(0, 400, 12):
+            filler.unlink(missing_ok=True)
+            shutil.rmtree(store, ignore_errors=True)
+            shutil.copytree(saved, store)
+            st = os.statvfs(mnt)
+            with open(filler, "wb") as f:
+                f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - free_kib * 1024))
+            try:
+                dlpack.add_array(store, "w", np.zeros((10, 64), np.float32), lock_timeout=1)
+                outcomes.add("added")
+            except StoreError as exc:
+                assert str(store) in str(exc)
+                outcomes.add("refused")
+            filler.unlink()
+            got = _content(store)
+            if "w" in got["arrays"]:
+                assert got["arrays"]["w"] == [[0.0] * 64] * 10
+                del got["arrays"]["w"], got["manifest"]["arrays"]["w"]
+                got["manifest"]["generation"] = old["manifest"]["generation"]
+            assert got == old, f"{free_kib} KiB free"
+        assert outcomes == {"added", "refused"}
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
