@@ -329,6 +329,8 @@ def add_array(
     from ._lock import BuildLock
 
     out = Path(path)
+    if out.is_symlink():  # the store the link names is the one changed (and locked)
+        out = out.resolve()
     lock = BuildLock(out)
     deadline = time.monotonic() + lock_timeout
     while True:

@@ -492,3 +492,10 @@ def test_a_real_full_disk_leaves_the_store_readable(make_tree: Callable[..., Pat
         assert outcomes == {"added", "refused"}
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_store_reached_through_a_symlink_is_changed_where_it_lies(store: Path, tmp_path: Path) -> None:
+    link = tmp_path / ("link" + store.suffix)
+    link.symlink_to(store)
+    dlpack.add_array(link, "w", _weights(10))
+    assert link.is_symlink() and dlpack.open(store)[0]["w"] == pytest.approx(0.5)

@@ -339,6 +339,29 @@ class ZarrWriter(StoreWriter):
         if old in self._layout:
             self._layout[new] = self._layout.pop(old)
 
+    def clear_debris(self) -> list[str]:
+        listed = {n for spec in self.arrays.values() for n in spec.stored_names()}
+        found = []
+        self._h_arrays.clear()
+        for child in sorted(self.path.iterdir()):
+            if not child.is_dir() or child.is_symlink():
+                continue
+            if child.name not in listed:
+                if _uncommitted_array(child):
+                    shutil.rmtree(child)
+                    self._layout.pop(child.name, None)
+                    found.append(child.name)
+                continue
+            for p in sorted(child.rglob("*.tmp")):
+                if p.is_file() and (is_shard_temp_name(p.name) or p.name == "zarr.json.tmp"):
+                    p.unlink()
+                    found.append(p.relative_to(self.path).as_posix())
+        for leftover in (MANIFEST + ".tmp", "zarr.json.tmp"):
+            if (self.path / leftover).is_file():
+                (self.path / leftover).unlink()
+                found.append(leftover)
+        return found
+
     def _delete_stored(self, name: str) -> None:
         self._h_arrays.pop(name, None)
         self._layout.pop(name, None)
