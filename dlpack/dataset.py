@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from .backends import StoreReader, open_reader, open_writer
-from .errors import DlpackError, OptionError, SampleIndexError, StoreError, StoreExistsError, StoreLockedError
+from .errors import (
+    DlpackError,
+    OptionError,
+    SampleIndexError,
+    StoreError,
+    StoreExistsError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
 from .loader import Loader, LoaderOptions
 from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
 
@@ -331,6 +339,8 @@ def add_array(
     out = Path(path)
     if out.is_symlink():  # the store the link names is the one changed (and locked)
         out = out.resolve()
+    if not out.exists():
+        raise StoreNotFoundError(f"no store at {out} to add array {name!r} to")
     lock = BuildLock(out)
     deadline = time.monotonic() + lock_timeout
     while True:
@@ -356,7 +366,7 @@ def add_array(
         spec, data = _checked_array(out, manifest, name, values, key, ragged, replace, compression)
         existing = manifest.arrays.get(name)
         try:
-            if manifest.backend == "zarr":
+            if out.is_dir():  # Zarr
                 _add_beside(out, manifest, spec, data, existing)
             else:
                 _add_in_place(out, manifest, spec, data, existing)
@@ -483,10 +493,11 @@ def _add_beside(
 ) -> None:
     """Zarr: write the new store generation beside the store (every other file shared by a hard
     link), then publish it as a build publishes, so the store is the old one or the new one, whole."""
-    from .backends._zarr import prepare_beside
+    from .backends._zarr import clear_beside, prepare_beside
     from .build import publish_stage
 
     stage = beside_path(out)
+    clear_beside(out, stage)
     writer = None
     try:
         prepare_beside(out, stage, skip=existing.stored_names() if existing is not None else ())

@@ -499,3 +499,14 @@ def test_a_store_reached_through_a_symlink_is_changed_where_it_lies(store: Path,
     link.symlink_to(store)
     dlpack.add_array(link, "w", _weights(10))
     assert link.is_symlink() and dlpack.open(store)[0]["w"] == pytest.approx(0.5)
+
+
+def test_a_foreign_file_where_add_array_prepares_is_refused_and_kept(store: Path) -> None:
+    if store.is_file():
+        pytest.skip("an HDF5 store changes in place")
+    stage = store.parent / f".{store.name}.dlpack-add"
+    stage.mkdir()
+    (stage / "mine.txt").write_text("keep me")
+    with pytest.raises(StoreError, match="not dlpack's"):
+        dlpack.add_array(store, "w", _weights(10))
+    assert (stage / "mine.txt").read_text() == "keep me" and "w" not in dlpack.open(store).manifest.arrays

@@ -392,6 +392,19 @@ class ZarrWriter(StoreWriter):
 _METADATA = ("zarr.json", MANIFEST)
 
 
+def clear_beside(store: Path, stage: Path) -> None:
+    """Remove ``stage``, left by a killed earlier call, when it is provably dlpack's (it carries the
+    marker, or is an empty folder); anything else there is refused and left alone."""
+    if not (stage.exists() or stage.is_symlink()):
+        return
+    if stage.is_symlink() or not stage.is_dir() or (any(stage.iterdir()) and not ZarrBackend.is_own(stage)):
+        raise StoreError(
+            f"{stage} is where dlpack prepares the next version of {store}, but it is not dlpack's; "
+            "remove or rename it, then try again"
+        )
+    shutil.rmtree(stage)
+
+
 def prepare_beside(store: Path, stage: Path, skip: Sequence[str] = ()) -> None:
     """Make ``stage`` a copy of the complete Zarr store ``store`` to write its next generation in.
 
@@ -401,15 +414,8 @@ def prepare_beside(store: Path, stage: Path, skip: Sequence[str] = ()) -> None:
     stored arrays ``skip`` (being replaced), temporary files of dlpack's writers cut short by a
     kill, and array folders dlpack's writer created that no manifest lists.
 
-    A ``stage`` left by a killed earlier call is removed first when it is provably dlpack's.
+    ``stage`` must not exist (see :func:`clear_beside`).
     """
-    if stage.exists() or stage.is_symlink():
-        if stage.is_symlink() or not stage.is_dir() or (any(stage.iterdir()) and not ZarrBackend.is_own(stage)):
-            raise StoreError(
-                f"{stage} is where dlpack prepares the next version of {store}, but it is not dlpack's; "
-                "remove or rename it, then try again"
-            )
-        shutil.rmtree(stage)
     manifest = read_manifest(store)
     listed = {n for spec in manifest.arrays.values() for n in spec.stored_names()}
     stage.mkdir()
