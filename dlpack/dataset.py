@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import operator
 import os
+import shutil
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,16 +17,41 @@ from typing import Any
 import numpy as np
 
 from .backends import StoreReader, open_reader, open_writer
-from .errors import OptionError, SampleIndexError, StoreError, StoreExistsError
+from .errors import (
+    DlpackError,
+    OptionError,
+    SampleIndexError,
+    StoreError,
+    StoreExistsError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
 from .loader import Loader, LoaderOptions
-from .manifest import ArraySpec, Manifest
+from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
 
 __all__ = ["Dataset", "open", "add_array"]
 
 #: Keys every sample has; a stored array's ``key`` may not take them.
 BASE_KEYS = ("image", "label", "index", "source")
-#: Arrays that identify or protect the samples: add_array never replaces them.
-PROTECTED_ARRAYS = frozenset({"images", "image", "image_shapes", "checksum", "source"})
+#: Arrays that identify or protect the samples, or that ``--update`` trusts to know a file and
+#: where its pixels came from: add_array never writes them.
+PROTECTED_ARRAYS = frozenset(
+    {
+        "images",
+        "image",
+        "image_shapes",
+        "checksum",
+        "source",
+        "source_stat",
+        "source_sha256",
+        "transform",
+        "original_size",
+    }
+)
+#: Arrays add_array may replace whose values index a manifest list: (key, stored dtype, list field).
+CODED_ARRAYS = {"labels": ("label", "<i4", "classes"), "split": ("split", "|i1", "splits")}
+#: Names add_array gives the arrays it moves aside while switching one in (HDF5): users' names never start so.
+STAGED_PREFIX = "dlpack_"
 
 
 class Dataset:
@@ -327,8 +355,12 @@ def add_array(
     ragged: bool = False,
     replace: bool = False,
     compression: str = "none",
+    lock_timeout: float = 60.0,
 ) -> ArraySpec:
     """Add a per-sample array to an existing store, whatever its backend.
+
+    Everything is checked before anything is written, and the store changes in one step: a
+    failure or a kill leaves it as it was (see docs/format.md, "Adding an array").
 
     Parameters
     ----------
@@ -338,53 +370,258 @@ def add_array(
         The array's name (lower case, digits, ``_``).
     values
         ``[N, ...]`` array with one value per sample, or, with ``ragged=True``, a sequence of ``N``
-        arrays of ``[rows_i, ...]`` (boxes, polygons, variable-length data).
+        arrays of ``[rows_i, ...]`` (boxes, polygons, variable-length data), all of one dtype and
+        row shape.
     key
         The key under which ``ds[i]`` and loader batches carry it; ``None`` means the name.
     replace
-        Replace an existing array of that name (never the images, sources or checksums).
+        Replace an existing array of that name. ``labels`` and ``split`` may be replaced with
+        codes of the store's ``classes`` / ``splits``; the images, sources, checksums and what
+        ``--update`` relies on (``source_stat``, ``source_sha256``, ``transform``,
+        ``original_size``) never.
+    lock_timeout
+        Seconds to wait while another dlpack process (a build, another ``add_array``) holds the
+        store's lock, before raising :class:`~dlpack.errors.StoreLockedError`.
 
     Returns
     -------
     ArraySpec
         What was stored.
     """
-    with open(path) as ds:
-        n, taken = len(ds), {spec.key for spec in ds.manifest.arrays.values() if spec.key}
-        manifest = ds.manifest
-    key = name if key is None else key
+    from ._lock import BuildLock
+
+    out = Path(path)
+    if out.is_symlink():  # the store the link names is the one changed (and locked)
+        out = out.resolve()
+    if not out.exists():
+        raise StoreNotFoundError(f"no store at {out} to add array {name!r} to")
+    lock = BuildLock(out)
+    deadline = time.monotonic() + lock_timeout
+    while True:
+        try:
+            lock.acquire()
+            break
+        except StoreLockedError as exc:
+            if time.monotonic() >= deadline:
+                raise StoreLockedError(f"waited {lock_timeout:g} s to add array {name!r}: {exc}") from None
+            time.sleep(0.05)
+        except OSError as exc:  # e.g. a full disk while the holder's name was written
+            lock.release()
+            raise StoreError(f"cannot take the lock of {out} to add array {name!r}: {exc}") from exc
+    try:
+        from .build import clear_leftovers
+
+        clear_leftovers(out)  # a killed switch of an earlier add_array is finished or undone first
+        reader = open_reader(out, check_labels=False)  # a store with bad labels can be repaired
+        try:
+            manifest = reader.manifest
+        finally:
+            reader.close()
+        spec, data = _checked_array(out, manifest, name, values, key, ragged, replace, compression)
+        existing = manifest.arrays.get(name)
+        try:
+            if out.is_dir():  # Zarr
+                _add_beside(out, manifest, spec, data, existing)
+            else:
+                _add_in_place(out, manifest, spec, data, existing)
+        except DlpackError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot add array {name!r} to {out}: {exc}; the store was left as it was") from exc
+        except Exception as exc:  # zarr and h5py raise many types; none may escape as theirs
+            raise StoreError(f"cannot add array {name!r} to {out}: {exc!r}; the store was left as it was") from exc
+    finally:
+        lock.release()
+    return spec
+
+
+def _checked_array(
+    out: Path,
+    manifest: Manifest,
+    name: str,
+    values: np.ndarray | Sequence[np.ndarray],
+    key: str | None,
+    ragged: bool,
+    replace: bool,
+    compression: str,
+) -> tuple[ArraySpec, np.ndarray | list[np.ndarray]]:
+    """The spec and values to write, after every check that can be made before writing anything."""
+    n = manifest.count
+    if not isinstance(name, str):
+        raise OptionError(f"array name must be a string, got {name!r}")
+    ArraySpec(name, "<i4")  # the name's rules, before any other message
+    if name.startswith(STAGED_PREFIX):
+        raise OptionError(f"array names starting with {STAGED_PREFIX!r} are dlpack's own")
+    if name.endswith(RAGGED_SUFFIXES):
+        raise OptionError(f"array name {name!r} ends in {' or '.join(RAGGED_SUFFIXES)}, which ragged arrays use")
+    if name in PROTECTED_ARRAYS:
+        raise OptionError(
+            f"array {name!r} identifies or protects the samples (or --update relies on it): it cannot be replaced "
+            "or written by add_array"
+        )
     existing = manifest.arrays.get(name)
     if existing is not None and not replace:
-        raise StoreExistsError(f"store {path} already has an array {name!r}; pass replace=True to replace it")
-    if existing is not None and name in PROTECTED_ARRAYS:
-        raise OptionError(f"array {name!r} identifies or protects the samples and cannot be replaced")
-    own_key = existing.key if existing is not None else None
-    if key in BASE_KEYS or (key in taken and key != own_key):
+        raise StoreExistsError(f"store {out} already has an array {name!r}; pass replace=True to replace it")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise OptionError(f"key must be a non-empty string or None (the array's name), got {key!r}")
+    if name in CODED_ARRAYS:
+        return _coded_array(out, manifest, name, values, key, ragged, compression)
+    key = name if key is None else key
+    taken = {spec.key for spec in manifest.arrays.values() if spec.key and spec.name != name}
+    if key in BASE_KEYS or key in taken:
         raise OptionError(f"key {key!r} is already used by every sample or by another array; choose another key")
+    data: np.ndarray | list[np.ndarray]
     if ragged:
-        parts = [np.asarray(v) for v in values]
-        if len(parts) != n:
-            raise OptionError(f"{name!r} has {len(parts)} samples, the store has {n}")
-        first = next((p for p in parts if p.size), parts[0] if parts else np.empty(0))
+        if isinstance(values, np.ndarray) and values.dtype != object and values.ndim < 2:
+            raise OptionError(f"ragged {name!r} needs one array of rows per sample, got a {values.ndim}-D array")
+        data = [np.asarray(v) for v in values]
+        if len(data) != n:
+            raise OptionError(f"{name!r} has {len(data)} samples, the store has {n}")
+        ref = next((i for i, p in enumerate(data) if p.size), 0)
+        first = data[ref] if data else np.empty((0,), np.float32)
+        for i, part in enumerate(data):
+            if part.dtype.hasobject or part.ndim == 0:
+                raise OptionError(
+                    f"ragged {name!r}: sample {i} is not an array of rows ({part.dtype}, shape {part.shape})"
+                )
+            if part.shape[1:] != first.shape[1:] or (part.size and part.dtype != first.dtype):
+                raise OptionError(
+                    f"ragged {name!r}: sample {i} has rows of shape {part.shape[1:]} {part.dtype}, sample {ref} "
+                    f"{first.shape[1:]} {first.dtype}; every sample's rows must have one shape and dtype "
+                    "(convert them first: dlpack does not cast)"
+                )
         spec = ArraySpec(name, first.dtype.str, tuple(first.shape[1:]), True, key, compression)
     else:
-        arr = np.asarray(values)
-        if arr.ndim == 0 or len(arr) != n:
-            raise OptionError(f"{name!r} has {0 if arr.ndim == 0 else len(arr)} samples, the store has {n}")
-        spec = ArraySpec(name, arr.dtype.str, tuple(arr.shape[1:]), False, key, compression)
-    writer = open_writer(path, "r+")
+        try:
+            data = np.asarray(values)
+        except ValueError:  # NumPy refuses samples of different shapes
+            data = np.empty(0, dtype=object)
+        if data.dtype.hasobject:
+            raise OptionError(f"{name!r} is not one numeric array (samples of different shapes? pass ragged=True)")
+        if data.ndim == 0 or len(data) != n:
+            raise OptionError(f"{name!r} has {0 if data.ndim == 0 else len(data)} samples, the store has {n}")
+        spec = ArraySpec(name, data.dtype.str, tuple(data.shape[1:]), False, key, compression)
+    for other in manifest.arrays.values():
+        clash = set(spec.stored_names()) & set(other.stored_names())
+        if other.name != name and clash:
+            raise OptionError(f"array {name!r} would overwrite {sorted(clash)} of array {other.name!r}")
+    return spec, data
+
+
+def _coded_array(
+    out: Path, manifest: Manifest, name: str, values: Any, key: str | None, ragged: bool, compression: str
+) -> tuple[ArraySpec, np.ndarray]:
+    """``labels`` or ``split``: codes into the manifest's classes or splits, stored as the format says."""
+    own_key, dtype, field = CODED_ARRAYS[name]
+    names: tuple[str, ...] = getattr(manifest, field)
+    if ragged or key not in (None, own_key):
+        raise OptionError(f"array {name!r} is fixed, one code per sample, under the key {own_key!r}")
+    data = np.asarray(values)
+    n = manifest.count
+    if data.shape != (n,) or data.dtype.kind not in "iu":
+        raise OptionError(
+            f"{name!r} must be {n} integer codes (one per sample), got {data.dtype} of shape {list(data.shape)}"
+        )
+    bad = np.flatnonzero((data < -1) | (data >= len(names)))
+    if len(bad):
+        i = int(bad[0])
+        raise OptionError(
+            f"{name!r} of {out} must be codes -1..{len(names) - 1} for the store's {len(names)} {field} "
+            f"({', '.join(names) or 'none'}); sample {i} holds {int(data[i])} ({len(bad)} such samples)"
+        )
+    return ArraySpec(name, dtype, (), False, own_key, compression), data.astype(dtype)
+
+
+def _write_values(writer: Any, spec: ArraySpec, data: np.ndarray | list[np.ndarray], n: int) -> None:
+    writer.create_array(spec, n)
+    if spec.ragged:
+        writer.write_block(spec.name, 0, data)
+        return
+    step = writer.block_len(spec.name)
+    for s in range(0, n, step):
+        writer.write_block(spec.name, s, data[s : s + step])
+
+
+def _add_beside(
+    out: Path, manifest: Manifest, spec: ArraySpec, data: np.ndarray | list[np.ndarray], existing: ArraySpec | None
+) -> None:
+    """Zarr: write the new store generation beside the store (every other file shared by a hard
+    link), then publish it as a build publishes, so the store is the old one or the new one, whole."""
+    from .backends._zarr import clear_beside, prepare_beside
+    from .build import publish_stage
+
+    stage = beside_path(out)
+    clear_beside(out, stage)
+    writer = None
     try:
-        if name in writer.arrays:
-            writer.delete_array(name)
-        writer.create_array(spec, n)
-        if spec.ragged:
-            writer.write_block(name, 0, parts)
-        else:
-            step = writer.block_len(name)
-            for s in range(0, n, step):
-                writer.write_block(name, s, arr[s : s + step])
+        prepare_beside(out, stage, skip=existing.stored_names() if existing is not None else ())
+        taken = [n for n in spec.stored_names() if (stage / n).exists() or (stage / n).is_symlink()]
+        if taken:
+            raise StoreError(
+                f"{out} holds {', '.join(taken)}, which is not one of its arrays; choose another array name"
+            )
+        writer = open_writer(stage, "r+")
+        if existing is not None:
+            writer.delete_array(existing.name)
+        _write_values(writer, spec, data, manifest.count)
         writer.commit(manifest)
+        publish_stage(stage, out, overwrite=True)
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)  # made by this call, under the lock
         raise
-    return spec
+
+
+def beside_path(out: str | os.PathLike[str]) -> Path:
+    """Where ``add_array`` writes the next generation of a Zarr store: ``.NAME.dlpack-add`` next to it."""
+    p = Path(out)
+    return p.parent / f".{p.name}.dlpack-add"
+
+
+def _add_in_place(
+    out: Path, manifest: Manifest, spec: ArraySpec, data: np.ndarray | list[np.ndarray], existing: ArraySpec | None
+) -> None:
+    """HDF5: the new array is written and committed under a temporary name, without a key. Then,
+    in one session of the HDF5 library (which writes the file when it closes it), the array it
+    replaces moves aside, the new one takes its name and the manifest is rewritten; only then is
+    the old one deleted. Whatever fails is undone in that session, so the file holds a complete
+    store whenever the library writes it."""
+    from .backends._hdf5 import ensure_space
+
+    writer = open_writer(out, "r+")
+    tag = hashlib.sha256(spec.name.encode()).hexdigest()[:16]
+    staged, retired = STAGED_PREFIX + "new_" + tag, STAGED_PREFIX + "old_" + tag
+    try:
+        writer.clear_debris()
+        for leftover in [n for n in writer.arrays if n.startswith(STAGED_PREFIX)]:
+            writer.delete_array(leftover)  # committed by a call killed before it finished
+        _write_values(writer, dataclasses.replace(spec, name=staged, key=None), data, manifest.count)
+        writer.commit(manifest)
+        ensure_space(out, 4 * len(manifest.to_json().encode("utf-8")) + 2**20, "the manifest")
+        old = None
+        try:
+            if existing is not None:
+                writer.rename_array(existing.name, retired)
+                old = writer.arrays.pop(retired)  # no longer listed, deleted once the switch is written
+            writer.rename_array(staged, spec.name, spec.key)
+            writer.commit(manifest)  # the switch
+        except BaseException:
+            if spec.name in writer.arrays and staged not in writer.arrays:
+                writer.rename_array(spec.name, staged)
+            if existing is not None and old is not None:
+                writer.arrays[retired] = old
+                writer.rename_array(retired, existing.name, existing.key)
+            raise
+        if old is not None:
+            writer.arrays[retired] = old
+            writer.delete_array(retired)  # listed by no manifest: a kill before this leaves debris, removed next time
+    except BaseException:
+        if staged in writer.arrays:  # failed before the switch: take the staged array out again
+            with contextlib.suppress(Exception):
+                writer.delete_array(staged)
+                writer.commit(manifest)
+        raise
+    finally:
+        writer.abort()

@@ -97,8 +97,12 @@ class ArraySpec:
             dt = np.dtype(self.dtype)
         except TypeError as exc:
             raise OptionError(f"array {self.name!r}: {self.dtype!r} is not a NumPy dtype") from exc
-        if dt.hasobject or dt.kind not in "biufc":
-            raise OptionError(f"array {self.name!r}: dtype {dt} is not a plain numeric type")
+        # Complex numbers are refused here, as the readers refuse them: store (real, imag) as a trailing axis.
+        if dt.hasobject or dt.kind not in "biuf":
+            raise OptionError(
+                f"array {self.name!r}: dtype {dt} is not a plain numeric type (bool, integer or float; "
+                "store complex values as a trailing axis of 2 floats)"
+            )
         object.__setattr__(self, "dtype", dt.str)
         shape = tuple(self.shape)
         if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape):

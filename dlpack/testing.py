@@ -231,6 +231,25 @@ class BackendTests:
             assert set(reader.arrays) == set(arrays) | {"score"}
             self.assert_reads_back(reader, {**arrays, **extra})
 
+    def test_arrays_are_renamed_with_their_data_and_debris_is_cleared(self, tmp_path: Path) -> None:
+        arrays = sample_arrays()
+        path = self.build_store(tmp_path, arrays)
+        writer = open_writer(path, "r+")
+        self.write(writer, {"junk": np.ones(N, np.float32)})
+        writer.abort()  # never committed: what a killed writer leaves
+        writer = open_writer(path, "r+")
+        assert writer.clear_debris() == ["junk"]
+        writer.rename_array("boxes", "boxes2", "b2")
+        writer.rename_array("weight", "weight2", "weight2")
+        with pytest.raises(OptionError, match="already has"):
+            writer.rename_array("masks", "depth")
+        writer.commit(_manifest(self.backend, N))
+        renamed = {"boxes2": arrays.pop("boxes"), "weight2": arrays.pop("weight")}
+        with open_reader(path) as reader:
+            assert set(reader.arrays) == set(arrays) | set(renamed) and reader.spec("boxes2").key == "b2"
+            self.assert_reads_back(reader, {**arrays, **renamed})
+            assert reader.verify_arrays() == []
+
     def test_reopening_a_foreign_path_is_refused(self, tmp_path: Path) -> None:
         path = self.store_path(tmp_path)
         path.write_bytes(b"someone else's file")

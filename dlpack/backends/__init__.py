@@ -98,10 +98,16 @@ def owned_store(path: str | os.PathLike[str]) -> type[Backend] | None:
     return None
 
 
-def open_reader(path: str | os.PathLike[str], mode: Mode = "r") -> StoreReader:
-    """A reader for the store at ``path``, whatever its backend."""
+def open_reader(path: str | os.PathLike[str], mode: Mode = "r", *, check_labels: bool = True) -> StoreReader:
+    """A reader for the store at ``path``, whatever its backend.
+
+    ``check_labels=False`` reads a store whose labels fall outside its classes (a damaged or
+    mislabelled store) instead of refusing it, so that it can be repaired.
+    """
     backend = get_backend(detect_backend(path).name, random_access=True)
-    return backend.open_reader(Path(path), mode)
+    reader = backend.open_reader(Path(path), mode)
+    reader.check_labels = check_labels
+    return reader
 
 
 def open_writer(

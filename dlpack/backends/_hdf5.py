@@ -289,6 +289,27 @@ class Hdf5Writer(StoreWriter):
             del f[name]  # HDF5 does not give the space back; a rebuild compacts the file
         self._raw.pop(name, None)
 
+    def _rename_stored(self, old: str, new: str) -> None:
+        self._file().move(old, new)
+        self._raw[new] = self._raw.pop(old)
+
+    def clear_debris(self) -> list[str]:
+        import h5py
+
+        listed = set(self._stored_names()) | {MANIFEST}
+        f = self._file()
+        found = []
+        for name in list(f):
+            node = f.get(name)
+            if name in listed or not isinstance(node, h5py.Dataset):
+                continue
+            if isinstance(node.attrs.get(DIGEST_ATTR), (str, bytes)):  # a dlpack writer's, never committed
+                del f[name]
+                self._raw.pop(name, None)
+                found.append(name)
+        self._close()
+        return found
+
     def _stored_rows(self, name: str) -> int:
         return int(self._file()[name].shape[0])
 

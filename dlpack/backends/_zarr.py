@@ -362,6 +362,37 @@ class ZarrWriter(StoreWriter):
                         removed += 1
         return removed
 
+    def _rename_stored(self, old: str, new: str) -> None:
+        self._h_arrays.pop(old, None)
+        if (self.path / new).exists() or (self.path / new).is_symlink():
+            raise StoreError(f"{self.path / new} already exists; dlpack does not replace what it did not write")
+        os.rename(self.path / old, self.path / new)
+        if old in self._layout:
+            self._layout[new] = self._layout.pop(old)
+
+    def clear_debris(self) -> list[str]:
+        listed = {n for spec in self.arrays.values() for n in spec.stored_names()}
+        found = []
+        self._h_arrays.clear()
+        for child in sorted(self.path.iterdir()):
+            if not child.is_dir() or child.is_symlink():
+                continue
+            if child.name not in listed:
+                if _uncommitted_array(child):
+                    shutil.rmtree(child)
+                    self._layout.pop(child.name, None)
+                    found.append(child.name)
+                continue
+            for p in sorted(child.rglob("*.tmp")):
+                if p.is_file() and (is_shard_temp_name(p.name) or p.name == "zarr.json.tmp"):
+                    p.unlink()
+                    found.append(p.relative_to(self.path).as_posix())
+        for leftover in (MANIFEST + ".tmp", "zarr.json.tmp"):
+            if (self.path / leftover).is_file():
+                (self.path / leftover).unlink()
+                found.append(leftover)
+        return found
+
     def _delete_stored(self, name: str) -> None:
         self._h_arrays.pop(name, None)
         self._layout.pop(name, None)
@@ -387,6 +418,82 @@ class ZarrWriter(StoreWriter):
 
     def abort(self) -> None:
         self._h_arrays.clear()
+
+
+_METADATA = ("zarr.json", MANIFEST)
+
+
+def clear_beside(store: Path, stage: Path) -> None:
+    """Remove ``stage``, left by a killed earlier call, when it is provably dlpack's (it carries the
+    marker, or is an empty folder); anything else there is refused and left alone."""
+    if not (stage.exists() or stage.is_symlink()):
+        return
+    if stage.is_symlink() or not stage.is_dir() or (any(stage.iterdir()) and not ZarrBackend.is_own(stage)):
+        raise StoreError(
+            f"{stage} is where dlpack prepares the next version of {store}, but it is not dlpack's; "
+            "remove or rename it, then try again"
+        )
+    shutil.rmtree(stage)
+
+
+def prepare_beside(store: Path, stage: Path, skip: Sequence[str] = ()) -> None:
+    """Make ``stage`` a copy of the complete Zarr store ``store`` to write its next generation in.
+
+    Data files (shards, and any file of the user's inside the store) are hard links to the store's
+    (copies where the file system has none), never written through: dlpack replaces a file by
+    renaming a new one over it. Metadata (``zarr.json``, the manifest) is copied. Left out: the
+    stored arrays ``skip`` (being replaced), temporary files of dlpack's writers cut short by a
+    kill, and array folders dlpack's writer created that no manifest lists.
+
+    ``stage`` must not exist (see :func:`clear_beside`).
+    """
+    manifest = read_manifest(store)
+    listed = {n for spec in manifest.arrays.values() for n in spec.stored_names()}
+    stage.mkdir()
+    shutil.copymode(store, stage)
+    shutil.copyfile(store / "zarr.json", stage / "zarr.json")  # first: the folder is recognisably dlpack's
+    for entry in sorted(os.scandir(store), key=lambda e: e.name):
+        name = entry.name
+        if name in skip or name in _METADATA or name in (MANIFEST + ".tmp", "zarr.json.tmp"):
+            continue
+        if entry.is_dir(follow_symlinks=False) and name not in listed and _uncommitted_array(Path(entry.path)):
+            continue
+        _share(Path(entry.path), stage / name, array=name in listed)
+    shutil.copyfile(store / MANIFEST, stage / MANIFEST)
+
+
+def _uncommitted_array(folder: Path) -> bool:
+    """Whether ``folder`` is an array dlpack's writer created (it carries the digest attribute)."""
+    try:
+        meta = json.loads((folder / "zarr.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    return (
+        isinstance(meta, dict) and meta.get("node_type") == "array" and isinstance(attrs, dict) and DIGEST_ATTR in attrs
+    )
+
+
+def _share(src: Path, dst: Path, array: bool) -> None:
+    """``dst`` as ``src``: folders recreated, symlinks copied as links, files hard-linked."""
+    if src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+        return
+    if src.is_dir():
+        dst.mkdir()
+        shutil.copymode(src, dst)
+        for entry in sorted(os.scandir(src), key=lambda e: e.name):
+            if array and (is_shard_temp_name(entry.name) or entry.name == "zarr.json.tmp"):
+                continue  # a shard or metadata write cut short by a kill
+            _share(Path(entry.path), dst / entry.name, array)
+        return
+    if array and src.name == "zarr.json":
+        shutil.copyfile(src, dst)
+        return
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:  # no hard links on this file system (or across a mount inside the store)
+        shutil.copy2(src, dst, follow_symlinks=False)
 
 
 class _ZarrPythonArray:

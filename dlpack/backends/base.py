@@ -150,6 +150,8 @@ class StoreReader(ABC):
         self._sources: tuple[bytes, list[int]] | None = None
         #: SHA-256 of the manifest text this reader opened: every later (re)open must find the same.
         self._pin: str | None = None
+        #: Refuse labels outside the classes (False only to repair such a store: ``add_array``, ``--update``).
+        self.check_labels = True
 
     # ------------------------------------------------------------------ backend hooks
 
@@ -266,6 +268,8 @@ class StoreReader(ABC):
             )
 
     def _check_labels(self, labels: np.ndarray) -> None:
+        if not self.check_labels:
+            return
         k = len(self.manifest.classes)
         bad = np.flatnonzero((labels < -1) | (labels >= k))
         if len(bad):
@@ -601,6 +605,38 @@ class StoreWriter(ABC):
             self._touched.discard(stored)
         self._ragged.pop(name, None)
 
+    def rename_array(self, old: str, new: str, key: str | None = None) -> None:
+        """Give array ``old`` the name ``new`` (which must be free) and the sample key ``key``.
+
+        How ``add_array`` switches in an array it built aside under a temporary name, once the
+        array is complete, so that a failure before then leaves the array it replaces untouched.
+        """
+        spec = self.arrays.get(old)
+        if spec is None:
+            raise StoreError(f"store {self.path} has no array {old!r}")
+        if new in self.arrays:
+            raise OptionError(f"store {self.path} already has an array {new!r}; delete_array it first")
+        names = dict(zip(spec.stored_names(), replace(spec, name=new, sha256={}).stored_names(), strict=True))
+        renamed = replace(spec, name=new, key=key, sha256={names[k]: v for k, v in spec.sha256.items()})
+        for a, b in names.items():
+            self._rename_stored(a, b)
+            if a in self._touched:
+                self._touched.discard(a)
+                self._touched.add(b)
+        del self.arrays[old]
+        self.arrays[new] = renamed
+        if old in self._ragged:
+            self._ragged[new] = self._ragged.pop(old)
+
+    def _rename_stored(self, old: str, new: str) -> None:
+        """Rename stored array ``old`` to ``new``."""
+        raise StoreError(f"{type(self).__name__} cannot rename array {old!r}")
+
+    def clear_debris(self) -> list[str]:
+        """Remove what a killed writer left in this store that is provably dlpack's and listed by no
+        committed manifest (stored arrays still marked "being written"); returns their names."""
+        return []
+
     def block_len(self, name: str) -> int:
         """Samples per aligned write block of fixed array ``name`` (a whole shard)."""
         return self._stored_layout(name)[1]
@@ -664,6 +700,7 @@ class StoreWriter(ABC):
                 raise StoreError(f"ragged array {name!r} has {buf.samples} of {self.count} samples written")
             self._flush_ragged(name, final=True)
             self._write_rows(name + "_offsets", 0, np.asarray(buf.offsets, dtype="<i8"))
+        self._ragged.clear()  # written: a later commit of this writer does not write them again
         arrays: dict[str, ArraySpec] = {}
         for name, spec in sorted(self.arrays.items()):
             digests = dict(spec.sha256)
