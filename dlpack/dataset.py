@@ -424,6 +424,11 @@ def add_array(
                 _add_beside(out, manifest, spec, data, existing)
             else:
                 _add_in_place(out, manifest, spec, data, existing)
+        except StoreError as exc:
+            if type(exc) is not StoreError or os.fspath(out) in str(exc):
+                raise
+            # A full disk names the file being written, which lies beside the store: name the store too.
+            raise StoreError(f"cannot add array {name!r} to {out}: {exc}; the store was left as it was") from exc
         except DlpackError:
             raise
         except OSError as exc:
