@@ -1846,6 +1846,11 @@ def _replaced_error(bad: Sequence[InputFileError], others: int, root: Path, skip
     )
 
 
+def _codes_outside(codes: np.ndarray, names: Sequence[str]) -> bool:
+    """Whether a stored label or split array holds a code that names none of ``names`` (-1 is "none")."""
+    return bool(len(codes)) and (int(codes.min()) < -1 or int(codes.max()) >= len(names))
+
+
 def _split_counts(splits: Sequence[str], codes: np.ndarray | None) -> dict[str, int]:
     if codes is None or not len(splits):
         return {}
@@ -1877,6 +1882,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
     if own is not backend:
         raise StoreError(f"{out} is not a dlpack {backend.name} store; --update only updates dlpack's own stores")
     reader = backend.open_reader(out)
+    reader.check_labels = False  # a store whose labels are damaged is repaired by the update (below)
     try:
         m = reader.manifest
         missing = [n for n in ("source_stat", "source_sha256") if n not in m.arrays]
@@ -1940,7 +1946,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             raise _unfilled_error(unfilled, len(added), len(ch.replaced), out)
         skipped = tuple(sorted(errors, key=lambda e: e.path))
         split0 = reader.meta("split") if m.splits else None
-        changed = added or ch.replaced or ch.removed or ch.restat or ch.renamed or opts.drop_array
+        labels0 = reader.meta("labels")
+        damaged = _codes_outside(labels0, m.classes) or (split0 is not None and _codes_outside(split0, m.splits))
+        changed = added or ch.replaced or ch.removed or ch.restat or ch.renamed or opts.drop_array or damaged
         if not changed and skipped == m.skipped:
             return BuildResult(
                 path=out,
@@ -1955,7 +1963,6 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                 classes=m.classes,
                 splits=_split_counts(m.splits, split0),
             )
-        labels0 = reader.meta("labels")
         images = _image_array(plan0.image, plan0.compression)
         count = len(items)
         plan = replace(
@@ -1972,22 +1979,29 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         splits = (*m.splits, *(s for s in _split_names(scan.items) if s not in m.splits))
         class_id = {c: i for i, c in enumerate(classes)}
         split_id = {s: i for i, s in enumerate(splits)}
-        # Kept and replaced samples keep their stored class and split; appended ones get the scan's.
+        # Kept and replaced samples keep their stored class and split; appended ones get the scan's,
+        # and so does a stored code outside the store's classes or splits (a damaged store is repaired).
+        def kept(codes: np.ndarray | None, i: int | None, names: Sequence[str]) -> int | None:
+            code = None if codes is None or i is None else int(codes[i])
+            return code if code is not None and -1 <= code < len(names) else None
+
         labels = np.array(
             [
-                int(labels0[i]) if i is not None else class_id[it.label] if it.label is not None else -1
+                code if (code := kept(labels0, i, m.classes)) is not None
+                else class_id[it.label] if it.label is not None else -1
                 for i, it in zip(olds, items, strict=True)
             ],
             dtype="<i4",
-        )
+        )  # fmt: skip
         split_codes = (
             np.array(
                 [
-                    int(split0[i]) if i is not None and split0 is not None else split_id[it.split] if it.split else -1
+                    code if (code := kept(split0, i, m.splits)) is not None
+                    else split_id[it.split] if it.split else -1
                     for i, it in zip(olds, items, strict=True)
                 ],
                 dtype="|i1",
-            )
+            )  # fmt: skip
             if splits
             else None
         )

@@ -500,3 +500,27 @@ def test_a_loader_state_survives_only_an_update_that_changes_nothing(
     dlpack.build(src, out, update=True, jobs=1, quiet=True)
     with dlpack.open(out) as ds, pytest.raises(dlpack.StateError, match="saved for another dataset"):
         ds.loader(batch_size=8, seed=1, workers=0, prefetch=0).load_state_dict(state)
+
+
+def test_an_update_repairs_labels_outside_the_stores_classes(make_tree: MakeTree, tmp_path: Path, backend: str) -> None:
+    """A store whose labels name no class refuses every open; an update opens it and takes the folders' classes."""
+    from dlpack.backends import open_reader, open_writer
+
+    src = make_tree({f"c{k % 2}/{k:02d}.png": "rgb" for k in range(6)})
+    out = tmp_path / backend
+    dlpack.build(src, out, jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        want = [ds[i]["label"] for i in range(len(ds))]
+    with open_reader(out) as reader:
+        manifest, n = reader.manifest, len(reader)
+    writer = open_writer(out, "r+")  # the low-level writer does not check labels
+    writer.delete_array("labels")
+    writer.create_array(manifest.arrays["labels"], n)
+    writer.write_block("labels", 0, np.full(n, 7, np.int32))
+    writer.commit(manifest)
+    with pytest.raises(dlpack.StoreError, match="holds 7 at sample 0"):
+        dlpack.open(out)
+    result = dlpack.build(src, out, update=True, jobs=1, quiet=True)  # no file changed
+    assert result.update is not None and "nothing to do" not in result.update
+    with dlpack.open(out) as ds:
+        assert [ds[i]["label"] for i in range(len(ds))] == want and ds.verify() == []
