@@ -37,7 +37,7 @@ import numpy as np
 from . import __version__
 from ._lock import BuildLock, old_path, partial_path
 from ._names import shown as shown_name
-from .backends import ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
+from .backends import BACKENDS, ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
 from .errors import (
     BadInputsError,
     DlpackError,
@@ -49,7 +49,7 @@ from .errors import (
     StoreNotFoundError,
 )
 from .manifest import ImageSpec, Manifest
-from .options import BuildOptions
+from .options import SPLIT_PART_NAMES, BuildOptions, parse_split
 from .sources.base import Source, SourceItem, SourceScan
 from .sources.decode import (
     DecodeError,
@@ -96,6 +96,11 @@ class BuildPlan:
     follow_symlinks : bool
         Whether a folder source followed symlinks: part of what the source lists, so an update
         scans with the same rule (recorded only when true).
+    exclude : tuple of str
+        The exclude patterns of a folder source, which an update scans with too (recorded only when given).
+    split, split_seed : tuple of int, int
+        The percentages and seed of a split the build made (``--split``; recorded only when given):
+        an update gives appended samples their split by the same seed.
     """
 
     target: TargetSpec
@@ -108,6 +113,14 @@ class BuildPlan:
     order: str
     source: str
     follow_symlinks: bool = False
+    exclude: tuple[str, ...] = ()
+    split: tuple[int, ...] = ()
+    split_seed: int = 0
+
+    @property
+    def split_names(self) -> tuple[str, ...]:
+        """The sorted names of the split the build made; () when it made none."""
+        return tuple(sorted(SPLIT_PART_NAMES[len(self.split)])) if self.split else ()
 
     def __post_init__(self) -> None:
         if (self.target.channels, self.target.dtype) != (self.image.channels, self.image.dtype):
@@ -128,7 +141,11 @@ class BuildPlan:
             "count": self.count,
             "order": self.order,
             "source": self.source,
-        } | ({"follow_symlinks": True} if self.follow_symlinks else {})
+        } | (
+            ({"follow_symlinks": True} if self.follow_symlinks else {})
+            | ({"exclude": list(self.exclude)} if self.exclude else {})
+            | ({"split": {"percent": list(self.split), "seed": self.split_seed}} if self.split else {})
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BuildPlan:
@@ -144,15 +161,27 @@ class BuildPlan:
             follow = d.get("follow_symlinks", False)
             if not isinstance(follow, bool):
                 raise TypeError(f"follow_symlinks must be true or false, got {follow!r}")
+            exclude = d.get("exclude", [])
+            if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
+                raise TypeError(f"exclude must be a list of patterns, got {exclude!r}")
+            split = d.get("split", {"percent": [], "seed": 0})
+            pcts, seed = split["percent"], split["seed"]
+            if pcts:
+                pcts = list(parse_split(pcts))
+            if not isinstance(seed, int) or isinstance(seed, bool):
+                raise TypeError(f"the split seed must be an integer, got {seed!r}")
             return cls(
                 follow_symlinks=follow,
+                exclude=tuple(exclude),
+                split=tuple(pcts),
+                split_seed=seed,
                 target=TargetSpec.from_dict(dict(d["target"])),
                 image=ImageSpec(**d["image"]),
                 order=d["order"],
                 source=d["source"],
                 **fields,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OptionError) as exc:
             raise StoreError(f"the recorded build plan is malformed: {exc!r}") from exc
 
     def fingerprint(self) -> str:
@@ -185,13 +214,36 @@ class BuildResult:
     update: str = ""
     classes: tuple[str, ...] = ()
     splits: dict[str, int] = field(default_factory=dict)
+    #: Paths the exclude patterns left out (folders with a trailing "/"), and files that are not images.
+    excluded: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    #: How many stored sizes a variable-size store holds (0 for a fixed-size store).
+    distinct_sizes: int = 0
 
     @property
     def images_per_s(self) -> float:
         return self.count / self.seconds if self.seconds > 0 else float("inf")
 
-    def summary(self) -> str:
-        """Closing lines: images, input MB, output MB, seconds, images/s; the classes; the splits and their sizes.
+    @property
+    def notes(self) -> list[str]:
+        """What the user should know about the inputs left out and the store's shape (summary lines, ``notes`` in --json)."""
+        out = []
+        if self.ignored:
+            n = len(self.ignored)
+            out.append(f"skipped {n} non-image file{'s' if n != 1 else ''} (--verbose lists them)")
+        if self.excluded:
+            n = len(self.excluded)
+            out.append(f"excluded {n} path{'s' if n != 1 else ''} matching --exclude (--verbose lists them)")
+        if self.distinct_sizes > 1:
+            out.append(
+                f"variable-size store ({self.distinct_sizes} distinct sizes): batches are lists; "
+                "pass --size WxH or --max-side N for tensors"
+            )
+        return out
+
+    def summary(self, verbose: bool = False) -> str:
+        """Closing lines: images, input MB, output MB, seconds, images/s; the classes; the splits and
+        their sizes; the :attr:`notes`; with ``verbose``, every excluded path and non-image file.
 
         The classes are printed so that a wrong guess of the folder rules is visible at once.
         """
@@ -213,6 +265,10 @@ class BuildResult:
             lines.append("classes: none (unlabelled)")
         if self.splits:
             lines.append("splits: " + ", ".join(f"{shown_name(name)} {n}" for name, n in sorted(self.splits.items())))
+        lines += self.notes
+        if verbose:
+            lines += [f"  excluded {shown_name(p)}" for p in self.excluded]
+            lines += [f"  not an image: {shown_name(p)}" for p in self.ignored]
         return "\n".join(lines)
 
 
@@ -239,7 +295,7 @@ def _bad_inputs(errors: Sequence[InputFileError], root: Path, nothing_left: bool
 def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Source:
     """The source a build reads: a path means a :class:`FolderSource` with the options' labels and symlink rule."""
     if isinstance(src, (str, os.PathLike)):
-        return FolderSource(src, opts.labels, opts.follow_symlinks)
+        return FolderSource(src, opts.labels, opts.follow_symlinks, opts.exclude)
     if isinstance(src, Source):
         return src
     raise OptionError(f"src must be a folder path or a dlpack.sources.Source, got {type(src).__name__}")
@@ -282,6 +338,74 @@ def scan_stage(source: Source) -> SourceScan:
     if len(splits) > _MAX_SPLITS:
         raise SourceError(f"the source {where!r} lists {len(splits)} split names; a store holds at most {_MAX_SPLITS}")
     return scan
+
+
+def _split_draw(seed: int, rel: str) -> float:
+    """A number in [0, 1) fixed by the seed and the file's path: where the file falls in a ``--split``."""
+    digest = hashlib.sha256(f"{seed}\0{rel}".encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _split_counts_of(n: int, percent: Sequence[int]) -> list[int]:
+    """``n`` samples shared by ``percent`` in whole samples (largest remainder; ties to the earlier part)."""
+    quotas = [n * p / 100 for p in percent]
+    counts = [int(q) for q in quotas]
+    order = sorted(range(len(percent)), key=lambda j: (-(quotas[j] - counts[j]), j))
+    for j in order[: n - sum(counts)]:
+        counts[j] += 1
+    return counts
+
+
+def _source_splits_error(scan: SourceScan, where: str, what: str) -> OptionError:
+    tops = sorted({it.rel.split("/")[0] + "/" for it in scan.items if it.split is not None})
+    return OptionError(
+        f"{where!r} already gives splits by its folders ({', '.join(shown_name(t) for t in tops[:10])}); {what}"
+    )
+
+
+def split_stage(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
+    """1b. Give every item a split (``--split``): by class, each class shared by ``percent``.
+
+    Within a class, items are ordered by a draw fixed by the seed and their path (never by the
+    order of the workers), and the first ones go to train, then val, then test, so every class is
+    split in the same proportions (in whole samples). A split the source gives is never overridden.
+    """
+    if any(it.split is not None for it in scan.items):
+        raise _source_splits_error(scan, where, "drop --split (split=...) to keep them, or move the images out of them")
+    names = SPLIT_PART_NAMES[len(percent)]
+    by_class: dict[str | None, list[int]] = {}
+    for k, it in enumerate(scan.items):
+        by_class.setdefault(it.label, []).append(k)
+    assigned: list[str | None] = [None] * len(scan.items)
+    for ks in by_class.values():
+        ks.sort(key=lambda k: (_split_draw(seed, scan.items[k].rel), scan.items[k].rel))
+        pos = 0
+        for name, n in zip(names, _split_counts_of(len(ks), percent), strict=True):
+            for k in ks[pos : pos + n]:
+                assigned[k] = name
+            pos += n
+    items = tuple(replace(it, split=name) for it, name in zip(scan.items, assigned, strict=True))
+    return replace(scan, items=items)
+
+
+def split_per_file(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
+    """Every item's split by its own draw (the rule for samples an update appends to a ``--split`` store)."""
+    if any(it.split is not None for it in scan.items):
+        raise _source_splits_error(
+            scan,
+            where,
+            "the store's splits were made with --split; move the images out of those folders, "
+            "or rebuild with --overwrite",
+        )
+    names = SPLIT_PART_NAMES[len(percent)]
+    bounds = np.cumsum(percent) / 100
+    items = tuple(
+        replace(
+            it, split=names[min(int(np.searchsorted(bounds, _split_draw(seed, it.rel), side="right")), len(names) - 1)]
+        )
+        for it in scan.items
+    )
+    return replace(scan, items=items)
 
 
 # ---------------------------------------------------------------- stage 2: probe (workers)
@@ -527,6 +651,9 @@ def plan_stage(
         order=_order_digest(kept),
         source=_source_digest(scan, probes),
         follow_symlinks=opts.follow_symlinks,
+        exclude=opts.exclude,
+        split=opts.split or (),
+        split_seed=(opts.split_seed or 0) if opts.split else 0,
     )
     return plan, sel
 
@@ -1131,7 +1258,7 @@ def manifest_stage(
     """6. The per-sample arrays and the manifest of the written samples (the writer lists the arrays)."""
     items = [scan.items[k] for k in sel.keep]
     variable = plan.image.layout == "variable"
-    splits = _split_names(scan.items)
+    splits = plan.split_names or _split_names(scan.items)
     arrays = _meta_arrays(items, samples, scan.classes, [s.shape for s in samples] if variable else None, splits)
     conversions = Counter(c for s in samples for c in s.conversions)
     target = plan.target
@@ -1404,6 +1531,10 @@ UPDATE_OPTIONS: dict[str, str] = {
     "shard_bytes": "kept",
     "labels": "kept",
     "follow_symlinks": "kept",
+    "exclude": "kept",
+    "split": "kept",
+    "split_seed": "kept",
+    "verbose": "applied",
     "allow_upscale": "applied",
     "max_pixels": "applied",
     "jobs": "applied",
@@ -1448,6 +1579,15 @@ def _check_update_options(plan: BuildPlan, opts: BuildOptions, out: Path) -> Bui
     ]
     if opts.follow_symlinks and not plan.follow_symlinks:
         differ.append("follow_symlinks (the store was built without --follow-symlinks)")
+    if opts.exclude and sorted(set(opts.exclude)) != sorted(set(plan.exclude)):
+        theirs = ", ".join(repr(p) for p in plan.exclude) or "none"
+        differ.append(f"exclude (the store's: {theirs}; given: {', '.join(repr(p) for p in opts.exclude)})")
+    if opts.split is not None and opts.split != plan.split:
+        theirs = ",".join(map(str, plan.split)) if plan.split else "none (its splits are its source's, or none)"
+        differ.append(f"split (the store's: {theirs}; given: {','.join(map(str, opts.split))})")
+    if opts.split_seed is not None and (not plan.split or opts.split_seed != plan.split_seed):
+        theirs = str(plan.split_seed) if plan.split else "none (built without --split)"
+        differ.append(f"split_seed (the store's: {theirs}; given: {opts.split_seed})")
     if differ:
         raise OptionError(
             f"--update keeps the plan {out} was built with; it differs in {'; '.join(differ)}: "
@@ -1462,9 +1602,13 @@ def _check_update_options(plan: BuildPlan, opts: BuildOptions, out: Path) -> Bui
 
 
 def _source_with_rules(source: Source, plan: BuildPlan) -> Source:
-    """``source`` scanning with the store's symlink rule: a store built following symlinks keeps following them."""
-    if isinstance(source, FolderSource) and plan.follow_symlinks and not source.follow_symlinks:
-        return FolderSource(source.root, source.labels, True)
+    """``source`` scanning with the store's symlink rule and exclude patterns: a store built following
+    symlinks keeps following them, and one built with ``--exclude`` keeps leaving those paths out."""
+    if not isinstance(source, FolderSource):
+        return source
+    follow = source.follow_symlinks or plan.follow_symlinks
+    if (follow, source.exclude) != (source.follow_symlinks, plan.exclude):
+        return FolderSource(source.root, source.labels, follow, plan.exclude)
     return source
 
 
@@ -1770,6 +1914,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                     "so --labels none would be refused: move them into class folders"
                 ) from exc
             raise
+        if plan0.split:
+            # Kept samples keep their split; an appended one gets its split by its own draw under the seed.
+            scan = split_per_file(scan, plan0.split, plan0.split_seed, os.fspath(root))
         _check_folder_rules(m, scan, out, root)
         user = _user_arrays(m, opts, out)
         probes = probe_stage(root, scan.items, opts)
@@ -1824,6 +1971,8 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                 update="up to date: nothing to do",
                 classes=m.classes,
                 splits=_split_counts(m.splits, split0),
+                excluded=scan.excluded,
+                ignored=scan.ignored,
             )
         labels0 = reader.meta("labels")
         images = _image_array(plan0.image, plan0.compression)
@@ -1947,6 +2096,8 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         update=note,
         classes=manifest.classes,
         splits=_split_counts(splits, split_codes),
+        excluded=scan.excluded,
+        ignored=scan.ignored,
     )
 
 
@@ -2104,6 +2255,24 @@ def check_paths(source: Source, out: Path) -> None:
         )
 
 
+def _check_out_suffix(out: Path, opts: BuildOptions) -> None:
+    """Refuse an OUT whose suffix names no format (``x.txt``): it would silently become a Zarr folder of that name.
+
+    A suffix-less OUT gets the default format; ``format`` names the format whatever the suffix, and
+    an update keeps the format of the store already there.
+    """
+    if opts.format is not None or opts.update:
+        return
+    suffix = os.path.splitext(os.fspath(out).rstrip("/\\"))[1].lower()
+    known = {s: b.name for b in BACKENDS.values() for s in b.suffixes}
+    if suffix and suffix not in known:
+        shown = ", ".join(f"{s} ({name})" for s, name in sorted(known.items()))
+        raise OptionError(
+            f"OUT {shown_name(os.fspath(out))!r} ends in {shown_name(suffix)!r}, which names no store format; "
+            f"use one of the suffixes {shown}, or name the format with format=FORMAT"
+        )
+
+
 def build(
     src: Source | str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -2145,6 +2314,7 @@ def build(
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
     out_path = Path(out)
+    _check_out_suffix(out_path, opts)
     backend = backend_for_path(out_path, opts.format, write=True)
     source = as_source(src, opts)
     if isinstance(source, FolderSource) and source.follow_symlinks != opts.follow_symlinks:
@@ -2157,10 +2327,13 @@ def build(
             return update_stage(source, out_path, backend, opts, t0)
         if out_path.exists() or out_path.is_symlink():
             if not opts.overwrite:
-                raise StoreExistsError(f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it")
+                # The CLI names its flag instead (dlpack.cli): the keyword is the library's word for it.
+                raise StoreExistsError(f"{out_path} already exists; pass overwrite=True to replace it")
             check_replaceable(out_path)
         root = source.root
         scan = scan_stage(source)
+        if opts.split:
+            scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         probes = probe_stage(root, scan.items, opts)
         plan, sel = plan_stage(scan, probes, _probed(scan, probes), opts, backend.name)
         if sel.errors and opts.on_error == "fail":
@@ -2194,4 +2367,7 @@ def build(
         resume=resume,
         classes=manifest.classes,
         splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
+        excluded=scan.excluded,
+        ignored=scan.ignored,
+        distinct_sizes=len({s.shape[:2] for s in samples}) if plan.image.layout == "variable" else 0,
     )
