@@ -729,14 +729,18 @@ def decode_block(
     pairs: Sequence[tuple[str, ImageHeader | None]],
     out: np.ndarray | None = None,
     keep_pixels: bool = False,
+    ticks: _Ticks | None = None,
 ) -> list[_Sample | InputFileError]:
     """Prepare a run of files: their metadata or why each failed.
 
     Pixels go into ``out[k]`` when given (a fixed-size block; failed slots keep their zeros), and
-    onto the returned samples when ``keep_pixels``.
+    onto the returned samples when ``keep_pixels``. ``ticks`` hears how many files are done every
+    :attr:`_Ticks.EVERY` files, so the bar moves within a block of tens of thousands of small images.
     """
     results: list[_Sample | InputFileError] = []
     for k, (rel, header) in enumerate(pairs):
+        if ticks is not None and k and k % ticks.EVERY == 0:
+            ticks(k)
         try:
             img, meta = prepare_file(root, plan, rel, header)
         except DecodeError as exc:
@@ -778,11 +782,16 @@ def _fixed_block(plan: BuildPlan, n: int) -> np.ndarray:
 
 
 def _write_block_worker(
-    writer: StoreWriter, root: str, plan: BuildPlan, start: int, pairs: Sequence[tuple[str, ImageHeader | None]]
+    writer: StoreWriter,
+    root: str,
+    plan: BuildPlan,
+    start: int,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    ticks: _Ticks | None = None,
 ) -> list[_Sample | InputFileError]:
     """Decode a block and write it as one block (in a worker, for writers that allow it)."""
     block = _fixed_block(plan, len(pairs))
-    results = decode_block(root, plan, pairs, out=block)
+    results = decode_block(root, plan, pairs, out=block, ticks=ticks)
     # A block with a failure is not written: the store is then discarded (or rebuilt) anyway.
     if not any(isinstance(r, InputFileError) for r in results):
         writer.write_block("images", start, block)
@@ -1107,16 +1116,25 @@ def write_images(
         from joblib import delayed
 
         starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
-        if in_workers:
-            calls = [delayed(_write_block_worker)(writer, root, plan, s, pairs[s : s + step]) for s in starts]
-        else:
-            calls = [delayed(decode_block)(root, plan, pairs[s : s + step], None, True) for s in starts]
         results: list[_Sample | InputFileError] = []
         slots: dict[int, list[_Sample | InputFileError]] = {s: list(v) for s, v in partial.done.items()}
         failed = False
-        with _progress(len(pairs), "packing", opts.quiet) as bar:
+        with (
+            _progress(len(pairs), "packing", opts.quiet) as bar,
+            _BlockProgress(bar, len(starts), _pooled(opts.n_jobs, len(starts))) as progress,
+        ):
+            if in_workers:
+                calls = [
+                    delayed(_write_block_worker)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
+                    for j, s in enumerate(starts)
+                ]
+            else:
+                calls = [
+                    delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
+                    for j, s in enumerate(starts)
+                ]
             bar.update(sum(len(v) for v in slots.values()))
-            for s, block in zip(starts, _parallel(opts.n_jobs, calls), strict=True):
+            for j, (s, block) in enumerate(zip(starts, _parallel(opts.n_jobs, calls), strict=True)):
                 bad = any(isinstance(r, InputFileError) for r in block)
                 failed = failed or bad
                 if not in_workers:
@@ -1134,7 +1152,7 @@ def write_images(
                 if journal is not None and not bad:
                     journal.append_block(s, [r for r in block if isinstance(r, _Sample)])
                 slots[s] = block
-                bar.update(len(block))
+                progress.finished(j, len(block))
         for s in sorted(slots):
             results.extend(slots[s])
     except BaseException as exc:
@@ -2132,13 +2150,17 @@ def _update_blocks(
         else:
             todo.append(s)
     rel = [it.rel for it in scan.items]
-    calls = []
-    for s in todo:
-        ks = [v for src, v in origin[s : s + step] if src == "new"]
-        calls.append(delayed(decode_block)(os.fspath(root), plan, [(rel[k], probes[k].header) for k in ks], None, True))
     decoded: dict[int, _Sample] = {}
-    with _progress(sum(min(step, len(origin) - s) for s in todo), "updating", opts.quiet) as bar:
-        for s, results in zip(todo, _parallel(opts.n_jobs, calls), strict=True):
+    with (
+        _progress(sum(min(step, len(origin) - s) for s in todo), "updating", opts.quiet) as bar,
+        _BlockProgress(bar, len(todo), _pooled(opts.n_jobs, len(todo))) as progress,
+    ):
+        calls = []
+        for j, s in enumerate(todo):
+            ks = [v for src, v in origin[s : s + step] if src == "new"]
+            pairs = [(rel[k], probes[k].header) for k in ks]
+            calls.append(delayed(decode_block)(os.fspath(root), plan, pairs, None, True, progress.ticks(j)))
+        for j, (s, results) in enumerate(zip(todo, _parallel(opts.n_jobs, calls), strict=True)):
             block = _fixed_block(plan, min(step, len(origin) - s))
             olds = [(j, v) for j, (src, v) in enumerate(origin[s : s + step]) if src == "old"]
             if olds:
@@ -2152,16 +2174,21 @@ def _update_blocks(
                 block[j] = r.pixels
                 decoded[origin[s + j][1]] = replace(r, pixels=None)
             writer.write_block("images", s, block)
-            bar.update(len(block))
+            progress.finished(j, len(block))
     return decoded, shared, len(todo)
 
 
 # ---------------------------------------------------------------- helpers
 
 
+def _pooled(n_jobs: int, n_calls: int) -> bool:
+    """Whether :func:`_parallel` runs ``n_calls`` calls in worker processes (else in this process)."""
+    return not (n_jobs == 1 or n_calls <= 1)
+
+
 def _parallel(n_jobs: int, calls: list[Any]) -> Iterator[Any]:
     """Run delayed calls in order; in-process for one job (no pickling, honest --jobs 1 figures)."""
-    if n_jobs == 1 or len(calls) <= 1:
+    if not _pooled(n_jobs, len(calls)):
         for fn, args, kwargs in calls:
             yield fn(*args, **kwargs)
         return
@@ -2209,6 +2236,103 @@ def _start_watchdog(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="dlpack-parent-watchdog", daemon=True).start()
+
+
+class _Ticks:
+    """How far one block's decoding is, told to the build's progress bar.
+
+    In the build process it calls the bar's owner directly; pickled into a worker process, it writes
+    the count into the block's slot of a small counter file that the build process polls. Either way
+    the bytes written do not change: only the bar hears more often.
+    """
+
+    #: Files between two ticks: often enough for a smooth bar, rare enough to cost nothing.
+    EVERY = 64
+
+    def __init__(self, slot: int, path: str | None, local: Any = None) -> None:
+        self.slot, self.path, self.local = slot, path, local
+        self._counts: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"slot": self.slot, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["slot"], state["path"])  # type: ignore[misc]
+
+    def __call__(self, done: int) -> None:
+        if self.local is not None:
+            self.local(self.slot, done)
+        elif self.path is not None:
+            if self._counts is None:
+                self._counts = np.memmap(self.path, dtype="<i8", mode="r+")
+            self._counts[self.slot] = done
+
+
+class _BlockProgress:
+    """Advances ``bar`` as the files of each block are decoded, not only when a block lands.
+
+    ``pooled``: the blocks run in worker processes, which write their counts into a counter file
+    (a memory map) that a thread of this process reads every :attr:`INTERVAL` seconds.
+    """
+
+    INTERVAL = 0.1
+
+    def __init__(self, bar: Any, blocks: int, pooled: bool) -> None:
+        self.bar = bar
+        self.done = np.zeros(max(1, blocks), dtype=np.int64)
+        self.shown = 0
+        self.lock = threading.Lock()
+        self.path: str | None = None
+        self.counts: np.ndarray | None = None
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        if pooled and blocks:
+            import tempfile
+
+            fd, self.path = tempfile.mkstemp(prefix="dlpack-progress-")
+            os.close(fd)
+            self.counts = np.memmap(self.path, dtype="<i8", mode="w+", shape=(blocks,))
+            self.thread = threading.Thread(target=self._poll, name="dlpack-progress", daemon=True)
+
+    def __enter__(self) -> _BlockProgress:
+        if self.thread is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+        self.counts = None
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    def ticks(self, slot: int) -> _Ticks:
+        return _Ticks(slot, self.path, None if self.path is not None else self._local)
+
+    def _local(self, slot: int, done: int) -> None:
+        with self.lock:
+            self.done[slot] = done
+            self._sync()
+
+    def finished(self, slot: int, n: int) -> None:
+        """Block ``slot`` landed with ``n`` samples."""
+        with self.lock:
+            self.done[slot] = n
+            self._sync()
+
+    def _poll(self) -> None:
+        while not self.stop.wait(self.INTERVAL):
+            with self.lock:
+                self._sync()
+
+    def _sync(self) -> None:
+        done = self.done if self.counts is None else np.maximum(self.done, self.counts)
+        total = int(done.sum())
+        if total > self.shown:
+            self.bar.update(total - self.shown)
+            self.shown = total
 
 
 def _progress(total: int, desc: str, quiet: bool) -> Any:

@@ -3,9 +3,11 @@ label folders, notes on non-image files and variable sizes, the OUT suffix, the 
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -123,9 +125,7 @@ def test_update_refuses_another_split(
     assert said in capsys.readouterr().err
 
 
-def test_update_refuses_split_on_a_store_built_without_one(
-    make_tree: MakeTree, tmp_path: Path, capsys: Capsys
-) -> None:
+def test_update_refuses_split_on_a_store_built_without_one(make_tree: MakeTree, tmp_path: Path, capsys: Capsys) -> None:
     src = make_tree(_classes(4, 4))
     out = tmp_path / "o.zarr"
     assert _build(src, out, "--size", "6x5") == 0
@@ -299,3 +299,68 @@ def test_info_prints_numpy_dtype_names_and_json_keeps_the_format_strings(
     assert "channel(s), uint8" in text and "|u1" not in text
     assert main(["info", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["dtype"] == "|u1"
+
+
+# ---------------------------------------------------------------- progress
+
+
+class _Bar:
+    """A stand-in for the tqdm bar: records every update."""
+
+    def __init__(self, log: dict[str, list[int]], desc: str) -> None:
+        self.updates = log.setdefault(desc, [])
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        self.updates.append(n)
+
+
+def _build_module() -> Any:
+    return importlib.import_module("dlpack.build")  # the attribute `dlpack.build` is the function
+
+
+def _bars(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    log: dict[str, list[int]] = {}
+    monkeypatch.setattr(_build_module(), "_progress", lambda total, desc, quiet: _Bar(log, desc))
+    return log
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_the_packing_bar_moves_within_a_block_of_many_small_images(
+    jobs: str, make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = 3000
+    src = make_tree({f"a/{i:04d}.png": ("rgb", 4, 4) for i in range(n)})
+    log = _bars(monkeypatch)
+    if hasattr(_build_module(), "_BlockProgress"):  # poll the workers' counts often: a short build
+        monkeypatch.setattr(_build_module()._BlockProgress, "INTERVAL", 0.002)
+    # --jobs 2 with three blocks (of 65536 // 48 images) runs them in worker processes; --jobs 1
+    # decodes the one block in this process.
+    shard = ["--shard-bytes", str(2**16)] if jobs == "2" else []
+    out = tmp_path / "o.zarr"
+    assert main(["build", str(src), str(out), "--jobs", jobs, "--force-jobs", *shard]) == 0
+    packing = log["packing"]
+    assert sum(packing) == n
+    assert len(packing) >= 20, packing  # per sub-block of 64 images, not once per block
+    with dlpack.open(out) as ds:
+        assert ds.manifest.shard_images == (n if jobs == "1" else 2**16 // 48)
+
+
+def test_progress_does_not_change_the_bytes_written(
+    make_tree: MakeTree, tmp_path: Path, snapshot: Callable[..., dict[str, bytes]]
+) -> None:
+    src = make_tree({f"a/{i:03d}.png": ("gray", 2, 2) for i in range(300)})
+    stores = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"o{jobs}.zarr"
+        assert (
+            main(["build", str(src), str(out), "--quiet", "--jobs", jobs, "--force-jobs", "--shard-bytes", str(2**16)])
+            == 0
+        )
+        stores.append(snapshot(out))
+    assert stores[0] == stores[1]
