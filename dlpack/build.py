@@ -2279,6 +2279,8 @@ class _BlockProgress:
 
     def __init__(self, bar: Any, blocks: int, pooled: bool) -> None:
         self.bar = bar
+        self.off = bool(getattr(bar, "disable", False))  # --quiet, or no terminal: nobody to tell
+        pooled = pooled and not self.off
         self.done = np.zeros(max(1, blocks), dtype=np.int64)
         self.shown = 0
         self.lock = threading.Lock()
@@ -2308,7 +2310,9 @@ class _BlockProgress:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
 
-    def ticks(self, slot: int) -> _Ticks:
+    def ticks(self, slot: int) -> _Ticks | None:
+        if self.off:
+            return None
         return _Ticks(slot, self.path, None if self.path is not None else self._local)
 
     def _local(self, slot: int, done: int) -> None:
