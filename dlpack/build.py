@@ -2414,7 +2414,7 @@ def build(
     src
         A folder tree of images (class sub-folders become labels with ``labels="auto"``), or any
         :class:`~dlpack.sources.Source`; for a Source, the ``labels`` and ``follow_symlinks``
-        options do not apply (the source decides).
+        options do not apply (the source decides), and ``exclude`` is refused.
     out
         Store path: a ``.zarr`` folder (default) or a ``.h5``/``.hdf5`` file.
     options
@@ -2445,6 +2445,17 @@ def build(
     _check_out_suffix(out_path, opts)
     backend = backend_for_path(out_path, opts.format, write=True)
     source = as_source(src, opts)
+    if opts.exclude and not isinstance(source, FolderSource):
+        raise OptionError(
+            f"exclude applies to a folder source; a {type(source).__name__} lists its own items: leave them out there"
+        )
+    if isinstance(source, FolderSource) and source.exclude != opts.exclude:
+        if opts.exclude:
+            raise OptionError(
+                f"the FolderSource excludes {list(source.exclude)} but exclude={list(opts.exclude)} was given; "
+                "give the patterns in one place"
+            )
+        opts = replace(opts, exclude=source.exclude)  # the plan records the source's own patterns
     if isinstance(source, FolderSource) and source.follow_symlinks != opts.follow_symlinks:
         opts = replace(opts, follow_symlinks=source.follow_symlinks)  # the plan records the source's own rule
     check_paths(source, out_path)

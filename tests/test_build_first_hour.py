@@ -364,3 +364,27 @@ def test_progress_does_not_change_the_bytes_written(
         )
         stores.append(snapshot(out))
     assert stores[0] == stores[1]
+
+
+def test_a_folder_sources_own_excludes_are_recorded_and_other_sources_refuse_exclude(
+    make_tree: MakeTree, tmp_path: Path
+) -> None:
+    from dlpack.sources import FolderSource, SourceItem, SourceScan
+
+    src = make_tree({"a/0.png": TINY, "masks/0.png": TINY})
+    out = tmp_path / "o.zarr"
+    dlpack.build(FolderSource(src, exclude=["masks"]), out, quiet=True, jobs=1)
+    assert dlpack.open(out).manifest.plan["exclude"] == ["masks"]
+    with pytest.raises(OptionError, match="give the patterns in one place"):
+        dlpack.build(FolderSource(src, exclude=["masks"]), tmp_path / "p.zarr", exclude=("b",), quiet=True)
+
+    class Listed:
+        root = src
+
+        def scan(self) -> SourceScan:
+            return SourceScan((SourceItem("a/0.png", None),))
+
+    with pytest.raises(OptionError, match="exclude applies to a folder source"):
+        dlpack.build(Listed(), tmp_path / "q.zarr", exclude=("masks",), quiet=True)
+    dlpack.build(Listed(), tmp_path / "q.zarr", quiet=True, jobs=1, split=(50, 50))
+    assert dlpack.open(tmp_path / "q.zarr").splits == ("train", "val")
