@@ -1134,7 +1134,7 @@ def write_images(
                     for j, s in enumerate(starts)
                 ]
             bar.update(sum(len(v) for v in slots.values()))
-            for j, (s, block) in enumerate(zip(starts, _parallel(opts.n_jobs, calls), strict=True)):
+            for slot, (s, block) in enumerate(zip(starts, _parallel(opts.n_jobs, calls), strict=True)):
                 bad = any(isinstance(r, InputFileError) for r in block)
                 failed = failed or bad
                 if not in_workers:
@@ -1152,7 +1152,7 @@ def write_images(
                 if journal is not None and not bad:
                     journal.append_block(s, [r for r in block if isinstance(r, _Sample)])
                 slots[s] = block
-                progress.finished(j, len(block))
+                progress.finished(slot, len(block))
         for s in sorted(slots):
             results.extend(slots[s])
     except BaseException as exc:
@@ -2160,7 +2160,7 @@ def _update_blocks(
             ks = [v for src, v in origin[s : s + step] if src == "new"]
             pairs = [(rel[k], probes[k].header) for k in ks]
             calls.append(delayed(decode_block)(os.fspath(root), plan, pairs, None, True, progress.ticks(j)))
-        for j, (s, results) in enumerate(zip(todo, _parallel(opts.n_jobs, calls), strict=True)):
+        for slot, (s, results) in enumerate(zip(todo, _parallel(opts.n_jobs, calls), strict=True)):
             block = _fixed_block(plan, min(step, len(origin) - s))
             olds = [(j, v) for j, (src, v) in enumerate(origin[s : s + step]) if src == "old"]
             if olds:
@@ -2174,7 +2174,7 @@ def _update_blocks(
                 block[j] = r.pixels
                 decoded[origin[s + j][1]] = replace(r, pixels=None)
             writer.write_block("images", s, block)
-            progress.finished(j, len(block))
+            progress.finished(slot, len(block))
     return decoded, shared, len(todo)
 
 
