@@ -119,7 +119,8 @@ class BuildOptions:
     format: str | None = field(
         default=None,
         metadata={
-            "help": "store format; without it, from OUT's suffix (.h5, .hdf5: hdf5), else zarr",
+            "help": "store format; without it, from OUT's suffix (.zarr or none: zarr; .h5, .hdf5: hdf5; "
+            "any other suffix is refused)",
             "choices": _format_names,
         },
     )
@@ -219,7 +220,8 @@ class BuildOptions:
         exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
         if not all(isinstance(p, str) and p.strip() for p in exclude):
             raise OptionError(f"exclude takes non-empty glob patterns, got {self.exclude!r}")
-        object.__setattr__(self, "exclude", exclude)
+        # Paths are relative to SRC: "./masks" means "masks".
+        object.__setattr__(self, "exclude", tuple(p[2:] if p.startswith("./") and len(p) > 2 else p for p in exclude))
         if self.split is not None:
             object.__setattr__(self, "split", parse_split(self.split))
         if self.split_seed is not None:

@@ -199,10 +199,11 @@ def test_exclude_leaves_folders_and_files_out_and_counts_them(
     assert doc["excluded"] == ["a/1_mask.png", "masks/"]
 
 
-def test_a_pattern_with_a_slash_matches_the_relative_path(make_tree: MakeTree, tmp_path: Path) -> None:
+@pytest.mark.parametrize("pattern", ["a/x", "a/x/", "./a/x"])
+def test_a_pattern_with_a_slash_matches_the_relative_path(pattern: str, make_tree: MakeTree, tmp_path: Path) -> None:
     src = make_tree({"a/x/0.png": TINY, "a/y/1.png": TINY, "b/x/2.png": TINY})
     out = tmp_path / "o.zarr"
-    assert _build(src, out, "--exclude", "a/x") == 0
+    assert _build(src, out, "--exclude", pattern) == 0
     with dlpack.open(out) as ds:
         assert sorted(ds[i]["source"] for i in range(len(ds))) == ["a/y/1.png", "b/x/2.png"]
 
