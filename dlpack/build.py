@@ -60,7 +60,7 @@ from .sources.decode import (
     normalise_header,
     prepare_image,
 )
-from .sources.folder import SPLIT_NAMES, FolderSource
+from .sources.folder import SPLIT_NAMES, FolderSource, label_path, label_paths_error
 from .sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from .transforms.functional import UpscaleError
 
@@ -1621,13 +1621,22 @@ def _check_update_options(plan: BuildPlan, opts: BuildOptions, out: Path) -> Bui
 
 def _source_with_rules(source: Source, plan: BuildPlan) -> Source:
     """``source`` scanning with the store's symlink rule and exclude patterns: a store built following
-    symlinks keeps following them, and one built with ``--exclude`` keeps leaving those paths out."""
+    symlinks keeps following them, and one built with ``--exclude`` keeps leaving those paths out.
+
+    Label folders and images are listed, not refused, by the scan: a store built before they were
+    refused may hold some, and keeps them; the update refuses only new ones (:func:`_new_label_paths`).
+    """
     if not isinstance(source, FolderSource):
         return source
     follow = source.follow_symlinks or plan.follow_symlinks
-    if (follow, source.exclude) != (source.follow_symlinks, plan.exclude):
-        return FolderSource(source.root, source.labels, follow, plan.exclude)
-    return source
+    return FolderSource(source.root, source.labels, follow, plan.exclude, check_labels=False)
+
+
+def _new_label_paths(scan: SourceScan, added: Sequence[int], root: Path) -> None:
+    """Refuse files an update would append from label folders or label images (``masks/``, ``*_mask.*``)."""
+    found = sorted({p for k in added if (p := label_path(scan.items[k].rel)) is not None})
+    if found:
+        raise label_paths_error(os.fspath(root), found)
 
 
 def _check_folder_rules(m: Manifest, scan: SourceScan, out: Path, root: Path) -> None:
@@ -1941,6 +1950,8 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         n0 = m.count
         rels0 = [reader.source(i) for i in range(n0)]
         ch = _changes(root, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
+        if isinstance(source, FolderSource):
+            _new_label_paths(scan, ch.added, root)
         if ch.removed and not opts.compact:
             raise _gone_error(ch, rels0, scan, root)
         # Inputs to decode: replaced files in place, then added ones; bad ones follow --on-error,

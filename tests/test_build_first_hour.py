@@ -389,3 +389,29 @@ def test_a_folder_sources_own_excludes_are_recorded_and_other_sources_refuse_exc
         dlpack.build(Listed(), tmp_path / "q.zarr", exclude=("masks",), quiet=True)
     dlpack.build(Listed(), tmp_path / "q.zarr", quiet=True, jobs=1, split=(50, 50))
     assert dlpack.open(tmp_path / "q.zarr").splits == ("train", "val")
+
+
+def test_an_update_refuses_new_label_folders_and_keeps_those_a_store_already_holds(
+    make_tree: MakeTree, tmp_path: Path, capsys: Capsys
+) -> None:
+    from dlpack.sources import FolderSource
+
+    src = make_tree({"a/0.png": TINY, "b/1.png": TINY})
+    out = tmp_path / "o.zarr"
+    assert _build(src, out, "--size", "6x5") == 0
+    make_tree({"masks/0.png": TINY, "a/2_mask.png": TINY})
+    assert _build(src, out, "--update") == 2
+    err = capsys.readouterr().err
+    assert "label folder(s) masks/" in err and "a/2_mask.png" in err and "--exclude 'masks'" in err
+    assert len(dlpack.open(out)) == 2
+    # A store packed before label folders were refused (here: without the check) holds a class
+    # "masks"; its update keeps those samples and appends the new images of other classes.
+    old = tmp_path / "old.zarr"
+    dlpack.build(FolderSource(src, check_labels=False), old, size=(6, 5), quiet=True, jobs=1)
+    assert "masks" in dlpack.open(old).classes
+    make_tree({"b/3.png": TINY})
+    assert _build(src, old, "--update") == 0
+    with dlpack.open(old) as ds:
+        assert sorted(ds[i]["source"] for i in range(len(ds))) == [
+            "a/0.png", "a/2_mask.png", "b/1.png", "b/3.png", "masks/0.png"
+        ]  # fmt: skip

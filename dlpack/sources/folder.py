@@ -56,6 +56,8 @@ __all__ = [
     "UNSUPPORTED_SUFFIXES",
     "LABEL_FOLDER_NAMES",
     "LABEL_FILE_PATTERN",
+    "label_path",
+    "label_paths_error",
 ]
 
 _LABELS = ("auto", "folders", "none")
@@ -131,6 +133,8 @@ class _Walk:
     real_root: str
     follow: bool
     exclude: tuple[str, ...] = ()
+    #: refuse label folders and label images (else they are walked and listed like any other)
+    check_labels: bool = True
     files: list[str] = field(default_factory=list)
     #: paths an exclude pattern left out (folders with a trailing "/")
     excluded: list[str] = field(default_factory=list)
@@ -193,7 +197,7 @@ class _Walk:
                     self.twin(names, rel_dir, name, "folders" if is_dir else "files")
                 real = os.path.join(real_dir, name)
                 if is_dir:
-                    if name.lower() in LABEL_FOLDER_NAMES:
+                    if name.lower() in LABEL_FOLDER_NAMES and self.check_labels:
                         self.label_paths.append(rel + "/")
                         continue
                     self.dirs[real] = rel
@@ -225,7 +229,7 @@ class _Walk:
             if regular:
                 self.ignored.append(rel)
             return
-        if kind == "image" and fnmatch.fnmatchcase(name.lower(), LABEL_FILE_PATTERN):
+        if kind == "image" and self.check_labels and fnmatch.fnmatchcase(name.lower(), LABEL_FILE_PATTERN):
             self.label_paths.append(rel)
             return
         if not regular:
@@ -267,7 +271,7 @@ class _Walk:
             self.error(shown, f"is a symlink to {what}; pass --follow-symlinks to pack what it links to")
         elif not is_dir:
             self.file(rel, target, stat.S_ISREG(mode))
-        elif name.lower() in LABEL_FOLDER_NAMES:
+        elif name.lower() in LABEL_FOLDER_NAMES and self.check_labels:
             self.label_paths.append(shown)
         elif target in self.dirs:
             owner = self.dirs[target]
@@ -301,6 +305,9 @@ class FolderSource:
     labels: str
     follow_symlinks: bool
     exclude: tuple[str, ...]
+    #: False lists label folders and label images like other images (an update of a store that
+    #: already holds some refuses only new ones: :func:`label_path`).
+    check_labels: bool
 
     def __init__(
         self,
@@ -308,6 +315,7 @@ class FolderSource:
         labels: str = "auto",
         follow_symlinks: bool = False,
         exclude: Sequence[str] = (),
+        check_labels: bool = True,
     ) -> None:
         if labels not in _LABELS:
             raise OptionError(f"labels must be one of {', '.join(_LABELS)}; got {labels!r}")
@@ -317,6 +325,7 @@ class FolderSource:
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "follow_symlinks", bool(follow_symlinks))
         object.__setattr__(self, "exclude", tuple(exclude))
+        object.__setattr__(self, "check_labels", bool(check_labels))
 
     def scan(self) -> SourceScan:
         """List the image files and their labels and splits.
@@ -332,7 +341,7 @@ class FolderSource:
             raise SourceError(f"source folder {os.fspath(root)!r} does not exist")
         if not root.is_dir():
             raise SourceError(f"source {os.fspath(root)!r} is not a folder")
-        walk = _Walk(os.path.realpath(root), self.follow_symlinks, self.exclude)
+        walk = _Walk(os.path.realpath(root), self.follow_symlinks, self.exclude, self.check_labels)
         walk.walk(os.fspath(root), "", walk.real_root)
         # Links last and in sorted order: a real path always wins over a link to the same place,
         # and among links the sorted-first one.
@@ -343,7 +352,7 @@ class FolderSource:
             where = os.path.join(os.fspath(root), folder) if folder else os.fspath(root)
             raise _twins_error(what, repr(shown(where)), a, b)
         if walk.label_paths:
-            raise _label_paths_error(os.fspath(root), sorted(walk.label_paths))
+            raise label_paths_error(os.fspath(root), sorted(walk.label_paths))
         rels = sorted(walk.files)
         errors = tuple(sorted(walk.errors, key=lambda e: e.path))
         if not rels and not errors:
@@ -397,8 +406,18 @@ class FolderSource:
         return items, classes
 
 
-def _label_paths_error(root: str, paths: Sequence[str]) -> SourceError:
-    """Label folders and label images found in a source: they would become a class, or be packed as photos."""
+def label_path(rel: str) -> str | None:
+    """The label folder (``a/masks/``) or label image (``a/0_mask.png``) that ``rel`` is or lies in, else None."""
+    parts = rel.split("/")
+    for n, part in enumerate(parts[:-1]):
+        if part.lower() in LABEL_FOLDER_NAMES:
+            return "/".join(parts[: n + 1]) + "/"
+    return rel if fnmatch.fnmatchcase(parts[-1].lower(), LABEL_FILE_PATTERN) else None
+
+
+def label_paths_error(root: str, paths: Sequence[str]) -> SourceError:
+    """Label folders and label images found in a source (they would become a class, or be packed as
+    photos): the error naming them and the ``--exclude`` patterns that leave them out."""
     folders = [p for p in paths if p.endswith("/")]
     files = [p for p in paths if not p.endswith("/")]
     found = []
