@@ -348,9 +348,8 @@ def _split_draw(seed: int, rel: str) -> float:
 
 def _split_counts_of(n: int, percent: Sequence[int]) -> list[int]:
     """``n`` samples shared by ``percent`` in whole samples (largest remainder; ties to the earlier part)."""
-    quotas = [n * p / 100 for p in percent]
-    counts = [int(q) for q in quotas]
-    order = sorted(range(len(percent)), key=lambda j: (-(quotas[j] - counts[j]), j))
+    counts = [n * p // 100 for p in percent]  # whole numbers only: the same on every machine
+    order = sorted(range(len(percent)), key=lambda j: (-(n * percent[j] % 100), j))
     for j in order[: n - sum(counts)]:
         counts[j] += 1
     return counts
