@@ -1,4 +1,4 @@
-"""The build pipeline: scan -> probe -> plan -> decode/resize -> write -> manifest -> publish.
+"""The build pipeline: scan (-> split) -> probe -> plan -> decode/resize -> write -> manifest -> publish.
 
 Each stage is a module-level function of its inputs that returns new values; nothing is shared
 between stages but what one returns and the next takes. The plan is a frozen :class:`BuildPlan`,
