@@ -29,7 +29,7 @@ demo: install
 	$(VENV)/bin/dlpack build $(DEMO)/raw $(DEMO)/train.h5 --size 512x512 --quiet
 	$(VENV)/bin/dlpack info $(DEMO)/train.zarr
 	# Where the time goes: the scattered folder vs the packed stores, random order, warm cache.
-	$(VENV)/bin/dlpack bench $(DEMO)/raw $(DEMO)/train.zarr $(DEMO)/train.h5 --order random --cache warm --seconds 2 --repeat 1 --step-ms 50
+	$(VENV)/bin/dlpack bench $(DEMO)/raw $(DEMO)/train.zarr $(DEMO)/train.h5 --order random --cache warm --seconds 2 --repeat 1 --step-ms 50 --plot $(DEMO)/bench.png
 
 # pytest exits 5 when it collected no tests; that is a failure here like any other non-zero status
 # (a renamed folder or a bad -k must not pass CI silently).

@@ -1,4 +1,4 @@
-"""The build pipeline: scan -> probe -> plan -> decode/resize -> write -> manifest -> publish.
+"""The build pipeline: scan (-> split) -> probe -> plan -> decode/resize -> write -> manifest -> publish.
 
 Each stage is a module-level function of its inputs that returns new values; nothing is shared
 between stages but what one returns and the next takes. The plan is a frozen :class:`BuildPlan`,
@@ -37,7 +37,7 @@ import numpy as np
 from . import __version__
 from ._lock import BuildLock, old_path, partial_path
 from ._names import shown as shown_name
-from .backends import ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
+from .backends import BACKENDS, ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
 from .backends.base import writing
 from .errors import (
     BadInputsError,
@@ -50,7 +50,7 @@ from .errors import (
     StoreNotFoundError,
 )
 from .manifest import ImageSpec, Manifest
-from .options import BuildOptions
+from .options import SPLIT_PART_NAMES, BuildOptions, parse_split
 from .sources.base import Source, SourceItem, SourceScan
 from .sources.decode import (
     DecodeError,
@@ -61,7 +61,7 @@ from .sources.decode import (
     normalise_header,
     prepare_image,
 )
-from .sources.folder import SPLIT_NAMES, FolderSource
+from .sources.folder import SPLIT_NAMES, FolderSource, label_path, label_paths_error
 from .sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from .transforms.functional import UpscaleError
 
@@ -97,6 +97,11 @@ class BuildPlan:
     follow_symlinks : bool
         Whether a folder source followed symlinks: part of what the source lists, so an update
         scans with the same rule (recorded only when true).
+    exclude : tuple of str
+        The exclude patterns of a folder source, which an update scans with too (recorded only when given).
+    split, split_seed : tuple of int, int
+        The percentages and seed of a split the build made (``--split``; recorded only when given):
+        an update gives appended samples their split by the same seed.
     """
 
     target: TargetSpec
@@ -109,6 +114,14 @@ class BuildPlan:
     order: str
     source: str
     follow_symlinks: bool = False
+    exclude: tuple[str, ...] = ()
+    split: tuple[int, ...] = ()
+    split_seed: int = 0
+
+    @property
+    def split_names(self) -> tuple[str, ...]:
+        """The sorted names of the split the build made; () when it made none."""
+        return tuple(sorted(SPLIT_PART_NAMES[len(self.split)])) if self.split else ()
 
     def __post_init__(self) -> None:
         if (self.target.channels, self.target.dtype) != (self.image.channels, self.image.dtype):
@@ -129,7 +142,11 @@ class BuildPlan:
             "count": self.count,
             "order": self.order,
             "source": self.source,
-        } | ({"follow_symlinks": True} if self.follow_symlinks else {})
+        } | (
+            ({"follow_symlinks": True} if self.follow_symlinks else {})
+            | ({"exclude": list(self.exclude)} if self.exclude else {})
+            | ({"split": {"percent": list(self.split), "seed": self.split_seed}} if self.split else {})
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BuildPlan:
@@ -145,15 +162,27 @@ class BuildPlan:
             follow = d.get("follow_symlinks", False)
             if not isinstance(follow, bool):
                 raise TypeError(f"follow_symlinks must be true or false, got {follow!r}")
+            exclude = d.get("exclude", [])
+            if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
+                raise TypeError(f"exclude must be a list of patterns, got {exclude!r}")
+            split = d.get("split", {"percent": [], "seed": 0})
+            pcts, seed = split["percent"], split["seed"]
+            if pcts:
+                pcts = list(parse_split(pcts))
+            if not isinstance(seed, int) or isinstance(seed, bool):
+                raise TypeError(f"the split seed must be an integer, got {seed!r}")
             return cls(
                 follow_symlinks=follow,
+                exclude=tuple(exclude),
+                split=tuple(pcts),
+                split_seed=seed,
                 target=TargetSpec.from_dict(dict(d["target"])),
                 image=ImageSpec(**d["image"]),
                 order=d["order"],
                 source=d["source"],
                 **fields,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OptionError) as exc:
             raise StoreError(f"the recorded build plan is malformed: {exc!r}") from exc
 
     def fingerprint(self) -> str:
@@ -187,13 +216,36 @@ class BuildResult:
     update: str = ""
     classes: tuple[str, ...] = ()
     splits: dict[str, int] = field(default_factory=dict)
+    #: Paths the exclude patterns left out (folders with a trailing "/"), and files that are not images.
+    excluded: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    #: How many stored sizes a variable-size store holds (0 for a fixed-size store).
+    distinct_sizes: int = 0
 
     @property
     def images_per_s(self) -> float:
         return self.count / self.seconds if self.seconds > 0 else float("inf")
 
-    def summary(self) -> str:
-        """Closing lines: images, input MB, output MB, seconds, images/s; the classes; the splits and their sizes.
+    @property
+    def notes(self) -> list[str]:
+        """What the user should know about the inputs left out and the store's shape (summary lines, ``notes`` in --json)."""
+        out = []
+        if self.ignored:
+            n = len(self.ignored)
+            out.append(f"skipped {n} non-image file{'s' if n != 1 else ''} (--verbose lists them)")
+        if self.excluded:
+            n = len(self.excluded)
+            out.append(f"excluded {n} path{'s' if n != 1 else ''} matching --exclude (--verbose lists them)")
+        if self.distinct_sizes > 1:
+            out.append(
+                f"variable-size store ({self.distinct_sizes} distinct sizes): batches are lists; "
+                "pass --size WxH or --max-side N for tensors"
+            )
+        return out
+
+    def summary(self, verbose: bool = False) -> str:
+        """Closing lines: images, input MB, output MB, seconds, images/s; the classes; the splits and
+        their sizes; the :attr:`notes`; with ``verbose``, every excluded path and non-image file.
 
         The classes are printed so that a wrong guess of the folder rules is visible at once.
         """
@@ -215,6 +267,10 @@ class BuildResult:
             lines.append("classes: none (unlabelled)")
         if self.splits:
             lines.append("splits: " + ", ".join(f"{shown_name(name)} {n}" for name, n in sorted(self.splits.items())))
+        lines += self.notes
+        if verbose:
+            lines += [f"  excluded {shown_name(p)}" for p in self.excluded]
+            lines += [f"  not an image: {shown_name(p)}" for p in self.ignored]
         return "\n".join(lines)
 
 
@@ -241,7 +297,7 @@ def _bad_inputs(errors: Sequence[InputFileError], root: Path, nothing_left: bool
 def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Source:
     """The source a build reads: a path means a :class:`FolderSource` with the options' labels and symlink rule."""
     if isinstance(src, (str, os.PathLike)):
-        return FolderSource(src, opts.labels, opts.follow_symlinks)
+        return FolderSource(src, opts.labels, opts.follow_symlinks, opts.exclude)
     if isinstance(src, Source):
         return src
     raise OptionError(f"src must be a folder path or a dlpack.sources.Source, got {type(src).__name__}")
@@ -284,6 +340,73 @@ def scan_stage(source: Source) -> SourceScan:
     if len(splits) > _MAX_SPLITS:
         raise SourceError(f"the source {where!r} lists {len(splits)} split names; a store holds at most {_MAX_SPLITS}")
     return scan
+
+
+def _split_draw(seed: int, rel: str) -> float:
+    """A number in [0, 1) fixed by the seed and the file's path: where the file falls in a ``--split``."""
+    digest = hashlib.sha256(f"{seed}\0{rel}".encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _split_counts_of(n: int, percent: Sequence[int]) -> list[int]:
+    """``n`` samples shared by ``percent`` in whole samples (largest remainder; ties to the earlier part)."""
+    counts = [n * p // 100 for p in percent]  # whole numbers only: the same on every machine
+    order = sorted(range(len(percent)), key=lambda j: (-(n * percent[j] % 100), j))
+    for j in order[: n - sum(counts)]:
+        counts[j] += 1
+    return counts
+
+
+def _source_splits_error(scan: SourceScan, where: str, what: str) -> OptionError:
+    tops = sorted({it.rel.split("/")[0] + "/" for it in scan.items if it.split is not None})
+    return OptionError(
+        f"{where!r} already gives splits by its folders ({', '.join(shown_name(t) for t in tops[:10])}); {what}"
+    )
+
+
+def split_stage(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
+    """1b. Give every item a split (``--split``): by class, each class shared by ``percent``.
+
+    Within a class, items are ordered by a draw fixed by the seed and their path (never by the
+    order of the workers), and the first ones go to train, then val, then test, so every class is
+    split in the same proportions (in whole samples). A split the source gives is never overridden.
+    """
+    if any(it.split is not None for it in scan.items):
+        raise _source_splits_error(scan, where, "drop --split (split=...) to keep them, or move the images out of them")
+    names = SPLIT_PART_NAMES[len(percent)]
+    by_class: dict[str | None, list[int]] = {}
+    for k, it in enumerate(scan.items):
+        by_class.setdefault(it.label, []).append(k)
+    assigned: list[str | None] = [None] * len(scan.items)
+    for ks in by_class.values():
+        ks.sort(key=lambda k: (_split_draw(seed, scan.items[k].rel), scan.items[k].rel))
+        pos = 0
+        for name, n in zip(names, _split_counts_of(len(ks), percent), strict=True):
+            for k in ks[pos : pos + n]:
+                assigned[k] = name
+            pos += n
+    items = tuple(replace(it, split=name) for it, name in zip(scan.items, assigned, strict=True))
+    return replace(scan, items=items)
+
+
+def split_per_file(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
+    """Every item's split by its own draw (the rule for samples an update appends to a ``--split`` store)."""
+    if any(it.split is not None for it in scan.items):
+        raise _source_splits_error(
+            scan,
+            where,
+            "the store's splits were made with --split; move the images out of those folders, "
+            "or rebuild with --overwrite",
+        )
+    names = SPLIT_PART_NAMES[len(percent)]
+    bounds = np.cumsum(percent) / 100
+    items = tuple(
+        replace(
+            it, split=names[min(int(np.searchsorted(bounds, _split_draw(seed, it.rel), side="right")), len(names) - 1)]
+        )
+        for it in scan.items
+    )
+    return replace(scan, items=items)
 
 
 # ---------------------------------------------------------------- stage 2: probe (workers)
@@ -529,6 +652,9 @@ def plan_stage(
         order=_order_digest(kept),
         source=_source_digest(scan, probes),
         follow_symlinks=opts.follow_symlinks,
+        exclude=opts.exclude,
+        split=opts.split or (),
+        split_seed=(opts.split_seed or 0) if opts.split else 0,
     )
     return plan, sel
 
@@ -604,14 +730,18 @@ def decode_block(
     pairs: Sequence[tuple[str, ImageHeader | None]],
     out: np.ndarray | None = None,
     keep_pixels: bool = False,
+    ticks: _Ticks | None = None,
 ) -> list[_Sample | InputFileError]:
     """Prepare a run of files: their metadata or why each failed.
 
     Pixels go into ``out[k]`` when given (a fixed-size block; failed slots keep their zeros), and
-    onto the returned samples when ``keep_pixels``.
+    onto the returned samples when ``keep_pixels``. ``ticks`` hears how many files are done every
+    :attr:`_Ticks.EVERY` files, so the bar moves within a block of tens of thousands of small images.
     """
     results: list[_Sample | InputFileError] = []
     for k, (rel, header) in enumerate(pairs):
+        if ticks is not None and k and k % ticks.EVERY == 0:
+            ticks(k)
         try:
             img, meta = prepare_file(root, plan, rel, header)
         except DecodeError as exc:
@@ -653,11 +783,16 @@ def _fixed_block(plan: BuildPlan, n: int) -> np.ndarray:
 
 
 def _write_block_worker(
-    writer: StoreWriter, root: str, plan: BuildPlan, start: int, pairs: Sequence[tuple[str, ImageHeader | None]]
+    writer: StoreWriter,
+    root: str,
+    plan: BuildPlan,
+    start: int,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    ticks: _Ticks | None = None,
 ) -> list[_Sample | InputFileError]:
     """Decode a block and write it as one block (in a worker, for writers that allow it)."""
     block = _fixed_block(plan, len(pairs))
-    results = decode_block(root, plan, pairs, out=block)
+    results = decode_block(root, plan, pairs, out=block, ticks=ticks)
     # A block with a failure is not written: the store is then discarded (or rebuilt) anyway.
     if not any(isinstance(r, InputFileError) for r in results):
         writer.write_block("images", start, block)
@@ -1031,16 +1166,25 @@ def write_images(
         from joblib import delayed
 
         starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
-        if in_workers:
-            calls = [delayed(_write_block_worker)(writer, root, plan, s, pairs[s : s + step]) for s in starts]
-        else:
-            calls = [delayed(decode_block)(root, plan, pairs[s : s + step], None, True) for s in starts]
         results: list[_Sample | InputFileError] = []
         slots: dict[int, list[_Sample | InputFileError]] = {s: list(v) for s, v in partial.done.items()}
         failed = False
-        with _progress(len(pairs), "packing", opts.quiet) as bar:
+        with (
+            _progress(len(pairs), "packing", opts.quiet) as bar,
+            _BlockProgress(bar, len(starts), _pooled(opts.n_jobs, len(starts))) as progress,
+        ):
+            if in_workers:
+                calls = [
+                    delayed(_write_block_worker)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
+                    for j, s in enumerate(starts)
+                ]
+            else:
+                calls = [
+                    delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
+                    for j, s in enumerate(starts)
+                ]
             bar.update(sum(len(v) for v in slots.values()))
-            for s, block in zip(starts, _parallel(opts.n_jobs, calls), strict=True):
+            for slot, (s, block) in enumerate(zip(starts, _parallel(opts.n_jobs, calls), strict=True)):
                 bad = any(isinstance(r, InputFileError) for r in block)
                 failed = failed or bad
                 if not in_workers:
@@ -1058,7 +1202,7 @@ def write_images(
                 if journal is not None and not bad:
                     journal.append_block(s, [r for r in block if isinstance(r, _Sample)])
                 slots[s] = block
-                bar.update(len(block))
+                progress.finished(slot, len(block))
         for s in sorted(slots):
             results.extend(slots[s])
     except BaseException as exc:
@@ -1187,7 +1331,7 @@ def manifest_stage(
     """6. The per-sample arrays and the manifest of the written samples (the writer lists the arrays)."""
     items = [scan.items[k] for k in sel.keep]
     variable = plan.image.layout == "variable"
-    splits = _split_names(scan.items)
+    splits = plan.split_names or _split_names(scan.items)
     arrays = _meta_arrays(items, samples, scan.classes, [s.shape for s in samples] if variable else None, splits)
     conversions = Counter(c for s in samples for c in s.conversions)
     target = plan.target
@@ -1534,6 +1678,10 @@ UPDATE_OPTIONS: dict[str, str] = {
     "shard_bytes": "kept",
     "labels": "kept",
     "follow_symlinks": "kept",
+    "exclude": "kept",
+    "split": "kept",
+    "split_seed": "kept",
+    "verbose": "applied",
     "allow_upscale": "applied",
     "max_pixels": "applied",
     "jobs": "applied",
@@ -1578,6 +1726,15 @@ def _check_update_options(plan: BuildPlan, opts: BuildOptions, out: Path) -> Bui
     ]
     if opts.follow_symlinks and not plan.follow_symlinks:
         differ.append("follow_symlinks (the store was built without --follow-symlinks)")
+    if opts.exclude and sorted(set(opts.exclude)) != sorted(set(plan.exclude)):
+        theirs = ", ".join(repr(p) for p in plan.exclude) or "none"
+        differ.append(f"exclude (the store's: {theirs}; given: {', '.join(repr(p) for p in opts.exclude)})")
+    if opts.split is not None and opts.split != plan.split:
+        theirs = ",".join(map(str, plan.split)) if plan.split else "none (its splits are its source's, or none)"
+        differ.append(f"split (the store's: {theirs}; given: {','.join(map(str, opts.split))})")
+    if opts.split_seed is not None and (not plan.split or opts.split_seed != plan.split_seed):
+        theirs = str(plan.split_seed) if plan.split else "none (built without --split)"
+        differ.append(f"split_seed (the store's: {theirs}; given: {opts.split_seed})")
     if differ:
         raise OptionError(
             f"--update keeps the plan {out} was built with; it differs in {'; '.join(differ)}: "
@@ -1592,10 +1749,23 @@ def _check_update_options(plan: BuildPlan, opts: BuildOptions, out: Path) -> Bui
 
 
 def _source_with_rules(source: Source, plan: BuildPlan) -> Source:
-    """``source`` scanning with the store's symlink rule: a store built following symlinks keeps following them."""
-    if isinstance(source, FolderSource) and plan.follow_symlinks and not source.follow_symlinks:
-        return FolderSource(source.root, source.labels, True)
-    return source
+    """``source`` scanning with the store's symlink rule and exclude patterns: a store built following
+    symlinks keeps following them, and one built with ``--exclude`` keeps leaving those paths out.
+
+    Label folders and images are listed, not refused, by the scan: a store built before they were
+    refused may hold some, and keeps them; the update refuses only new ones (:func:`_new_label_paths`).
+    """
+    if not isinstance(source, FolderSource):
+        return source
+    follow = source.follow_symlinks or plan.follow_symlinks
+    return FolderSource(source.root, source.labels, follow, plan.exclude, check_labels=False)
+
+
+def _new_label_paths(scan: SourceScan, added: Sequence[int], root: Path) -> None:
+    """Refuse files an update would append from label folders or label images (``masks/``, ``*_mask.*``)."""
+    found = sorted({p for k in added if (p := label_path(scan.items[k].rel)) is not None})
+    if found:
+        raise label_paths_error(os.fspath(root), found)
 
 
 def _check_folder_rules(m: Manifest, scan: SourceScan, out: Path, root: Path) -> None:
@@ -1906,12 +2076,17 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                     "so --labels none would be refused: move them into class folders"
                 ) from exc
             raise
+        if plan0.split:
+            # Kept samples keep their split; an appended one gets its split by its own draw under the seed.
+            scan = split_per_file(scan, plan0.split, plan0.split_seed, os.fspath(root))
         _check_folder_rules(m, scan, out, root)
         user = _user_arrays(m, opts, out)
         probes = probe_stage(root, scan.items, opts)
         n0 = m.count
         rels0 = [reader.source(i) for i in range(n0)]
         ch = _changes(root, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
+        if isinstance(source, FolderSource):
+            _new_label_paths(scan, ch.added, root)
         if ch.removed and not opts.compact:
             raise _gone_error(ch, rels0, scan, root)
         # Inputs to decode: replaced files in place, then added ones; bad ones follow --on-error,
@@ -1962,6 +2137,8 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                 update="up to date: nothing to do",
                 classes=m.classes,
                 splits=_split_counts(m.splits, split0),
+                excluded=scan.excluded,
+                ignored=scan.ignored,
             )
         images = _image_array(plan0.image, plan0.compression)
         count = len(items)
@@ -2087,6 +2264,8 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         update=note,
         classes=manifest.classes,
         splits=_split_counts(splits, split_codes),
+        excluded=scan.excluded,
+        ignored=scan.ignored,
     )
 
 
@@ -2121,13 +2300,17 @@ def _update_blocks(
         else:
             todo.append(s)
     rel = [it.rel for it in scan.items]
-    calls = []
-    for s in todo:
-        ks = [v for src, v in origin[s : s + step] if src == "new"]
-        calls.append(delayed(decode_block)(os.fspath(root), plan, [(rel[k], probes[k].header) for k in ks], None, True))
     decoded: dict[int, _Sample] = {}
-    with _progress(sum(min(step, len(origin) - s) for s in todo), "updating", opts.quiet) as bar:
-        for s, results in zip(todo, _parallel(opts.n_jobs, calls), strict=True):
+    with (
+        _progress(sum(min(step, len(origin) - s) for s in todo), "updating", opts.quiet) as bar,
+        _BlockProgress(bar, len(todo), _pooled(opts.n_jobs, len(todo))) as progress,
+    ):
+        calls = []
+        for j, s in enumerate(todo):
+            ks = [v for src, v in origin[s : s + step] if src == "new"]
+            pairs = [(rel[k], probes[k].header) for k in ks]
+            calls.append(delayed(decode_block)(os.fspath(root), plan, pairs, None, True, progress.ticks(j)))
+        for slot, (s, results) in enumerate(zip(todo, _parallel(opts.n_jobs, calls), strict=True)):
             block = _fixed_block(plan, min(step, len(origin) - s))
             olds = [(j, v) for j, (src, v) in enumerate(origin[s : s + step]) if src == "old"]
             if olds:
@@ -2141,16 +2324,21 @@ def _update_blocks(
                 block[j] = r.pixels
                 decoded[origin[s + j][1]] = replace(r, pixels=None)
             writer.write_block("images", s, block)
-            bar.update(len(block))
+            progress.finished(slot, len(block))
     return decoded, shared, len(todo)
 
 
 # ---------------------------------------------------------------- helpers
 
 
+def _pooled(n_jobs: int, n_calls: int) -> bool:
+    """Whether :func:`_parallel` runs ``n_calls`` calls in worker processes (else in this process)."""
+    return not (n_jobs == 1 or n_calls <= 1)
+
+
 def _parallel(n_jobs: int, calls: list[Any]) -> Iterator[Any]:
     """Run delayed calls in order; in-process for one job (no pickling, honest --jobs 1 figures)."""
-    if n_jobs == 1 or len(calls) <= 1:
+    if not _pooled(n_jobs, len(calls)):
         for fn, args, kwargs in calls:
             yield fn(*args, **kwargs)
         return
@@ -2215,6 +2403,107 @@ def _start_watchdog(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="dlpack-parent-watchdog", daemon=True).start()
+
+
+class _Ticks:
+    """How far one block's decoding is, told to the build's progress bar.
+
+    In the build process it calls the bar's owner directly; pickled into a worker process, it writes
+    the count into the block's slot of a small counter file that the build process polls. Either way
+    the bytes written do not change: only the bar hears more often.
+    """
+
+    #: Files between two ticks: often enough for a smooth bar, rare enough to cost nothing.
+    EVERY = 64
+
+    def __init__(self, slot: int, path: str | None, local: Any = None) -> None:
+        self.slot, self.path, self.local = slot, path, local
+        self._counts: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"slot": self.slot, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["slot"], state["path"])  # type: ignore[misc]
+
+    def __call__(self, done: int) -> None:
+        if self.local is not None:
+            self.local(self.slot, done)
+        elif self.path is not None:
+            if self._counts is None:
+                self._counts = np.memmap(self.path, dtype="<i8", mode="r+")
+            self._counts[self.slot] = done
+
+
+class _BlockProgress:
+    """Advances ``bar`` as the files of each block are decoded, not only when a block lands.
+
+    ``pooled``: the blocks run in worker processes, which write their counts into a counter file
+    (a memory map) that a thread of this process reads every :attr:`INTERVAL` seconds.
+    """
+
+    INTERVAL = 0.1
+
+    def __init__(self, bar: Any, blocks: int, pooled: bool) -> None:
+        self.bar = bar
+        self.off = bool(getattr(bar, "disable", False))  # --quiet, or no terminal: nobody to tell
+        pooled = pooled and not self.off
+        self.done = np.zeros(max(1, blocks), dtype=np.int64)
+        self.shown = 0
+        self.lock = threading.Lock()
+        self.path: str | None = None
+        self.counts: np.ndarray | None = None
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        if pooled and blocks:
+            import tempfile
+
+            fd, self.path = tempfile.mkstemp(prefix="dlpack-progress-")
+            os.close(fd)
+            self.counts = np.memmap(self.path, dtype="<i8", mode="w+", shape=(blocks,))
+            self.thread = threading.Thread(target=self._poll, name="dlpack-progress", daemon=True)
+
+    def __enter__(self) -> _BlockProgress:
+        if self.thread is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+        self.counts = None
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    def ticks(self, slot: int) -> _Ticks | None:
+        if self.off:
+            return None
+        return _Ticks(slot, self.path, None if self.path is not None else self._local)
+
+    def _local(self, slot: int, done: int) -> None:
+        with self.lock:
+            self.done[slot] = done
+            self._sync()
+
+    def finished(self, slot: int, n: int) -> None:
+        """Block ``slot`` landed with ``n`` samples."""
+        with self.lock:
+            self.done[slot] = n
+            self._sync()
+
+    def _poll(self) -> None:
+        while not self.stop.wait(self.INTERVAL):
+            with self.lock:
+                self._sync()
+
+    def _sync(self) -> None:
+        done = self.done if self.counts is None else np.maximum(self.done, self.counts)
+        total = int(done.sum())
+        if total > self.shown:
+            self.bar.update(total - self.shown)
+            self.shown = total
 
 
 def _progress(total: int, desc: str, quiet: bool) -> Any:
@@ -2289,6 +2578,24 @@ def check_paths(source: Source, out: Path) -> None:
         )
 
 
+def _check_out_suffix(out: Path, opts: BuildOptions) -> None:
+    """Refuse an OUT whose suffix names no format (``x.txt``): it would silently become a Zarr folder of that name.
+
+    A suffix-less OUT gets the default format; ``format`` names the format whatever the suffix, and
+    an update keeps the format of the store already there.
+    """
+    if opts.format is not None or opts.update:
+        return
+    suffix = os.path.splitext(os.fspath(out).rstrip("/\\"))[1].lower()
+    known = {s: b.name for b in BACKENDS.values() for s in b.suffixes}
+    if suffix and suffix not in known:
+        shown = ", ".join(f"{s} ({name})" for s, name in sorted(known.items()))
+        raise OptionError(
+            f"OUT {shown_name(os.fspath(out))!r} ends in {shown_name(suffix)!r}, which names no store format; "
+            f"use one of the suffixes {shown}, or name the format with format=FORMAT"
+        )
+
+
 def build(
     src: Source | str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -2302,7 +2609,7 @@ def build(
     src
         A folder tree of images (class sub-folders become labels with ``labels="auto"``), or any
         :class:`~dlpack.sources.Source`; for a Source, the ``labels`` and ``follow_symlinks``
-        options do not apply (the source decides).
+        options do not apply (the source decides), and ``exclude`` is refused.
     out
         Store path: a ``.zarr`` folder (default) or a ``.h5``/``.hdf5`` file.
     options
@@ -2330,8 +2637,20 @@ def build(
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
     out_path = Path(out)
+    _check_out_suffix(out_path, opts)
     backend = backend_for_path(out_path, opts.format, write=True)
     source = as_source(src, opts)
+    if opts.exclude and not isinstance(source, FolderSource):
+        raise OptionError(
+            f"exclude applies to a folder source; a {type(source).__name__} lists its own items: leave them out there"
+        )
+    if isinstance(source, FolderSource) and source.exclude != opts.exclude:
+        if opts.exclude:
+            raise OptionError(
+                f"the FolderSource excludes {list(source.exclude)} but exclude={list(opts.exclude)} was given; "
+                "give the patterns in one place"
+            )
+        opts = replace(opts, exclude=source.exclude)  # the plan records the source's own patterns
     if isinstance(source, FolderSource) and source.follow_symlinks != opts.follow_symlinks:
         opts = replace(opts, follow_symlinks=source.follow_symlinks)  # the plan records the source's own rule
     check_paths(source, out_path)
@@ -2340,7 +2659,8 @@ def build(
         published = clear_leftovers(out_path)
         if opts.update:
             return update_stage(source, out_path, backend, opts, t0)
-        exists = f"{out_path} already exists; pass --overwrite (overwrite=True) to replace it"
+        # The CLI names its flag instead (dlpack.cli): the keyword is the library's word for it.
+        exists = f"{out_path} already exists; pass overwrite=True to replace it"
         if out_path.exists() or out_path.is_symlink():
             if opts.overwrite:
                 check_replaceable(out_path)
@@ -2349,6 +2669,8 @@ def build(
                 raise StoreExistsError(exists)
         root = source.root
         scan = scan_stage(source)
+        if opts.split:
+            scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         probes = probe_stage(root, scan.items, opts)
         plan, sel = plan_stage(scan, probes, _probed(scan, probes), opts, backend.name)
         if published is not None:
@@ -2385,6 +2707,9 @@ def build(
                 resume=resume,
                 classes=manifest.classes,
                 splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
+                excluded=scan.excluded,
+                ignored=scan.ignored,
+                distinct_sizes=len({s.shape[:2] for s in samples}) if plan.image.layout == "variable" else 0,
             )
         except KeyboardInterrupt:
             raise PublishedInterrupt(out_path) from None

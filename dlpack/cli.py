@@ -132,8 +132,9 @@ def add_option_arguments(
     """Add one flag per field of the option dataclass ``options_cls`` to ``parser``.
 
     Each field's ``metadata`` says how: ``"help"`` (required), optional ``"metavar"``, ``"flag"``
-    (default ``--`` + the name with ``_`` as ``-``) and ``"choices"`` (a sequence, or a callable returning one; default: the values of a
-    ``Literal`` annotation); ``"cli": False`` gives the field no flag. ``bool`` fields are
+    (default ``--`` + the name with ``_`` as ``-``), ``"choices"`` (a sequence, or a callable returning one; default: the values of a
+    ``Literal`` annotation) and ``"repeat"`` (the flag may be given several times: the field gets the
+    list of texts); ``"cli": False`` gives the field no flag. ``bool`` fields are
     ``store_true`` flags; ``int`` and ``float`` fields are parsed as numbers; any other type is
     passed as the text given, for the dataclass to parse and validate (``"512x512"``,
     ``"sequential,random"``). The flag's default is ``argparse.SUPPRESS``: a flag not given is
@@ -187,6 +188,8 @@ def add_option_arguments(
             kwargs["type"] = _integer
         elif tp is float:
             kwargs["type"] = _number
+        if f.metadata.get("repeat"):  # a tuple of texts, one per use of the flag
+            kwargs["action"] = "append"
         if "metavar" in f.metadata:
             kwargs["metavar"] = f.metadata["metavar"]
         if default is not None and default != ():
@@ -286,21 +289,34 @@ def _add_build(sub: Any) -> None:
     p.set_defaults(run=_run_build)
 
 
+#: Library keywords in error hints -> the ``dlpack build`` flags that say the same on the command line.
+_BUILD_FLAGS = {"overwrite=True": "--overwrite", "format=FORMAT": "--format FORMAT"}
+
+
 def _run_build(a: argparse.Namespace) -> int:
     from .build import build
+    from .errors import StoreExistsError
     from .options import BuildOptions
 
     opts = options_from_args(BuildOptions, a)
     _check_json_file(a)
-    result = build(a.src, a.out, opts)
+    try:
+        result = build(a.src, a.out, opts)
+    except (StoreExistsError, OptionError) as exc:
+        text = str(exc)
+        if not any(k in text for k in _BUILD_FLAGS):
+            raise
+        for keyword, flag in _BUILD_FLAGS.items():
+            text = text.replace(keyword, flag)
+        raise type(exc)(text) from exc
     if result.skipped:
         _say(f"dlpack: skipped {len(result.skipped)} unreadable input(s):", err=True)
         for e in result.skipped:
             _say(f"  {e}", err=True)
     if a.json or a.json_file is not None:
-        _emit_json(a, {**dataclasses.asdict(result), "images_per_s": result.images_per_s})
+        _emit_json(a, {**dataclasses.asdict(result), "images_per_s": result.images_per_s, "notes": result.notes})
     if not opts.quiet and not a.json:
-        _say(result.summary())
+        _say(result.summary(verbose=opts.verbose))
     return 1 if result.skipped else 0
 
 
@@ -312,6 +328,8 @@ def _add_info(sub: Any) -> None:
 
 
 def _run_info(a: argparse.Namespace) -> int:
+    import numpy as np
+
     from .dataset import open as open_store
 
     _check_json_file(a)
@@ -324,12 +342,22 @@ def _run_info(a: argparse.Namespace) -> int:
     rows = [
         ("store", f"{info['path']} ({info['backend']}, format v{info['format_version']})"),
         ("images", f"{info['count']}"),
-        ("resolution", f"{res} x {info['channels']} channel(s), {info['dtype']}"),
+        # NumPy's name (uint8), not the format's dtype string (|u1), which --json keeps.
+        ("resolution", f"{res} x {info['channels']} channel(s), {np.dtype(info['dtype']).name}"),
         ("classes", ", ".join(info["classes"]) or "(unlabelled)"),
         ("compression", info["compression"]),
         ("on disk", f"{info['bytes_on_disk'] / 1e6:.1f} MB"),
         ("skipped", str(len(info["skipped"]))),
     ]
+    counts: list[tuple[str, str]] = []
+    if info["class_counts"]:
+        counts.append(("per class", _counts(info["class_counts"], info["unlabelled"], "unlabelled")))
+    if info["splits"]:
+        order = sorted(info["splits"], key=lambda n: (_SPLIT_ORDER.get(n, len(_SPLIT_ORDER)), n))
+        counts.append(("splits", _counts({n: info["splits"][n]["count"] for n in order}, info["unsplit"], "no split")))
+        if info["classes"]:
+            counts += [(f"  {n}", _counts(info["splits"][n]["classes"])) for n in order]
+    rows[4:4] = counts  # after the classes
     if info["conversions"]:
         rows.append(("converted", ", ".join(f"{k}: {v}" for k, v in info["conversions"].items())))
     width = max(len(k) for k, _ in rows)
@@ -339,6 +367,16 @@ def _run_info(a: argparse.Namespace) -> int:
     for e in info["skipped"]:
         _say(f"  skipped {e['path']}: {e['reason']}", keep="")
     return 0
+
+
+#: The order ``info`` lists splits in; others follow by name.
+_SPLIT_ORDER = {"train": 0, "val": 1, "validation": 2, "test": 3}
+
+
+def _counts(counts: dict[str, int], rest: int = 0, rest_name: str = "") -> str:
+    """``cat 40, dog 40`` (and ``, unlabelled 3`` when ``rest``)."""
+    parts = [f"{shown(name)} {n}" for name, n in counts.items()]
+    return ", ".join(parts + ([f"{rest_name} {rest}"] if rest else []))
 
 
 def _add_bench_flags(p: argparse.ArgumentParser) -> None:

@@ -139,7 +139,8 @@ class Dataset:
         if not names:
             raise OptionError(
                 f"store {self.path} has no splits: its source assigned none (a build takes splits from top "
-                "folders named train, val, validation or test); select samples with indices= instead"
+                "folders named train, val, validation or test, or makes them with --split); select samples with "
+                "indices= instead"
             )
         if not isinstance(split, str) or split not in names:
             raise OptionError(f"store {self.path} has no split {split!r}; its splits are: {', '.join(names)}")
@@ -321,12 +322,28 @@ class Dataset:
         """Facts for ``dlpack info``."""
         m = self.manifest
         nbytes = self._reader.nbytes_on_disk()
+        labels = np.asarray(self._reader.read_all("labels")).reshape(-1)
+        codes = self._split_codes() if m.splits else np.full(len(labels), -1)
+
+        def per_class(mask: np.ndarray) -> dict[str, int]:
+            counts = np.bincount(labels[mask & (labels >= 0)].astype(np.int64), minlength=len(m.classes))
+            return {c: int(n) for c, n in zip(m.classes, counts, strict=False)}
+
+        everything = np.ones(len(labels), dtype=bool)
+        splits = {
+            name: {"count": int((codes == k).sum()), "classes": per_class(codes == k)}
+            for k, name in enumerate(m.splits)
+        }
         return {
             "path": str(self.path),
             "backend": self.backend,
             "format_version": m.format_version,
             "count": m.count,
             "classes": list(m.classes),
+            "class_counts": per_class(everything),
+            "unlabelled": int((labels < 0).sum()),
+            "splits": splits,
+            "unsplit": int((codes < 0).sum()) if m.splits else 0,
             "layout": m.image.layout,
             "resolution": [m.image.width, m.image.height] if m.image.shape else None,
             "channels": m.image.channels,

@@ -9,7 +9,7 @@ from typing import Literal
 
 from .errors import OptionError
 
-__all__ = ["BuildOptions", "parse_size", "available_cores", "IMAGE_SUFFIXES"]
+__all__ = ["BuildOptions", "parse_size", "parse_split", "available_cores", "IMAGE_SUFFIXES", "SPLIT_PART_NAMES"]
 
 #: File name suffixes a folder source treats as images (lower case).
 IMAGE_SUFFIXES: frozenset[str] = frozenset(
@@ -49,6 +49,25 @@ def parse_size(text: str | tuple[int, int]) -> tuple[int, int]:
     if int(w) <= 0 or int(h) <= 0:
         raise OptionError(f"size must be WIDTHxHEIGHT with both > 0, got '{w}x{h}'")
     return int(w), int(h)
+
+
+#: The split names of ``split``, by its number of parts.
+SPLIT_PART_NAMES: dict[int, tuple[str, ...]] = {2: ("train", "val"), 3: ("train", "val", "test")}
+
+
+def parse_split(value: object) -> tuple[int, ...]:
+    """Parse ``'80,10,10'`` (or a tuple) into whole percentages: 2 or 3 parts, each > 0, summing to 100."""
+    parts = value.split(",") if isinstance(value, str) else value
+    try:
+        pcts = tuple(int(str(p).strip()) for p in parts) if isinstance(parts, (list, tuple)) else ()
+    except (TypeError, ValueError):
+        pcts = ()
+    if len(pcts) not in SPLIT_PART_NAMES or any(p <= 0 for p in pcts) or sum(pcts) != 100:
+        raise OptionError(
+            f"split takes 2 or 3 whole percentages > 0 summing to 100, TRAIN,VAL[,TEST] (e.g. 80,10,10 or 90,10); "
+            f"got {value!r}"
+        )
+    return pcts
 
 
 def _name_list(name: str, value: object, values: bool) -> tuple[str, ...]:
@@ -100,7 +119,8 @@ class BuildOptions:
     format: str | None = field(
         default=None,
         metadata={
-            "help": "store format; without it, from OUT's suffix (.h5, .hdf5: hdf5), else zarr",
+            "help": "store format; without it, from OUT's suffix (.zarr or none: zarr; .h5, .hdf5: hdf5; "
+            "any other suffix is refused)",
             "choices": _format_names,
         },
     )
@@ -161,6 +181,27 @@ class BuildOptions:
     # "Tens of MB per shard" keeps a dataset at a few hundred files (docs/format.md).
     shard_bytes: int = field(default=32 * 2**20, metadata={"help": "target bytes per Zarr shard file", "metavar": "N"})
     follow_symlinks: bool = field(default=False, metadata={"help": "pack symlinked files that stay inside SRC"})
+    exclude: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "leave out the paths under SRC matching GLOB (fnmatch, against the path relative to SRC with / "
+            "separators; a folder that matches leaves out everything under it); repeatable",
+            "metavar": "GLOB",
+            "repeat": True,
+        },
+    )
+    split: tuple[int, ...] | None = field(
+        default=None,
+        metadata={
+            "help": "split a source without split folders by class: percentages TRAIN,VAL[,TEST] summing to 100, "
+            "e.g. 80,10,10 (splits train, val, test) or 90,10 (train, val)",
+            "metavar": "PCTS",
+        },
+    )
+    split_seed: int | None = field(
+        default=None, metadata={"help": "with --split: the seed of the split (default 0)", "metavar": "S"}
+    )
+    verbose: bool = field(default=False, metadata={"help": "also list the non-image files and excluded paths"})
     # An update never invents a value for an array it did not build: a user's own array needs one of these two.
     fill: tuple[str, ...] = field(
         default=(),
@@ -176,6 +217,18 @@ class BuildOptions:
     )
 
     def __post_init__(self) -> None:
+        exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
+        if not all(isinstance(p, str) and p.strip() for p in exclude):
+            raise OptionError(f"exclude takes non-empty glob patterns, got {self.exclude!r}")
+        # Paths are relative to SRC: "./masks" means "masks".
+        object.__setattr__(self, "exclude", tuple(p[2:] if p.startswith("./") and len(p) > 2 else p for p in exclude))
+        if self.split is not None:
+            object.__setattr__(self, "split", parse_split(self.split))
+        if self.split_seed is not None:
+            if not isinstance(self.split_seed, int) or isinstance(self.split_seed, bool) or self.split_seed < 0:
+                raise OptionError(f"split_seed must be an integer >= 0, got {self.split_seed!r}")
+            if self.split is None and not self.update:
+                raise OptionError("split_seed only applies to split: pass split=80,10,10 (--split) too")
         if self.format is not None:
             _choice("format", self.format, _format_names())
         if self.size is not None:

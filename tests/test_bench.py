@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -407,3 +408,30 @@ def test_missing_matplotlib_is_reported_before_the_run(monkeypatch: pytest.Monke
 def test_output_folder_must_exist(tmp_path: Path) -> None:
     with pytest.raises(OptionError, match="does not exist"):
         check_outputs(json_path=tmp_path / "no" / "such" / "b.json")
+
+
+def test_with_a_step_the_table_ends_with_what_the_busy_column_means(data: dict[str, Path]) -> None:
+    targets = [data["src"], data["s.zarr"], data["s.h5"]]
+    rep = run_bench(targets, samples=32, batch_size=4, repeat=1, caches="warm", orders="random", step_ms=5, quiet=True)
+    line = rep.table().splitlines()[-1]
+    assert line == rep.wait_line()
+    waits = [f"{1 - (c.busy_fraction or 0):.0%}".replace("%", " %") for c in rep.cells]
+    folder, zarr, h5 = waits
+    assert line == (
+        f"training from the folder would wait {folder} of the time; from the store {zarr} (s.zarr), {h5} (s.h5) "
+        "(a 5 ms step per batch, random order, warm cache)"
+    )
+    one = run_bench(
+        targets[:2], samples=32, batch_size=4, repeat=1, caches="warm", orders="random", step_ms=5, quiet=True
+    )
+    assert re.fullmatch(
+        r"training from the folder would wait \d+ % of the time; from the store \d+ % \(a 5 .*", one.wait_line() or ""
+    )
+
+
+def test_without_a_step_or_a_folder_there_is_no_wait_line(report: BenchReport, data: dict[str, Path]) -> None:
+    assert report.wait_line() is None and "would wait" not in report.table()
+    stores = run_bench(
+        [data["s.zarr"]], samples=16, batch_size=4, repeat=1, caches="warm", orders="random", step_ms=5, quiet=True
+    )
+    assert stores.wait_line() is None

@@ -59,6 +59,8 @@ def test_an_empty_command_line_gives_the_dataclass_defaults(cls: type, cmd: str,
 def _token(tp: Any, default: Any, f: dataclasses.Field[Any]) -> tuple[list[str], Any]:
     """A command-line value different from the default, and the value the parser should make of it."""
     choices = f.metadata.get("choices")
+    if f.metadata.get("repeat"):
+        return ["some-text"], ["some-text"]  # a repeatable flag collects its texts in a list
     if callable(choices):
         value = next(v for v in choices() if v != default)
         return [str(value)], value
@@ -87,6 +89,11 @@ def test_each_flag_reaches_its_field_with_the_fields_type(
     assert getattr(ns, f.name) == expected and type(getattr(ns, f.name)) is type(expected)
     # Only the given flag is in the namespace: every other field keeps the dataclass default.
     assert [g.name for g in dataclasses.fields(cls) if hasattr(ns, g.name)] == [f.name]
+
+
+def test_a_repeatable_flag_collects_every_use() -> None:
+    ns = make_parser().parse_args(["build", "S", "O", "--exclude", "masks", "--exclude", "*_mask.*"])
+    assert options_from_args(BuildOptions, ns).exclude == ("masks", "*_mask.*")
 
 
 def test_a_literal_flag_gives_the_literal_value() -> None:

@@ -414,7 +414,7 @@ def test_a_half_removed_old_store_is_cleared(make_tree: MakeTree, tmp_path: Path
     out = tmp_path / "out.zarr"
     dlpack.build(make_tree({"a/0.png": "rgb"}), out, quiet=True, jobs=1)
     old = old_path(out)
-    dlpack.build(make_tree({"b/0.png": "rgb"}, "b"), old, quiet=True, jobs=1)
+    dlpack.build(make_tree({"b/0.png": "rgb"}, "b"), old, format="zarr", quiet=True, jobs=1)  # a name of no format
     (old / "manifest.json").unlink()
     next(p for p in sorted(old.rglob("*")) if p.is_file() and p.name != "zarr.json").unlink()
     dlpack.build(make_tree({"c/0.png": "rgb"}, "c"), out, overwrite=True, quiet=True, jobs=1)

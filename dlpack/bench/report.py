@@ -173,7 +173,33 @@ class BenchReport:
         if self.notes:
             out.append("")
             out += [f"note: {n}" for n in self.notes]
+        wait = self.wait_line()
+        if wait is not None:
+            out += ["", wait]
         return "\n".join(out)
+
+    def wait_line(self) -> str | None:
+        """What the busy column means for training, in one line: the share of the time a training
+        step of ``step_ms`` would wait for data, from the folder and from each store.
+
+        From the first (order, cache) measured for a folder and a store with ``step_ms``; None
+        without ``step_ms``, a folder or a store. The wait is ``100 % - busy``, as in the table.
+        """
+        step = [c for c in self.cells if c.busy_fraction is not None]
+        for folder in (c for c in step if c.kind == "folder"):
+            stores = [c for c in step if c.kind != "folder" and (c.order, c.cache) == (folder.order, folder.cache)]
+            if not stores:
+                continue
+
+            def wait(c: BenchCell) -> str:
+                return f"{1 - (c.busy_fraction or 0.0):.0%}".replace("%", " %")
+
+            shown = ", ".join(f"{wait(c)} ({c.target})" for c in stores) if len(stores) > 1 else wait(stores[0])
+            return (
+                f"training from the folder would wait {wait(folder)} of the time; from the store {shown} "
+                f"(a {self.options.step_ms:g} ms step per batch, {folder.order} order, {folder.cache} cache)"
+            )
+        return None
 
     def plot(self, path: str | os.PathLike[str]) -> None:
         """Write a PNG bar chart of images/s per target, grouped by target, one bar per cache and order."""

@@ -55,12 +55,18 @@ class SourceScan:
         Inputs the scan found but cannot use (the build fails on them or skips them, per ``on_error``).
     labels : str
         Where the labels come from, as recorded in the manifest: ``"folders"``, ``"none"``, ...
+    excluded : tuple of str
+        Paths left out by an exclude pattern (a folder with a trailing ``/``, for everything under it).
+    ignored : tuple of str
+        Files found that are not images (``.txt``, ``.pdf``, ...): not packed, listed for the summary.
     """
 
     items: tuple[SourceItem, ...]
     classes: tuple[str, ...] = ()
     errors: tuple[InputFileError, ...] = ()
     labels: str = "none"
+    excluded: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
 
 
 @runtime_checkable

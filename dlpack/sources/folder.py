@@ -8,7 +8,12 @@ The rules (also in docs/format.md, "Labels and splits of a folder"):
   in ``skipped`` under ``on_error="skip"``): folders that cannot be read, symlinks that are not
   followed, loops, images in formats dlpack does not pack (GIF, JPEG 2000, HEIF, ...), files that are
   not regular files, and names that are not valid UTF-8. Other files (``.txt``, ``.json``, ...)
-  are ignored.
+  are not packed; the scan lists them (``SourceScan.ignored``) so the summary can count them.
+- ``exclude`` patterns (fnmatch, case-sensitive) are matched against each path relative to the root
+  with ``/`` separators; a matching file is left out, a matching folder with everything under it.
+- Label folders are not classes: a folder named ``masks``, ``mask``, ``labels``, ``ground_truth``,
+  ``gt`` or ``annotations`` (any case), or an image named ``*_mask.*``, that no pattern excludes is
+  refused, because packing it would make label images into a class (and resize them as photos).
 - Split: when every image sits under a top folder named ``train``, ``val``, ``validation`` or
   ``test`` (any case), that folder is the image's split and the rules below apply below it.
 - Class: the top folder below the root (or below the split folder): ``cat/x.png`` is ``cat``,
@@ -21,6 +26,7 @@ The rules (also in docs/format.md, "Labels and splits of a folder"):
 from __future__ import annotations
 
 import errno
+import fnmatch
 import heapq
 import os
 import stat
@@ -48,6 +54,10 @@ __all__ = [
     "normalise_header",
     "SPLIT_NAMES",
     "UNSUPPORTED_SUFFIXES",
+    "LABEL_FOLDER_NAMES",
+    "LABEL_FILE_PATTERN",
+    "label_path",
+    "label_paths_error",
 ]
 
 _LABELS = ("auto", "folders", "none")
@@ -80,6 +90,11 @@ UNSUPPORTED_SUFFIXES: dict[str, str] = {
 }
 
 _MAX_LISTED = 5
+
+#: Folder names (compared in lower case) that hold labels (masks, ground truth), not a class of images.
+LABEL_FOLDER_NAMES: frozenset[str] = frozenset({"masks", "mask", "labels", "ground_truth", "gt", "annotations"})
+#: File names (compared in lower case) of label images.
+LABEL_FILE_PATTERN = "*_mask.*"
 
 
 def _shown(rel: str) -> str:
@@ -117,7 +132,16 @@ class _Walk:
 
     real_root: str
     follow: bool
+    exclude: tuple[str, ...] = ()
+    #: refuse label folders and label images (else they are walked and listed like any other)
+    check_labels: bool = True
     files: list[str] = field(default_factory=list)
+    #: paths an exclude pattern left out (folders with a trailing "/")
+    excluded: list[str] = field(default_factory=list)
+    #: files that are not images, not packed
+    ignored: list[str] = field(default_factory=list)
+    #: label folders (with a trailing "/") and label images found and not excluded
+    label_paths: list[str] = field(default_factory=list)
     errors: list[InputFileError] = field(default_factory=list)
     #: real path of every folder walked -> the relative path it is packed under ("" for the root)
     dirs: dict[str, str] = field(default_factory=dict)
@@ -153,6 +177,8 @@ class _Walk:
                     continue
                 rel = f"{rel_dir}/{name}" if rel_dir else name
                 if entry.is_symlink():
+                    if self.excludes(rel):
+                        continue
                     if _kind(name) != "other":  # a link to an image, or maybe to a folder
                         self.twin(names, rel_dir, name, "names")
                     heapq.heappush(self.links, (rel, entry.path))
@@ -162,17 +188,32 @@ class _Walk:
                     is_dir = entry.is_dir(follow_symlinks=False)
                     regular = not is_dir and entry.is_file(follow_symlinks=False)
                 except OSError as exc:
-                    if _kind(name) != "other":
+                    if _kind(name) != "other" and not self.excludes(rel):
                         self.error(rel, f"cannot read: {exc.strerror or exc}")
+                    continue
+                if self.excludes(rel + "/" if is_dir else rel, folder=is_dir):
                     continue
                 if is_dir or _kind(name) in ("image", "unsupported"):  # what is packed or reported
                     self.twin(names, rel_dir, name, "folders" if is_dir else "files")
                 real = os.path.join(real_dir, name)
                 if is_dir:
+                    if name.lower() in LABEL_FOLDER_NAMES and self.check_labels:
+                        self.label_paths.append(rel + "/")
+                        continue
                     self.dirs[real] = rel
                     stack.append((entry.path, rel, real))
                 else:
                     self.file(rel, real, regular)
+
+    def excludes(self, rel: str, folder: bool = False) -> bool:
+        """Whether an exclude pattern matches ``rel`` (a folder as ``name/``, matched with and without the ``/``)."""
+        if not self.exclude:
+            return False
+        names = (rel, rel.rstrip("/")) if folder else (rel,)
+        if any(fnmatch.fnmatchcase(n, pat) for n in names for pat in self.exclude):
+            self.excluded.append(rel)
+            return True
+        return False
 
     def twin(self, names: dict[str, str], rel_dir: str, name: str, what: str) -> None:
         """Note ``name`` in the folder ``rel_dir``; a name seen there that differs only in normalisation is a twin."""
@@ -182,8 +223,14 @@ class _Walk:
 
     def file(self, rel: str, real: str, regular: bool) -> None:
         """A file (or a link to one) at ``rel`` whose real path is ``real``."""
-        kind = _kind(rel.rsplit("/", 1)[-1])
+        name = rel.rsplit("/", 1)[-1]
+        kind = _kind(name)
         if kind in ("other", "maybe-folder"):
+            if regular:
+                self.ignored.append(rel)
+            return
+        if kind == "image" and self.check_labels and fnmatch.fnmatchcase(name.lower(), LABEL_FILE_PATTERN):
+            self.label_paths.append(rel)
             return
         if not regular:
             self.error(rel, "not a regular file (a FIFO, socket or device); not read")
@@ -224,6 +271,8 @@ class _Walk:
             self.error(shown, f"is a symlink to {what}; pass --follow-symlinks to pack what it links to")
         elif not is_dir:
             self.file(rel, target, stat.S_ISREG(mode))
+        elif name.lower() in LABEL_FOLDER_NAMES and self.check_labels:
+            self.label_paths.append(shown)
         elif target in self.dirs:
             owner = self.dirs[target]
             if not owner or rel.startswith(owner + "/"):
@@ -244,7 +293,9 @@ class FolderSource:
     ``test`` (any case), that folder is the image's split instead, and the class is the folder below.
     ``labels="auto"`` labels the images when every one sits in a class folder, leaves them
     unlabelled when none does, and refuses a mix; ``"folders"`` requires class folders, ``"none"``
-    leaves every image unlabelled. Symlinks are followed only with ``follow_symlinks``, never out of
+    leaves every image unlabelled. ``exclude`` holds fnmatch patterns of paths (relative to
+    ``root``, ``/`` separators) to leave out; label folders and label images (``masks/``,
+    ``ground_truth/``, ``*_mask.*``, ...) must be excluded or moved, or the scan refuses them. Symlinks are followed only with ``follow_symlinks``, never out of
     ``root``, never in a loop, and nothing is packed twice: a file or folder reached by its real path
     is packed from there, one reached only through links from the sorted-first link; every other
     path to it is reported in :attr:`SourceScan.errors`, like every other input that is not packed.
@@ -253,13 +304,28 @@ class FolderSource:
     root: Path
     labels: str
     follow_symlinks: bool
+    exclude: tuple[str, ...]
+    #: False lists label folders and label images like other images (an update of a store that
+    #: already holds some refuses only new ones: :func:`label_path`).
+    check_labels: bool
 
-    def __init__(self, root: str | os.PathLike[str], labels: str = "auto", follow_symlinks: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        labels: str = "auto",
+        follow_symlinks: bool = False,
+        exclude: Sequence[str] = (),
+        check_labels: bool = True,
+    ) -> None:
         if labels not in _LABELS:
             raise OptionError(f"labels must be one of {', '.join(_LABELS)}; got {labels!r}")
+        if isinstance(exclude, str) or not all(isinstance(p, str) and p for p in exclude):
+            raise OptionError(f"exclude must be a list of non-empty glob patterns, got {exclude!r}")
         object.__setattr__(self, "root", Path(root))
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "follow_symlinks", bool(follow_symlinks))
+        object.__setattr__(self, "exclude", tuple(exclude))
+        object.__setattr__(self, "check_labels", bool(check_labels))
 
     def scan(self) -> SourceScan:
         """List the image files and their labels and splits.
@@ -275,7 +341,7 @@ class FolderSource:
             raise SourceError(f"source folder {os.fspath(root)!r} does not exist")
         if not root.is_dir():
             raise SourceError(f"source {os.fspath(root)!r} is not a folder")
-        walk = _Walk(os.path.realpath(root), self.follow_symlinks)
+        walk = _Walk(os.path.realpath(root), self.follow_symlinks, self.exclude, self.check_labels)
         walk.walk(os.fspath(root), "", walk.real_root)
         # Links last and in sorted order: a real path always wins over a link to the same place,
         # and among links the sorted-first one.
@@ -285,13 +351,23 @@ class FolderSource:
             folder, a, b, what = min(walk.twins)
             where = os.path.join(os.fspath(root), folder) if folder else os.fspath(root)
             raise _twins_error(what, repr(shown(where)), a, b)
+        if walk.label_paths:
+            raise label_paths_error(os.fspath(root), sorted(walk.label_paths))
         rels = sorted(walk.files)
         errors = tuple(sorted(walk.errors, key=lambda e: e.path))
         if not rels and not errors:
             suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
-            raise SourceError(f"no images found in {os.fspath(root)!r} (looked for {suffixes})")
+            left = f"; the exclude patterns left out {len(walk.excluded)} path(s)" if walk.excluded else ""
+            raise SourceError(f"no images found in {os.fspath(root)!r} (looked for {suffixes}){left}")
         items, classes = self._label(rels)
-        return SourceScan(items, classes, errors, "folders" if classes else "none")
+        return SourceScan(
+            items,
+            classes,
+            errors,
+            "folders" if classes else "none",
+            excluded=tuple(sorted(walk.excluded)),
+            ignored=tuple(sorted(walk.ignored)),
+        )
 
     def _label(self, rels: list[str]) -> tuple[tuple[SourceItem, ...], tuple[str, ...]]:
         """Items with their splits and labels, and the sorted class names, by the rules in the class docstring."""
@@ -330,6 +406,45 @@ class FolderSource:
         return items, classes
 
 
+def label_path(rel: str) -> str | None:
+    """The label folder (``a/masks/``) or label image (``a/0_mask.png``) that ``rel`` is or lies in, else None."""
+    parts = rel.split("/")
+    for n, part in enumerate(parts[:-1]):
+        if part.lower() in LABEL_FOLDER_NAMES:
+            return "/".join(parts[: n + 1]) + "/"
+    return rel if fnmatch.fnmatchcase(parts[-1].lower(), LABEL_FILE_PATTERN) else None
+
+
+def label_paths_error(root: str, paths: Sequence[str]) -> SourceError:
+    """Label folders and label images found in a source (they would become a class, or be packed as
+    photos): the error naming them and the ``--exclude`` patterns that leave them out."""
+    folders = [p for p in paths if p.endswith("/")]
+    files = [p for p in paths if not p.endswith("/")]
+    found = []
+    # One pattern per folder name: the path itself when there is one, "*/name" for the nested ones.
+    by_name: dict[str, list[str]] = {}
+    for p in folders:
+        by_name.setdefault(p.rstrip("/").rsplit("/", 1)[-1], []).append(p.rstrip("/"))
+    patterns: list[str] = []
+    for name, rels in by_name.items():
+        nested = [r for r in rels if "/" in r]
+        patterns += [name] if len(rels) > len(nested) else []
+        patterns += nested if len(nested) == 1 else [f"*/{name}"] if nested else []
+    patterns = [shown(_shown(p)) for p in patterns]
+    if folders:
+        found.append(f"label folder(s) {_listing(folders)}")
+    if files:
+        found.append(f"{len(files)} label image(s) named {LABEL_FILE_PATTERN} ({_listing(files)})")
+        case_ok = all(fnmatch.fnmatchcase(p.rsplit("/", 1)[-1], LABEL_FILE_PATTERN) for p in files)
+        patterns.append(LABEL_FILE_PATTERN if case_ok else "*_[mM][aA][sS][kK].*")
+    flags = " ".join(f"--exclude '{p}'" for p in patterns)
+    return SourceError(
+        f"{root!r} holds label data, not images of a class: {'; '.join(found)}. Packed, it would become a "
+        "class of its own (and label images would be resized like photos). Leave it out with "
+        f"{flags}, or move it out of the source folder"
+    )
+
+
 def _twins_error(what: str, where: str, a: str, b: str) -> SourceError:
     """Two names that look the same: NFC ``café`` and NFD ``cafe`` + U+0301 are different names to the file system."""
     return SourceError(
@@ -341,8 +456,8 @@ def _twins_error(what: str, where: str, a: str, b: str) -> SourceError:
 
 
 def scan_folder(
-    root: str | os.PathLike[str], labels: str = "auto", follow_symlinks: bool = False
+    root: str | os.PathLike[str], labels: str = "auto", follow_symlinks: bool = False, exclude: Sequence[str] = ()
 ) -> tuple[list[SourceItem], tuple[str, ...], list[InputFileError]]:
-    """``FolderSource(root, labels, follow_symlinks).scan()`` as (items, classes, errors) lists."""
-    scan = FolderSource(root, labels, follow_symlinks).scan()
+    """``FolderSource(root, labels, follow_symlinks, exclude).scan()`` as (items, classes, errors) lists."""
+    scan = FolderSource(root, labels, follow_symlinks, exclude).scan()
     return list(scan.items), scan.classes, list(scan.errors)

@@ -46,6 +46,7 @@ def test_folder_source_is_a_source_and_lists_sorted_items(make_tree: MakeTree) -
         ("a", "b"),
         (),
         "folders",
+        ignored=("a/notes.txt",),  # not packed, and listed for the summary
     )
     items, classes, errors = scan_folder(src)
     assert (tuple(items), classes, tuple(errors)) == (scan.items, scan.classes, scan.errors)
