@@ -16,6 +16,7 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
+from _exif import tiff_with_orientation
 
 import dlpack
 from dlpack import BadInputsError, BuildOptions, DlpackError, OptionError, SourceError, StoreExistsError
@@ -197,21 +198,6 @@ def test_hidden_and_non_image_files_are_ignored(make_tree: MakeTree, tmp_path: P
     ds = build_open(make_tree(spec), tmp_path / "o.zarr")
     assert [ds[i]["source"] for i in range(len(ds))] == ["a/0.png", "a/1.PNG"]
     assert ds.manifest.skipped == ()
-
-
-def tiff_with_orientation(rgb: np.ndarray, orientation: int) -> bytes:
-    """An uncompressed little-endian RGB TIFF with an Orientation (274) tag."""
-    h, w, _ = rgb.shape
-    tags = [(256, 3, 1, w), (257, 3, 1, h), (258, 3, 3, 0), (259, 3, 1, 1), (262, 3, 1, 2), (273, 4, 1, 0),
-            (274, 3, 1, orientation), (277, 3, 1, 3), (278, 3, 1, h), (279, 4, 1, h * w * 3)]  # fmt: skip
-    bps_at = 8 + 2 + 12 * len(tags) + 4
-    pixels_at = bps_at + 6
-    out = b"II*\x00" + struct.pack("<IH", 8, len(tags))
-    for tag, kind, count, value in tags:
-        value = {258: bps_at, 273: pixels_at}.get(tag, value)
-        inline = struct.pack("<I", value) if kind == 4 or tag == 258 else struct.pack("<HH", value, 0)
-        out += struct.pack("<HHI", tag, kind, count) + inline
-    return out + struct.pack("<I", 0) + struct.pack("<3H", 8, 8, 8) + rgb.tobytes()
 
 
 def jpeg_with_orientation(jpeg: bytes, orientation: int) -> bytes:
