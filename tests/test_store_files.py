@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,19 +26,25 @@ ZARR_PLACES = ["manifest.json", "zarr.json", "images/zarr.json", "images/c/0/0/0
 HANG = 60
 
 
+class Blocked(BaseException):
+    """Not an OSError (which readers turn into other errors) nor an Exception: nothing catches it."""
+
+
 @pytest.fixture
 def no_hang() -> Iterator[None]:
     """Fail an in-process test that blocks (on a named pipe) instead of hanging the test run."""
 
     def blocked(*_: object) -> None:
-        raise TimeoutError("blocked for 20 s: a reader opened a named pipe")
+        raise Blocked("blocked for 20 s: a reader opened a named pipe")
 
     old = signal.signal(signal.SIGALRM, blocked)
-    signal.alarm(20)
+    # Sent to this very thread: a blocked open() is interrupted only in the thread that receives it.
+    timer = threading.Timer(20, signal.pthread_kill, (threading.get_ident(), signal.SIGALRM))
+    timer.start()
     try:
         yield
     finally:
-        signal.alarm(0)
+        timer.cancel()
         signal.signal(signal.SIGALRM, old)
 
 
@@ -143,20 +150,34 @@ def test_a_shard_that_is_a_link_is_refused(built: dict[str, Path], tmp_path: Pat
         ds.verify()
 
 
-def test_a_hdf5_store_swapped_for_a_pipe_after_detection_is_refused(
-    built: dict[str, Path], tmp_path: Path, no_hang: None
-) -> None:
-    from dlpack.backends import Hdf5Backend
+def in_subprocess(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter: a read blocked in C (HDF5, zarr's threads) ignores signals."""
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=HANG)
 
+
+CATCH = """
+import sys
+try:
+    {call}
+except dlpack.StoreError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_hdf5_store_swapped_for_a_pipe_after_detection_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "s.h5"
     os.mkfifo(out)
-    reader = Hdf5Backend.open_reader(out)  # what --update does once it recognised the store
-    with pytest.raises(StoreError, match="named pipe"):
-        _ = reader.manifest
+    # What --update does once it recognised the store: open a reader of that backend directly.
+    code = "import dlpack\nfrom dlpack.backends import Hdf5Backend\n" + CATCH.format(
+        call="Hdf5Backend.open_reader(__import__('pathlib').Path(sys.argv[1])).manifest"
+    )
+    proc = in_subprocess(code, str(out))
+    assert proc.returncode == 0 and "refused:" in proc.stdout and "named pipe" in proc.stdout, proc
 
 
-def test_zarr_python_is_never_handed_a_named_pipe(built: dict[str, Path], tmp_path: Path, no_hang: None) -> None:
+def test_zarr_python_is_never_handed_a_named_pipe(built: dict[str, Path], tmp_path: Path) -> None:
     """An array that is not sharded is read by zarr-python, which opens its chunks by path."""
+    import hashlib
     import json
 
     import numpy as np
@@ -170,8 +191,6 @@ def test_zarr_python_is_never_handed_a_named_pipe(built: dict[str, Path], tmp_pa
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["arrays"]["plain"] = {"layout": "fixed", "dtype": "<f4", "shape": [], "key": "plain"}
     (out / "manifest.json").write_text(json.dumps(manifest))
-    import hashlib
-
     group = json.loads((out / "zarr.json").read_text())
     group["attributes"]["dlpack"]["manifest_sha256"] = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
     (out / "zarr.json").write_text(json.dumps(group))
@@ -179,5 +198,20 @@ def test_zarr_python_is_never_handed_a_named_pipe(built: dict[str, Path], tmp_pa
         assert float(ds[4]["plain"]) == 4.0
     chunk = next(p for p in (out / "plain" / "c").rglob("*") if p.is_file())
     put_fifo(chunk)
-    with dlpack.open(out) as ds, pytest.raises(StoreError, match="named pipe"):
-        ds[0]
+    code = "import dlpack, sys\n" + CATCH.format(call="dlpack.open(sys.argv[1])[0]")
+    proc = in_subprocess(code, str(out))
+    assert proc.returncode == 0 and "refused:" in proc.stdout and "named pipe" in proc.stdout, proc
+
+
+def test_a_named_pipe_in_a_leftover_partial_is_refused_and_kept(
+    built: dict[str, Path], tmp_path: Path, no_hang: None
+) -> None:
+    from dlpack._lock import partial_path
+
+    out = tmp_path / "new.zarr"
+    partial = partial_path(out)
+    partial.mkdir()
+    os.mkfifo(partial / "zarr.json")  # what a killed build leaves is a regular file or nothing
+    with pytest.raises(StoreError, match=r"zarr\.json is a named pipe"):
+        dlpack.build(built["src"], out, quiet=True, jobs=1)
+    assert (partial / "zarr.json").exists() and not out.exists()
