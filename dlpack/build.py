@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from . import __version__
+from ._files import NotRegularFileError, file_kind, open_regular, read_regular
 from ._lock import BuildLock, old_path, partial_path
 from ._names import shown as shown_name
 from .backends import BACKENDS, ArraySpec, Backend, StoreWriter, backend_for_path, get_backend, owned_store
@@ -419,39 +420,17 @@ class _Probe:
     error: str | None
 
 
-_FILE_KINDS = {
-    stat.S_IFIFO: "a named pipe",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFDIR: "a folder",
-}
-
-
 def _open_regular(path: Path) -> BinaryIO:
     """Open ``path`` for reading only if it is a regular file; anything else raises OSError saying what it is.
 
     A named pipe blocks its reader until a writer comes (forever, in a build) and opening a device
-    can have side effects, so the kind is checked before opening, and again on the open descriptor
-    (O_NONBLOCK keeps that open from blocking) in case the path was swapped in between.
+    can have side effects: see :func:`dlpack._files.open_regular`.
     """
-
-    def refuse(mode: int) -> OSError:
-        kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a plain file")
-        return OSError(errno.EINVAL, f"not a regular file ({kind}); only regular files are packed", os.fspath(path))
-
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise refuse(mode)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise refuse(mode)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+        fd = open_regular(path)
+    except NotRegularFileError as exc:
+        raise OSError(errno.EINVAL, f"{exc.strerror}; only regular files are packed", os.fspath(path)) from None
+    return os.fdopen(fd, "rb")
 
 
 def _tail_ok(path: Path, header: ImageHeader) -> str | None:
@@ -1398,12 +1377,17 @@ def _not_ours(path: Path) -> str | None:
         entries = [p.name for p in path.iterdir()]
         if not entries or (entries == ["zarr.json"] and _bare_group(path / "zarr.json")):
             return None
-        return "it is a folder without dlpack's marker"
+        odd = _irregular_files(path)
+        return "it is a folder without dlpack's marker" + (f" ({', '.join(odd)})" if odd else "")
     if path.is_file():
         links = path.lstat().st_nlink
         if links != 1:
             return f"it is a file with {links} hard links"
-        with open(path, "rb") as f:
+        try:
+            fd = open_regular(path, follow_symlinks=False)
+        except OSError as exc:  # swapped for a named pipe since the check, or unreadable
+            return f"it cannot be read ({exc})"
+        with os.fdopen(fd, "rb") as f:
             head = f.read(8)
         if not head:
             return None  # a build killed before the first byte
@@ -1416,21 +1400,54 @@ def _not_ours(path: Path) -> str | None:
 
 
 def _bare_group(meta_path: Path) -> bool:
+    """Whether ``meta_path`` is the zarr.json a build killed while creating its group leaves: cut
+    short, or a group without attributes; never a named pipe or a link (not dlpack's)."""
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        text = read_regular(meta_path, follow_symlinks=False)
+    except NotRegularFileError:
+        return False
+    except OSError:
+        return True
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError):
         return True
     return isinstance(meta, dict) and meta.get("node_type") == "group" and not meta.get("attributes")
 
 
 def _hdf5_readable(path: Path) -> bool:
+    """Whether HDF5 can open the file at ``path`` (a regular file, checked by the caller)."""
     import h5py
 
     try:
         with h5py.File(path, "r"):
             return True
-    except OSError:
+    except Exception:  # whatever h5py raises, the file is not readable
         return False
+
+
+def _unmarked(path: Path) -> str:
+    """What ``path``, found without dlpack's marker, is: "a folder without dlpack's marker", naming
+    a named pipe or link inside it that kept its marker from being read."""
+    if path.is_dir():
+        odd = _irregular_files(path)
+        return "a folder without dlpack's marker" + (f"; {', '.join(odd)}, which no dlpack store holds" if odd else "")
+    kind = "a file" if path.is_file() else file_kind(path.lstat().st_mode)
+    return f"{kind} without dlpack's marker"
+
+
+def _irregular_files(path: Path, limit: int = 3) -> list[str]:
+    """Up to ``limit`` entries of folder ``path`` (not below it) that are neither regular files nor
+    folders, as "NAME is a named pipe": why a folder that may be a store is not recognised."""
+    found = []
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in entries:
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append(f"{entry.path} is {file_kind(mode)}")
+                if len(found) == limit:
+                    break
+    return sorted(found)
 
 
 def clear_leftovers(out: Path) -> str | None:
@@ -1518,9 +1535,8 @@ def check_replaceable(out: Path) -> None:
             "remove the link or choose another OUT"
         )
     if owned_store(out) is None:
-        what = "a folder" if out.is_dir() else "a file" if out.is_file() else "neither a file nor a folder"
         raise StoreExistsError(
-            f"{out} exists and is not a dlpack store ({what} without dlpack's marker); --overwrite replaces "
+            f"{out} exists and is not a dlpack store ({_unmarked(out)}); --overwrite replaces "
             "only dlpack stores: move it away yourself or choose another OUT"
         )
 
@@ -2050,7 +2066,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             f"{out} is a dlpack {own.name} store; --update keeps its format: drop --format {backend.name}"
         )
     if own is not backend:
-        raise StoreError(f"{out} is not a dlpack {backend.name} store; --update only updates dlpack's own stores")
+        raise StoreError(
+            f"{out} is not a dlpack {backend.name} store ({_unmarked(out)}); --update only updates dlpack's own stores"
+        )
     reader = backend.open_reader(out)
     reader.check_labels = False  # a store whose labels are damaged is repaired by the update (below)
     try:

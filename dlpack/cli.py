@@ -428,26 +428,34 @@ def _add_verify(sub: Any) -> None:
         epilog="exit codes: 0 every image matches, 2 usage or input errors or an image does not match, 3 internal error",
     )
     p.add_argument("store")
-    _add_json_flags(p, "the result (count, mismatched images)")
+    _add_json_flags(p, "the result (count, ok, mismatched images, damaged arrays), also for a damaged store")
     p.set_defaults(run=_run_verify)
 
 
 def _run_verify(a: argparse.Namespace) -> int:
-    from .dataset import open as open_store
+    from .dataset import verify_store
     from .errors import StoreError
 
     _check_json_file(a)
-    with open_store(a.store) as ds:
-        bad = ds.verify()
-        n = len(ds)
+    report = verify_store(a.store)
     if a.json or a.json_file is not None:
+        # One document whatever was found, so a script tells "damaged" (ok false, exit 2) from a crash.
         doc = {
             "store": a.store,
-            "count": n,
-            "ok": not bad,
-            "mismatched": [{"index": i, "source": src} for i, src in bad],
+            "count": report.count,
+            "ok": report.ok,
+            "mismatched": [{"index": i, "source": src} for i, src in report.mismatched],
+            "damaged": [{"array": name, "reason": reason} for name, reason in report.damaged],
         }
         _emit_json(a, doc)
+    bad, n = report.mismatched, report.count
+    if report.damaged:
+        lines = [reason for _, reason in report.damaged]
+        if bad:
+            lines.append(f"{len(bad)} image(s) do not match their checksum")
+        if report.count is None:  # the store does not open: its own message says why
+            raise StoreError(lines[0])
+        raise StoreError(f"store {a.store} is damaged:\n  " + "\n  ".join(lines) + "\nrebuild it")
     if bad:
         listing = "\n".join(f"  sample {i} ({shown(src)})" for i, src in bad[:50])
         raise StoreError(f"{len(bad)} of {n} images in {a.store} do not match their checksum:\n{listing}")

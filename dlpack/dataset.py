@@ -54,6 +54,53 @@ CODED_ARRAYS = {"labels": ("label", "<i4", "classes"), "split": ("split", "|i1",
 STAGED_PREFIX = "dlpack_"
 
 
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """What verifying a store found (``dlpack verify --json`` prints it).
+
+    ``mismatched`` lists ``(index, source)`` of each image whose pixels do not match its CRC-32;
+    ``damaged`` lists ``(array, reason)`` for every other problem, the array being the stored
+    array's name, or None for the store as a whole (its manifest, or a store that does not open).
+    ``count`` is None when the manifest cannot be read.
+    """
+
+    store: str
+    count: int | None
+    mismatched: list[tuple[int, str]]
+    damaged: list[tuple[str | None, str]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatched and not self.damaged
+
+
+def verify_store(path: str | os.PathLike[str]) -> VerifyReport:
+    """Verify the store at ``path`` (see :meth:`Dataset.check`), also when it does not open:
+    then every array whose damage keeps it from opening is named where its manifest can be read."""
+    try:
+        ds = Dataset(path)
+    except (StoreError, StoreNotFoundError) as exc:
+        return _unopenable(Path(path), exc)
+    with ds:
+        return ds.check()
+
+
+def _unopenable(path: Path, exc: DlpackError) -> VerifyReport:
+    try:
+        reader = open_reader(path)
+        count = len(reader)
+    except DlpackError:
+        return VerifyReport(str(path), None, [], [(None, str(exc))])
+    with reader:
+        damaged = reader.array_problems()
+        if "labels" in reader.arrays and not any(name == "labels" for name, _ in damaged):
+            try:
+                reader.read_all("labels")  # checked against the classes
+            except StoreError as label_exc:
+                damaged.append(("labels", str(label_exc)))
+    return VerifyReport(str(path), count, [], damaged or [(None, str(exc))])
+
+
 class Dataset:
     """A read-only, random-access view of one store; a :class:`~dlpack.loader.BatchSource`.
 
@@ -298,25 +345,37 @@ class Dataset:
             Any damage outside the images (an array that does not match its checksum, a wrong
             count, broken offsets, a missing or truncated file), listing every problem found.
         """
+        report = self.check()
+        if report.damaged:
+            lines = [reason for _, reason in report.damaged]
+            if report.mismatched:
+                lines.append(f"{len(report.mismatched)} image(s) do not match their checksum")
+            raise StoreError(f"store {self.path} is damaged:\n  " + "\n  ".join(lines) + "\nrebuild it")
+        return report.mismatched
+
+    def check(self) -> VerifyReport:
+        """What :meth:`verify` checks, as a report naming every damaged array instead of raising."""
         r = self._reader
         image_arrays = r.spec("images" if self.manifest.image.layout == "fixed" else "image").stored_names()
-        problems = r.verify_arrays(skip=image_arrays)
-        if problems:
-            raise StoreError(f"store {self.path} is damaged:\n  " + "\n  ".join(problems) + "\nrebuild it")
-        expected = r.read_all("checksum")
-        bad = []
-        for i in range(len(self)):
-            img = np.ascontiguousarray(r.read_image(i))
-            if zlib.crc32(img.data) != int(expected[i]):
-                bad.append((i, r.source(i)))
-        if not bad:
+        damaged = r.array_problems(skip=image_arrays)
+        broken = {name for name, _ in damaged}
+        bad: list[tuple[int, str]] = []
+        # Each image is compared with its CRC only while the CRCs, sources and shapes are intact.
+        if not broken & {"checksum", "source_data", "source_offsets", "image_shapes", None}:
+            try:
+                expected = r.read_all("checksum")
+                for i in range(len(self)):
+                    img = np.ascontiguousarray(r.read_image(i))
+                    if zlib.crc32(img.data) != int(expected[i]):
+                        bad.append((i, r.source(i)))
+            except StoreError as exc:
+                damaged.append((image_arrays[0], str(exc)))
+        if not bad and not damaged:
             # The images' own checksum covers bytes the per-image CRCs do not (none, today).
-            problems = r.verify_arrays(
+            damaged = r.array_problems(
                 skip=[n for s in r.arrays.values() for n in s.stored_names() if n not in image_arrays]
             )
-            if problems:
-                raise StoreError(f"store {self.path} is damaged:\n  " + "\n  ".join(problems) + "\nrebuild it")
-        return bad
+        return VerifyReport(str(self.path), len(self), bad, damaged)
 
     def info(self) -> dict[str, Any]:
         """Facts for ``dlpack info``."""

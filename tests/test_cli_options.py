@@ -203,7 +203,7 @@ def test_info_json(store: Path, capsys: Capsys) -> None:
 
 def test_verify_json(store: Path, capsys: Capsys) -> None:
     doc = _json_run(["verify", str(store), "--json"], capsys)
-    assert doc == {"store": str(store), "count": 3, "ok": True, "mismatched": []}
+    assert doc == {"store": str(store), "count": 3, "ok": True, "mismatched": [], "damaged": []}
 
 
 def test_bench_json(store: Path, capsys: Capsys) -> None:

@@ -1,4 +1,5 @@
-"""Fuzz targets for the readers of untrusted bytes: the manifest and the shard index.
+"""Fuzz targets for the readers of untrusted bytes: the manifest, the shard index, and whole
+HDF5 and Zarr stores with flipped bits.
 
 Whatever the input, the only errors are :class:`~dlpack.StoreError` (or its
 :class:`~dlpack.FormatVersionError`), memory stays bounded and no file outside the store is read.
@@ -280,3 +281,79 @@ def test_shard_reader_on_mutated_shard_tails(
     opened: list[str] = []
     bounded_memory(lambda: read_everything(path, opened))
     inside(path, opened)
+
+
+# ---------------------------------------------------------------- whole stores, bit flips
+
+
+def _tiny_store(root: Path, name: str) -> Path:
+    """A small store built by dlpack (7 images, 2 classes): every file of it is fuzzed."""
+    from conftest import write_tree
+
+    src = write_tree(root / "src", {f"{'ab'[k % 2]}/{k}.png": ("rgb", 6, 5) for k in range(7)})
+    out = root / name
+    import dlpack
+
+    dlpack.build(src, out, quiet=True, jobs=1, shard_bytes=2**16)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("flip")
+    return {name: _tiny_store(root, name) for name in ("s.h5", "s.zarr")}
+
+
+def open_verify_read(path: Path) -> None:
+    """What ``dlpack verify`` and training do: open, verify, read every sample and batch."""
+    import dlpack
+
+    with dlpack.open(path) as ds:
+        ds.verify()
+        for i in range(len(ds)):
+            ds[i]
+        ds.get_batch(list(range(len(ds))))
+
+
+def flip(data: st.DataObject, raw: bytearray) -> None:
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, len(raw) - 1))
+        raw[pos] ^= 1 << data.draw(st.integers(0, 7))
+
+
+@FUZZ
+@given(data=st.data())
+def test_hdf5_store_with_flipped_bits_gives_only_store_errors(
+    data: st.DataObject, tiny_stores: dict[str, Path], tmp_path: Path
+) -> None:
+    from dlpack import DlpackError
+
+    path = tmp_path / "s.h5"
+    raw = bytearray(tiny_stores["s.h5"].read_bytes())
+    flip(data, raw)
+    path.write_bytes(bytes(raw))
+    try:
+        open_verify_read(path)
+    except DlpackError:
+        pass
+
+
+@FUZZ
+@given(data=st.data())
+def test_zarr_store_with_flipped_bits_gives_only_store_errors(
+    data: st.DataObject, tiny_stores: dict[str, Path], tmp_path: Path
+) -> None:
+    from dlpack import DlpackError
+
+    path = tmp_path / "s.zarr"
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(tiny_stores["s.zarr"], path)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.stat().st_size)
+    for target in data.draw(st.lists(st.sampled_from(files), min_size=1, max_size=2, unique=True)):
+        raw = bytearray(target.read_bytes())
+        flip(data, raw)
+        target.write_bytes(bytes(raw))
+    try:
+        open_verify_read(path)
+    except DlpackError:
+        pass

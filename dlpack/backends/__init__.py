@@ -7,8 +7,10 @@ their capability flags (``supports_write``, ``supports_random_access``), checked
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
+from .._files import file_kind
 from ..errors import OptionError, StoreError, StoreNotFoundError
 from ._hdf5 import Hdf5Backend
 from ._zarr import ZarrBackend
@@ -85,6 +87,9 @@ def detect_backend(path: str | os.PathLike[str]) -> type[Backend]:
     for backend in BACKENDS.values():
         if backend.detect(p):
             return backend
+    mode = p.stat().st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise StoreError(f"{os.fspath(path)!r} is {file_kind(mode)}, not a dlpack store (a folder or a regular file)")
     kinds = ", ".join(f"{b.name} ({'/'.join(b.suffixes) or 'any name'})" for b in BACKENDS.values())
     raise StoreError(f"{os.fspath(path)!r} is not a dlpack store (none of: {kinds})")
 

@@ -9,15 +9,25 @@ grows as it is appended.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import IncompleteStoreError, MissingExtraError, StoreError, StoreExistsError, StoreNotFoundError
+from .._files import open_regular
+from ..errors import (
+    DlpackError,
+    IncompleteStoreError,
+    MissingExtraError,
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
 from ..manifest import ArraySpec, Manifest, sha256_hex
 from .base import (
     DEFAULT_SHARD_BYTES,
@@ -89,19 +99,43 @@ def _block_rows(row_nbytes: int, raw: bool, rows: int, shard_bytes: int) -> int:
     return max(1, min(max(1, rows), (shard_bytes if raw else _PICKLED_BLOCK) // max(1, row_nbytes)))
 
 
+def _signed(path: Path, follow_symlinks: bool = True) -> bool:
+    """Whether ``path`` is a regular file that starts with the HDF5 signature (never blocks on a pipe)."""
+    try:
+        fd = open_regular(path, follow_symlinks=follow_symlinks)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        return f.read(8) == _SIGNATURE
+
+
+@contextlib.contextmanager
+def _damage(path: Path, what: str) -> Iterator[None]:
+    """Turn what h5py raises on a damaged file into a StoreError naming the store and the object.
+
+    Corrupt object headers raise KeyError, OSError, RuntimeError, ValueError, TypeError and more,
+    depending on which field the damage hit.
+    """
+    try:
+        yield
+    except DlpackError:
+        raise
+    except Exception as exc:  # every h5py error here means a file it cannot read
+        raise StoreError(
+            f"{path}: {what} cannot be read, the file is damaged ({type(exc).__name__}: {exc}); rebuild it"
+        ) from exc
+
+
 def _has_marker(path: Path) -> bool:
     """Whether ``path`` is an HDF5 file carrying dlpack's root attribute."""
-    if not path.is_file() or path.is_symlink():
+    if path.is_symlink() or not _signed(path, follow_symlinks=False):
         return False
-    try:
-        with open(path, "rb") as f:
-            if f.read(8) != _SIGNATURE:
-                return False
-        import h5py
+    import h5py
 
+    try:
         with h5py.File(path, "r") as h:
             return bool(h.attrs.get("dlpack_format") == "dlpack")
-    except OSError:
+    except Exception:  # a damaged file is not provably dlpack's, whatever h5py raises
         return False
 
 
@@ -368,19 +402,23 @@ class _MappedArray:
 
 
 class _H5Array:
-    """A chunked (compressed or growing) dataset read through h5py."""
+    """A chunked (compressed or growing) dataset read through h5py; a damaged chunk is a StoreError."""
 
-    def __init__(self, ds: Any) -> None:
+    def __init__(self, ds: Any, path: Path, name: str) -> None:
         self.ds = ds
         self.shape = tuple(int(d) for d in ds.shape)
         self.dtype = np.dtype(ds.dtype)
+        self._path = path
+        self._name = name
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        return np.asarray(self.ds[start:stop])
+        with _damage(self._path, f"samples {start}..{stop} of array {self._name!r}"):
+            return np.asarray(self.ds[start:stop])
 
     def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
-        for k, i in enumerate(positions):
-            self.ds.read_direct(out, np.s_[int(i)], np.s_[k])
+        with _damage(self._path, f"samples of array {self._name!r}"):
+            for k, i in enumerate(positions):
+                self.ds.read_direct(out, np.s_[int(i)], np.s_[k])
         return out
 
     def warm(self) -> None:
@@ -390,7 +428,8 @@ class _H5Array:
         pass
 
     def nbytes_on_disk(self) -> int:
-        return int(self.ds.id.get_storage_size())
+        with _damage(self._path, f"the size of array {self._name!r}"):
+            return int(self.ds.id.get_storage_size())
 
 
 class Hdf5Reader(StoreReader):
@@ -409,16 +448,31 @@ class Hdf5Reader(StoreReader):
             import h5py
 
             _load_plugins()
-            if not self.path.exists():
-                raise StoreNotFoundError(f"{self.path} does not exist")
+            # HDF5 opens by path and would block forever on a named pipe: the path must be a regular
+            # file first, and the file HDF5 opened must be that one.
             try:
-                f = h5py.File(self.path, "r")
+                fd = open_regular(self.path)
+            except FileNotFoundError:
+                raise StoreNotFoundError(f"{self.path} does not exist") from None
             except OSError as exc:
                 raise StoreError(f"{self.path} is not a readable HDF5 file: {exc}") from exc
             try:
-                manifest = self._read_manifest(f)
+                checked = os.fstat(fd)
+            finally:
+                os.close(fd)
+            try:
+                f = h5py.File(self.path, "r")
+            except Exception as exc:  # OSError mostly; other types on some damaged superblocks
+                raise StoreError(f"{self.path} is not a readable HDF5 file: {exc}") from exc
+            try:
+                with _damage(self.path, "the manifest"):
+                    opened = os.fstat(f.id.get_vfd_handle())
+                    if (opened.st_dev, opened.st_ino) != (checked.st_dev, checked.st_ino):
+                        raise StoreError(f"{self.path} was replaced while it was being opened; open it again")
+                    manifest = self._read_manifest(f)
             except BaseException:
-                f.close()
+                with contextlib.suppress(Exception):
+                    f.close()
                 raise
             self._f = f
             if self._manifest is None:
@@ -460,9 +514,13 @@ class Hdf5Reader(StoreReader):
         return self._manifest
 
     def _open_array(self, stored_name: str) -> ArrayAccess:
+        f = self._file()
+        with _damage(self.path, f"array {stored_name!r}"):
+            return self._open_dataset(f, stored_name)
+
+    def _open_dataset(self, f: Any, stored_name: str) -> ArrayAccess:
         import h5py
 
-        f = self._file()
         if stored_name not in f:
             raise StoreError(f"store {self.path} has no array {stored_name!r}")
         ds = f[stored_name]
@@ -492,7 +550,7 @@ class Hdf5Reader(StoreReader):
                 raise StoreError(f"array {stored_name!r} of {self.path} reaches past the end of the file")
             view = np.frombuffer(self._map, dtype=ds.dtype, count=count, offset=int(offset)).reshape(ds.shape)
             return _MappedArray(view, count * ds.dtype.itemsize)
-        return _H5Array(ds)
+        return _H5Array(ds, self.path, stored_name)
 
     def close(self) -> None:
         super().close()
@@ -503,8 +561,9 @@ class Hdf5Reader(StoreReader):
                 pass  # a caller still holds an image view; the map goes with it
             self._map = None
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            with _damage(self.path, "the file"):
+                f.close()
 
 
 class Hdf5Backend(Backend):
@@ -513,13 +572,7 @@ class Hdf5Backend(Backend):
 
     @classmethod
     def detect(cls, path: Path) -> bool:
-        if not path.is_file():
-            return False
-        try:
-            with open(path, "rb") as f:
-                return f.read(8) == _SIGNATURE
-        except OSError:
-            return False
+        return _signed(path)
 
     @classmethod
     def is_own(cls, path: Path) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._files import open_regular, read_regular
 from ..errors import StoreError
 
 __all__ = ["ShardedArray", "parse_array_meta"]
@@ -152,7 +153,7 @@ class ShardedArray:
         self._dir_fd = dir_fd
         if meta is None:
             try:
-                meta = json.loads((path / "zarr.json").read_text())
+                meta = json.loads(read_regular(path / "zarr.json", follow_symlinks=False))
             except (OSError, ValueError, RecursionError) as exc:
                 raise StoreError(f"cannot read array metadata {path / 'zarr.json'}: {exc}") from exc
         facts = parse_array_meta(meta, path)
@@ -185,10 +186,12 @@ class ShardedArray:
         m = self._maps.get(s)
         if m is None:
             try:
+                # A regular file only (a named pipe would block forever), never through a link:
+                # dlpack writes none (shards an update shares with the store before are hard links).
                 if self._dir_fd is not None:
-                    fd = os.open(self.shard_key(s), os.O_RDONLY, dir_fd=self._dir_fd)
+                    fd = open_regular(self.shard_key(s), dir_fd=self._dir_fd, follow_symlinks=False)
                 else:
-                    fd = os.open(self.shard_file(s), os.O_RDONLY)
+                    fd = open_regular(self.shard_file(s), follow_symlinks=False)
                 try:
                     m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                 finally:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._files import file_kind, open_regular
 from ..errors import IncompleteStoreError, StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import ArraySpec, Manifest, sha256_hex
 from ._shard import ShardedArray, crc32c
@@ -41,6 +43,7 @@ MANIFEST = "manifest.json"
 _MISSING = 2**64 - 1
 #: Directory handles pin what a reader opened (POSIX); elsewhere files are opened by path.
 _DIR_FD = os.open in os.supports_dir_fd and hasattr(os, "O_DIRECTORY")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 #: zarr.json and manifest.json larger than this are refused before they are read.
 _MAX_JSON = 256 * 2**20
 
@@ -80,8 +83,15 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _read_text(name: str, dir_fd: int | None, folder: Path) -> str:
-    """File ``name`` of ``folder`` (opened through ``dir_fd`` when given) as UTF-8, size-bounded."""
-    fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd) if dir_fd is not None else os.open(folder / name, os.O_RDONLY)
+    """File ``name`` of ``folder`` (opened through ``dir_fd`` when given) as UTF-8, size-bounded.
+
+    Only a regular file is read (a named pipe would block forever), never through a symbolic link:
+    dlpack's stores hold none.
+    """
+    if dir_fd is not None:
+        fd = open_regular(name, dir_fd=dir_fd, follow_symlinks=False)
+    else:
+        fd = open_regular(folder / name, follow_symlinks=False)
     try:
         size = os.fstat(fd).st_size
         if size > _MAX_JSON:
@@ -325,7 +335,9 @@ class ZarrWriter(StoreWriter):
         mine = self._shard_path(name, lay, s)
         mine.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(theirs.shard_file(s), mine)
+            if not stat.S_ISREG(os.lstat(theirs.shard_file(s)).st_mode):
+                return False  # a named pipe or a link is never shared: the caller reads the block (and refuses)
+            os.link(theirs.shard_file(s), mine, follow_symlinks=False)
         except OSError:  # another file system, or no hard links there: the caller writes the block
             return False
         return True
@@ -496,25 +508,51 @@ def _share(src: Path, dst: Path, array: bool) -> None:
         shutil.copy2(src, dst, follow_symlinks=False)
 
 
+def _only_regular_files(folder: Path) -> None:
+    """Refuse a folder holding anything but regular files and folders (zarr-python opens every
+    file by path and would block forever on a named pipe)."""
+    stack = [folder]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif not entry.is_file(follow_symlinks=False):
+                    kind = file_kind(entry.stat(follow_symlinks=False).st_mode)
+                    raise StoreError(f"{entry.path} is not a regular file ({kind}); a dlpack store holds none")
+
+
 class _ZarrPythonArray:
-    """A stored array that is not sharded (stores written before named arrays): read by zarr-python."""
+    """A stored array that is not sharded (stores written before named arrays): read by zarr-python.
+
+    zarr-python raises many kinds of errors on damaged metadata or chunks; each becomes a StoreError.
+    """
 
     def __init__(self, path: Path) -> None:
         import zarr
 
         try:
+            _only_regular_files(path)
             self._arr = zarr.open_array(str(path), mode="r", zarr_format=3)
-        except (FileNotFoundError, KeyError, ValueError) as exc:
-            raise StoreError(f"cannot open array {path}: {exc}") from exc
-        self.shape = tuple(int(d) for d in self._arr.shape)
-        self.dtype = np.dtype(self._arr.dtype)
+            self.shape = tuple(int(d) for d in self._arr.shape)
+            self.dtype = np.dtype(self._arr.dtype)
+        except StoreError:
+            raise
+        except Exception as exc:  # zarr's errors come in many types; all mean metadata it cannot use
+            raise StoreError(f"cannot open array {path}: {exc!r}") from exc
         self.path = path
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        return np.asarray(self._arr[start:stop])
+        try:
+            return np.asarray(self._arr[start:stop])
+        except Exception as exc:  # codec and chunk errors come in many types; all mean a damaged array
+            raise StoreError(f"rows {start}..{stop} of array {self.path} cannot be read: {exc!r}") from exc
 
     def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
-        out[: len(positions)] = self._arr.get_orthogonal_selection((np.asarray(positions, dtype=np.int64),))
+        try:
+            out[: len(positions)] = self._arr.get_orthogonal_selection((np.asarray(positions, dtype=np.int64),))
+        except Exception as exc:  # as in read_rows
+            raise StoreError(f"samples of array {self.path} cannot be read: {exc!r}") from exc
         return out
 
     def warm(self) -> None:
@@ -524,7 +562,7 @@ class _ZarrPythonArray:
         pass
 
     def nbytes_on_disk(self) -> int:
-        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+        return sum(p.lstat().st_size for p in self.path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 class ZarrReader(StoreReader):
@@ -576,7 +614,7 @@ class ZarrReader(StoreReader):
         afd: int | None = None
         try:
             if root is not None:
-                afd = os.open(stored_name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=root)
+                afd = os.open(stored_name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=root)
             meta = _json(_read_text("zarr.json", afd, path), path / "zarr.json")
         except FileNotFoundError:
             if afd is not None:
@@ -671,15 +709,15 @@ class ZarrBackend(Backend):
 
     @classmethod
     def detect(cls, path: Path) -> bool:
-        return path.is_dir() and ((path / "zarr.json").exists() or (path / MANIFEST).exists())
+        return path.is_dir() and any(os.path.lexists(path / name) for name in ("zarr.json", MANIFEST))
 
     @classmethod
     def is_own(cls, path: Path) -> bool:
         if not path.is_dir() or path.is_symlink():
             return False
         try:
-            meta = json.loads((path / "zarr.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
+            meta = json.loads(_read_text("zarr.json", None, path))
+        except (OSError, ValueError, RecursionError):  # a named pipe or a link there is not dlpack's marker
             return False
         return _marker(meta) is not None
 

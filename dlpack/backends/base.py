@@ -357,7 +357,12 @@ class StoreReader(ABC):
     def verify_arrays(self, skip: Sequence[str] = ()) -> list[str]:
         """Re-read every stored array (but those in ``skip``) and compare it with its recorded
         checksum and the manifest's count; returns one line per problem (empty: all intact)."""
-        problems: list[str] = []
+        return [reason for _, reason in self.array_problems(skip)]
+
+    def array_problems(self, skip: Sequence[str] = ()) -> list[tuple[str | None, str]]:
+        """As :meth:`verify_arrays`, as ``(stored array, reason)`` pairs; the array is None for a
+        problem of the store as a whole (its generation)."""
+        problems: list[tuple[str | None, str]] = []
         n = len(self)
         for spec in self.arrays.values():
             for stored in spec.stored_names():
@@ -374,18 +379,21 @@ class StoreReader(ABC):
                     row = int(np.prod(acc.shape[1:], dtype=np.int64)) * np.dtype(acc.dtype).itemsize
                     got = array_digest(acc.read_rows, acc.shape[0], row, stored_dtype(spec, stored))
                 except StoreError as exc:
-                    problems.append(str(exc))
+                    problems.append((stored, str(exc)))
                     continue
                 if got != want:
                     problems.append(
-                        f"array {stored!r} does not match its checksum (sha256 {got[:12]}..., recorded {want[:12]}...)"
+                        (
+                            stored,
+                            f"array {stored!r} does not match its checksum (sha256 {got[:12]}..., recorded {want[:12]}...)",
+                        )
                     )
         if self.manifest.generation and all(s.sha256 for s in self.arrays.values()):
             digests = {k: v for s in self.arrays.values() for k, v in s.sha256.items()}
             if store_generation(n, digests) != self.manifest.generation:
-                problems.append("the manifest's generation does not match its arrays' checksums")
+                problems.append((None, "the manifest's generation does not match its arrays' checksums"))
         elif self.manifest.generation:
-            problems.append("the manifest has a generation but not every array has a checksum")
+            problems.append((None, "the manifest has a generation but not every array has a checksum"))
         return problems
 
     # ------------------------------------------------------------------ lifecycle

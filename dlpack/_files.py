@@ -1,0 +1,76 @@
+"""Opening files that may not be what their name says: regular files only, never blocking.
+
+A named pipe blocks its reader until a writer comes (forever, for a build or a ``verify``), and
+opening a device can have side effects. Every file dlpack reads, an input image or a file of a
+store, is opened here: its kind is checked before the open and again on the open descriptor
+(``O_NONBLOCK`` keeps that open from blocking), in case the path was swapped in between.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+__all__ = ["NotRegularFileError", "file_kind", "open_regular", "read_regular"]
+
+_KINDS = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFLNK: "a symbolic link",
+}
+_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
+class NotRegularFileError(OSError):
+    """A path that is not a regular file; ``str()`` says what it is (the caller names the path)."""
+
+    def __init__(self, kind: str, path: str) -> None:
+        super().__init__(errno.EINVAL, f"not a regular file ({kind})", path)
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` is, in words ("a named pipe", ...)."""
+    return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a plain file")
+
+
+def open_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None, follow_symlinks: bool = True) -> int:
+    """A read-only descriptor on ``path`` (relative to ``dir_fd`` when given), if it is a regular file.
+
+    Raises ``FileNotFoundError`` as ``os.open`` does, :class:`NotRegularFileError` for anything
+    that is not a regular file (a symbolic link too, when ``follow_symlinks`` is false), and other
+    ``OSError`` for what the system refuses.
+    """
+    shown = os.fspath(path)
+    mode = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegularFileError(file_kind(mode), shown)
+    flags = _FLAGS | (0 if follow_symlinks else getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:  # swapped for a link after the check
+            raise NotRegularFileError("a symbolic link", shown) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(file_kind(mode), shown)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None, follow_symlinks: bool = True) -> bytes:
+    """The bytes of regular file ``path`` (see :func:`open_regular`)."""
+    fd = open_regular(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
