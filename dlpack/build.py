@@ -886,7 +886,11 @@ def _is_journal(path: Path) -> bool:
     if path.is_symlink() or not path.is_file() or path.lstat().st_nlink != 1:
         return False  # a link, or a file with other names: not a journal dlpack wrote
     marker = _journal_line({_JOURNAL_KEY: _JOURNAL_VERSION})[:-2]
-    with open(path, "rb") as f:
+    try:
+        fd = open_regular(path, follow_symlinks=False)
+    except NotRegularFileError:  # swapped for a named pipe since the check: never block on it
+        return False
+    with os.fdopen(fd, "rb") as f:
         head = f.read(len(marker))
     return marker.startswith(head)
 
@@ -894,7 +898,7 @@ def _is_journal(path: Path) -> bool:
 def _read_journal(path: Path) -> _JournalState:
     """Parse a journal; :class:`_Restart` when it is missing or unusable."""
     try:
-        data = path.read_bytes()
+        data = read_regular(path, follow_symlinks=False)
     except FileNotFoundError:
         raise _Restart("the killed build left no journal") from None
     except OSError as exc:

@@ -215,3 +215,14 @@ def test_a_named_pipe_in_a_leftover_partial_is_refused_and_kept(
     with pytest.raises(StoreError, match=r"zarr\.json is a named pipe"):
         dlpack.build(built["src"], out, quiet=True, jobs=1)
     assert (partial / "zarr.json").exists() and not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["lock", "journal", "partial"])
+def test_a_named_pipe_at_a_build_path_is_refused_and_kept(built: dict[str, Path], tmp_path: Path, kind: str) -> None:
+    """The lock, journal and partial beside OUT are dlpack's names; a named pipe there never blocks a build."""
+    out = tmp_path / "n.zarr"
+    pipe = tmp_path / f".n.zarr.dlpack-{kind}"
+    os.mkfifo(pipe)
+    rc, err, took = cli("build", str(built["src"]), str(out), "--jobs", "1", "--quiet")
+    assert rc == 2 and str(pipe) in err and "Traceback" not in err, err
+    assert took < HANG and pipe.is_fifo() and not out.exists()
