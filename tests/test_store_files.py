@@ -99,10 +99,17 @@ COMMANDS: dict[str, Callable[[Path, Path], list[str]]] = {
 def test_a_named_pipe_in_a_zarr_store_never_hangs_a_command(
     built: dict[str, Path], tmp_path: Path, place: str, command: str
 ) -> None:
+    import shutil
+
     out = copy_store(built, "s.zarr", tmp_path)
     fifo = out / place
     put_fifo(fifo)
-    code, err, _ = cli(*COMMANDS[command](built["src"], out))
+    src = built["src"]
+    if command == "update":  # one file added: an update with nothing to do reads no image
+        src = tmp_path / "src"
+        shutil.copytree(built["src"], src)
+        shutil.copy2(src / "a" / "0.png", src / "a" / "9.png")
+    code, err, _ = cli(*COMMANDS[command](src, out))
     # A store whose marker is readable is dlpack's: --overwrite replaces it (a pipe holds no data),
     # and info reads only the manifest and the labels. Everything else refuses, naming the pipe.
     replaced = command == "overwrite" and place != "zarr.json"
