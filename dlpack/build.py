@@ -2273,7 +2273,8 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
     if opts.drop_array:
         note += f"; dropped array(s) {', '.join(opts.drop_array)}"
     if carried:
-        note += f"; kept {len(carried)} entr{'y' if len(carried) == 1 else 'ies'} that are not dlpack's ({', '.join(carried[:5])})"
+        what = "1 entry that is" if len(carried) == 1 else f"{len(carried)} entries that are"
+        note += f"; kept {what} not dlpack's ({', '.join(shown_name(c) for c in carried[:5])})"
     return BuildResult(
         path=out,
         count=count,
