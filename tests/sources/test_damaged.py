@@ -283,11 +283,13 @@ def test_build_skips_and_lists_them_under_on_error_skip(
 
 
 def _tiff_of(dtype: str) -> bytes:
-    """A 4 x 3 gray TIFF of ``dtype`` samples as OpenCV writes it (float16: by hand, OpenCV writes it as 8-bit)."""
-    if dtype == "float16":
-        pixels = np.ones((3, 4), np.float16).tobytes()
-        tags = [(256, 4), (257, 3), (258, 16), (259, 1), (262, 1), (273, 8 + 2 + 9 * 12 + 4),
-                (277, 1), (279, len(pixels)), (339, 3)]  # fmt: skip
+    """A 4 x 3 gray TIFF of ``dtype`` samples as OpenCV writes it; float16 and uint32 by hand (OpenCV
+    writes float16 as 8-bit, and OpenCV 4.8 cannot write uint32)."""
+    if dtype in ("float16", "uint32"):
+        pixels = np.ones((3, 4), np.dtype(dtype)).tobytes()
+        bits, sample_format = (16, 3) if dtype == "float16" else (32, 1)
+        tags = [(256, 4), (257, 3), (258, bits), (259, 1), (262, 1), (273, 8 + 2 + 9 * 12 + 4),
+                (277, 1), (279, len(pixels)), (339, sample_format)]  # fmt: skip
         ifd = struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHIHH", t, 3, 1, v, 0) for t, v in tags[:5])
         ifd += struct.pack("<HHII", 273, 4, 1, tags[5][1])
         ifd += b"".join(struct.pack("<HHIHH", t, 3, 1, v, 0) for t, v in tags[6:])
