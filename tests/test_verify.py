@@ -85,7 +85,9 @@ def test_verify_json_of_a_store_that_does_not_open(tmp_path: Path, capsys: Capsy
     assert doc["damaged"][0]["array"] is None and str(missing) in doc["damaged"][0]["reason"]
 
 
-def test_verify_exits_4_for_a_dlpack_store_too_damaged_to_open(tmp_path: Path, make_tree: Callable[..., Path], capsys: Capsys) -> None:
+def test_verify_exits_4_for_a_dlpack_store_too_damaged_to_open(
+    tmp_path: Path, make_tree: Callable[..., Path], capsys: Capsys
+) -> None:
     store = tmp_path / "s.zarr"
     dlpack.build(make_tree(TREE), store, quiet=True, jobs=1)
     (store / "manifest.json").write_text("{ not json", encoding="utf-8")
