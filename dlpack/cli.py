@@ -2,7 +2,10 @@
 
 ``main(argv) -> int`` is the one place where library errors become messages and exit codes:
 0 success, 1 completed with skipped inputs, 2 usage or input errors, 3 internal error (a bug:
-any other exception), 130 interrupted (0 when the new store was already published). Text printed for the terminal has control characters
+any other exception), 4 ``verify`` found damage, 130 interrupted (0 when the new store was
+already published), 141 stdout closed early (``| head``). ``--debug`` adds the traceback and never
+changes the code. With ``--json`` a failure still prints one JSON document on stdout
+(``{"error": {"type", "message", "exit_code"}}``). Text printed for the terminal has control characters
 escaped (:func:`printable`), so a file name cannot move the cursor or recolour the terminal.
 
 The flags of ``build`` and ``bench`` are generated from the option dataclasses
@@ -23,27 +26,38 @@ import re
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from . import __version__
 from ._names import shown
-from .errors import DlpackError, OptionError
+from .errors import DlpackError, OptionError, StoreDamagedError
 
 __all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag", "printable"]
 
 T = TypeVar("T")
 
-#: Exit code of an unexpected exception: a bug in dlpack, never an input problem.
-EXIT_INTERNAL = 3
-EXIT_CODES = "exit codes: 0 success, 2 usage or input errors, 3 internal error"
+#: Exit codes, as the README lists them.
+EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, EXIT_INTERNAL, EXIT_DAMAGED = 0, 1, 2, 3, 4
+#: 128 + SIGINT, and 128 + SIGPIPE (what a shell reports for a command whose reader went away).
+EXIT_INTERRUPTED, EXIT_PIPE = 130, 141
+EXIT_CODES = "exit codes: 0 success, 2 usage or input errors, 3 internal error, 130 interrupted"
 BUILD_EXIT_CODES = (
-    "exit codes: 0 success, 1 finished with skipped inputs (--on-error skip), 2 usage or input errors, 3 internal error"
+    "exit codes: 0 success, 1 finished with skipped inputs (--on-error skip), 2 usage or input errors, "
+    "3 internal error, 130 interrupted (run the same command again to resume)"
+)
+VERIFY_EXIT_CODES = (
+    "exit codes: 0 every image matches, 2 usage or input errors (no store there, not a dlpack store), "
+    "3 internal error, 4 the store is damaged (an image or array does not match its checksum, or a "
+    "dlpack store too damaged to open), 130 interrupted"
 )
 ALL_EXIT_CODES = (
-    "exit codes: 0 success, 1 build finished with skipped inputs (--on-error skip), 2 usage or input errors "
-    "(verify: an image does not match its checksum), 3 internal error (please report it), 130 interrupted"
+    "exit codes: 0 success, 1 build finished with skipped inputs (--on-error skip), 2 usage or input errors, "
+    "3 internal error (please report it), 4 verify found damage, 130 interrupted, "
+    "141 stdout closed early (| head). --debug adds tracebacks and never changes the code; "
+    'with --json a failure prints {"error": {"type", "message", "exit_code"}} on stdout'
 )
 
 
@@ -65,8 +79,21 @@ def printable(text: object, keep: str = "\n") -> str:
     return "".join(ch if ch.isprintable() or ch in keep else _escape(ch) for ch in str(text))
 
 
+class _PipeClosed(Exception):
+    """The reader of stdout or stderr went away (``dlpack bench | head -1``): end quietly."""
+
+
+def _write(text: str, err: bool = False) -> None:
+    """Write ``text`` on stdout (or stderr); a closed pipe there becomes :class:`_PipeClosed`,
+    which no other broken pipe (a worker's) can be mistaken for."""
+    try:
+        (sys.stderr if err else sys.stdout).write(text)
+    except BrokenPipeError:
+        raise _PipeClosed from None
+
+
 def _say(*parts: object, err: bool = False, keep: str = "\n") -> None:
-    print(printable(" ".join(map(str, parts)), keep), file=sys.stderr if err else sys.stdout)
+    _write(printable(" ".join(map(str, parts)), keep) + "\n", err)
 
 
 # ---------------------------------------------------------------- flags from option dataclasses
@@ -203,7 +230,22 @@ def options_from_args(options_cls: type[T], namespace: argparse.Namespace) -> T:
     return options_cls(**given)
 
 
-class _SubParser(argparse.ArgumentParser):
+class _UsageError(Exception):
+    """A usage error that argparse found, raised instead of exiting so that :func:`main` reports it."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors reach :func:`main` (for the ``--json`` error document)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise _UsageError(self, message)
+
+
+class _SubParser(_Parser):
     """A sub-command parser whose option flags may be added on first use, so their module loads only then."""
 
     def __init__(
@@ -271,7 +313,8 @@ def _emit_json(a: argparse.Namespace, doc: Any | str) -> None:
     if a.json_file is not None:
         Path(a.json_file).write_text(text, encoding="utf-8")
     if a.json:
-        sys.stdout.write(text)
+        _write(text)
+        a.json_printed = True  # a failure after this prints no second document
 
 
 # ---------------------------------------------------------------- commands
@@ -422,11 +465,7 @@ def _run_bench(a: argparse.Namespace) -> int:
 
 
 def _add_verify(sub: Any) -> None:
-    p = sub.add_parser(
-        "verify",
-        help="check every image of a store against its checksum",
-        epilog="exit codes: 0 every image matches, 2 usage or input errors or an image does not match, 3 internal error",
-    )
+    p = sub.add_parser("verify", help="check every image of a store against its checksum", epilog=VERIFY_EXIT_CODES)
     p.add_argument("store")
     _add_json_flags(p, "the result (count, ok, mismatched images, damaged arrays), also for a damaged store")
     p.set_defaults(run=_run_verify)
@@ -439,7 +478,7 @@ def _run_verify(a: argparse.Namespace) -> int:
     _check_json_file(a)
     report = verify_store(a.store)
     if a.json or a.json_file is not None:
-        # One document whatever was found, so a script tells "damaged" (ok false, exit 2) from a crash.
+        # One document whatever was found, so a script tells "damaged" (ok false, exit 4) from a crash.
         doc = {
             "store": a.store,
             "count": report.count,
@@ -454,14 +493,33 @@ def _run_verify(a: argparse.Namespace) -> int:
         if bad:
             lines.append(f"{len(bad)} image(s) do not match their checksum")
         if report.count is None:  # the store does not open: its own message says why
-            raise StoreError(lines[0])
-        raise StoreError(f"store {a.store} is damaged:\n  " + "\n  ".join(lines) + "\nrebuild it")
+            raise (StoreDamagedError if _is_damaged_store(a.store) else StoreError)(lines[0])
+        raise StoreDamagedError(f"store {a.store} is damaged:\n  " + "\n  ".join(lines) + "\nrebuild it")
     if bad:
         listing = "\n".join(f"  sample {i} ({shown(src)})" for i, src in bad[:50])
-        raise StoreError(f"{len(bad)} of {n} images in {a.store} do not match their checksum:\n{listing}")
+        raise StoreDamagedError(f"{len(bad)} of {n} images in {a.store} do not match their checksum:\n{listing}")
     if not a.json:
         _say(f"{a.store}: all {n} images match their checksums")
     return 0
+
+
+def _is_damaged_store(store: str) -> bool:
+    """Whether a store that does not open is a damaged dlpack store (exit 4), not a usage error (2):
+    it carries dlpack's marker (a complete store, or one a failed build left) and is not merely
+    written in a newer format. A missing path, or one that is not a dlpack store, is neither."""
+    from .backends import open_reader, owned_store
+    from .errors import FormatVersionError
+
+    if owned_store(store) is None:
+        return False
+    try:
+        with open_reader(store) as reader:
+            len(reader)
+    except FormatVersionError:
+        return False
+    except DlpackError:
+        pass
+    return True
 
 
 COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info, _add_verify, _add_bench]
@@ -469,15 +527,18 @@ COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info, _add_verify, _ad
 
 def make_parser() -> argparse.ArgumentParser:
     """The ``dlpack`` argument parser with every sub-command."""
-    parser = argparse.ArgumentParser(
-        prog="dlpack", description="Pack images into training-ready stores.", epilog=ALL_EXIT_CODES
-    )
+    parser = _Parser(prog="dlpack", description="Pack images into training-ready stores.", epilog=ALL_EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"dlpack {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_SubParser)
     for add in COMMANDS:
         add(sub)
+    for p in sub.choices.values():  # also after the command: `dlpack info X --debug`
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     return parser
+
+
+_DEBUG_HELP = "also print the traceback of an error (the exit code stays the same)"
 
 
 def _with_target(exc: BaseException, args: argparse.Namespace) -> str:
@@ -491,40 +552,118 @@ def _with_target(exc: BaseException, args: argparse.Namespace) -> str:
 _NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 
+#: joblib's warnings when a build's generator of results is cut short (by Ctrl-C or an error):
+#: the cut is dlpack's own doing, so they only alarm.
+_JOBLIB_CUT_SHORT = r"\d+ tasks (have been successfully executed|which were still being processed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting (tests call it in-process)."""
+    # For the whole process: joblib warns when its generator is collected, which may be after main.
+    warnings.filterwarnings("ignore", message=_JOBLIB_CUT_SHORT, category=UserWarning)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could no longer be handled
+    except (_PipeClosed, BrokenPipeError):
+        _stdout_to_devnull()
+        return EXIT_PIPE
+    return code
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout (and stderr) at /dev/null so the interpreter's last flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+            pass
+    os.close(devnull)
+
+
+def _main(argv: list[str]) -> int:
     parser = make_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse exits on --help and on usage errors
+    except SystemExit as exc:  # --help and --version
         return int(exc.code or 0)
+    except _UsageError as exc:
+        exc.parser.print_usage(sys.stderr)
+        _say(f"{exc.parser.prog}: error: {exc}", err=True)
+        if "--json" in argv:
+            _error_json(type(exc).__name__.lstrip("_"), str(exc), EXIT_USAGE)
+        return EXIT_USAGE
     try:
         return int(args.run(args))
-    except (DlpackError, OSError) as exc:
-        # OSError: a disk full, a folder not writable, ...: the message names the path.
-        if args.debug:
-            raise
-        _say(f"dlpack: error: {_with_target(exc, args)}", err=True)
-        return 2
     except KeyboardInterrupt as exc:
         published = getattr(exc, "published", None)
         if published is not None:
             # The new store was in place before the interrupt: the command did what it was asked.
             _say(f"dlpack: interrupted, but {published} was already published and is complete", err=True)
-            return 0
-        print("dlpack: interrupted", file=sys.stderr)
-        return 130
+            return EXIT_OK
+        message = "interrupted"
+        if args.run is _run_build and _resume_kept(args.out):
+            message += "; run the same command again to resume"
+        _say(f"dlpack: {message}", err=True)
+        _fail_json(args, "KeyboardInterrupt", message, EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except _PipeClosed:
+        raise
     except Exception as exc:
-        # Anything else is a bug: its own exit code, never 1 ("finished with skipped inputs") or 2.
+        if isinstance(exc, BrokenPipeError) and _stdout_closed():
+            raise _PipeClosed from None
         if args.debug:
-            raise
-        _say(
-            f"dlpack: internal error: {type(exc).__name__}: {exc}\n"
-            f"this is a bug in dlpack {__version__}; please report it with the command, and the traceback "
-            "that the same command shows with --debug (dlpack --debug COMMAND ...)",
-            err=True,
-        )
-        return EXIT_INTERNAL
+            import traceback
+
+            traceback.print_exc()
+        if isinstance(exc, (DlpackError, OSError)):
+            # OSError: a disk full, a folder not writable, ...: the message names the path.
+            code = EXIT_DAMAGED if isinstance(exc, StoreDamagedError) else EXIT_USAGE
+            message = _with_target(exc, args)
+            _say(f"dlpack: error: {message}", err=True)
+        else:
+            # Anything else is a bug: its own exit code, never 1 ("finished with skipped inputs") or 2.
+            code, message = EXIT_INTERNAL, f"{type(exc).__name__}: {exc}"
+            _say(
+                f"dlpack: internal error: {message}\n"
+                f"this is a bug in dlpack {__version__}; please report it with the command, and the traceback "
+                "that the same command shows with --debug (dlpack --debug COMMAND ...)",
+                err=True,
+            )
+        _fail_json(args, type(exc).__name__, message, code)
+        return code
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout's reader went away (a broken pipe from elsewhere is an ordinary error)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _resume_kept(out: str) -> bool:
+    """Whether the interrupted build of ``out`` left a partial store and its journal to resume from."""
+    from ._lock import partial_path
+    from .build import journal_path
+
+    return journal_path(out).is_file() and os.path.lexists(partial_path(out))
+
+
+def _fail_json(args: argparse.Namespace, kind: str, message: str, code: int) -> None:
+    """With ``--json``, the one JSON document of a failed command, unless it printed its own."""
+    if getattr(args, "json", False) and not getattr(args, "json_printed", False):
+        _error_json(kind, message, code)
+
+
+def _error_json(kind: str, message: str, code: int) -> None:
+    doc = {"error": {"type": kind, "message": message, "exit_code": code}}
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    _write(_SURROGATE.sub(lambda m: _escape(m.group()), text) + "\n")
 
 
 if __name__ == "__main__":

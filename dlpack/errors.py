@@ -16,6 +16,7 @@ __all__ = [
     "StoreExistsError",
     "StoreNotFoundError",
     "StoreError",
+    "StoreDamagedError",
     "StoreLockedError",
     "IncompleteStoreError",
     "FormatVersionError",
@@ -88,6 +89,12 @@ class StoreNotFoundError(DlpackError, FileNotFoundError):
 
 class StoreError(DlpackError, OSError):
     """A store exists but cannot be read: corrupt, truncated, or not a dlpack store."""
+
+
+class StoreDamagedError(StoreError):
+    """``verify`` found damage in a dlpack store: an image that does not match its checksum, a
+    damaged array, or a store too damaged to open. The CLI gives it its own exit code (4), so a
+    script tells a damaged store from a mistyped command."""
 
 
 class StoreLockedError(StoreError):

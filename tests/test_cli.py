@@ -124,9 +124,15 @@ def test_info_on_missing_store_exits_2(tmp_path: Path, capsys: Capsys) -> None:
     assert capsys.readouterr().err.startswith("dlpack: error: ")
 
 
-def test_debug_flag_reraises(tmp_path: Path) -> None:
-    with pytest.raises(dlpack.SourceError):
-        main(["--debug", "build", str(tmp_path / "nowhere"), str(tmp_path / "o.zarr")])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path: Path, capsys: Capsys, where: str) -> None:
+    """``--debug`` before or after the command adds the traceback; the exit code is the one without it."""
+    argv = ["info", str(tmp_path / "missing.zarr")]
+    argv = ["--debug", *argv] if where == "before" else [*argv, "--debug"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "StoreNotFoundError" in err
+    assert err.rstrip("\n").splitlines()[-1].startswith("dlpack: error: no store at")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["build", "--help"], ["info", "--help"]])
@@ -187,7 +193,7 @@ def test_verify_passes_on_an_intact_store_and_names_a_damaged_image(tmp_path, ca
     data = bytearray(out.read_bytes())
     data[offset + 8 * 10 * 3 + 5] ^= 0xFF  # one byte of image 1
     out.write_bytes(bytes(data))
-    assert main(["verify", str(out)]) == 2
+    assert main(["verify", str(out)]) == 4
     err = capsys.readouterr().err
     assert "1 of 3 images" in err and "a/1.png" in err
 
@@ -266,7 +272,7 @@ def test_verify_escapes_a_newline_in_the_name_of_a_damaged_image(tmp_path: Path,
     data = bytearray(out.read_bytes())
     data[offset + 8 * 10 * 3 + 5] ^= 0xFF  # one byte of image 1
     out.write_bytes(bytes(data))
-    assert main(["verify", str(out)]) == 2
+    assert main(["verify", str(out)]) == 4
     err = capsys.readouterr().err
     assert "  sample 1 (a/x\\n  sample 9 (fake).png)" in err
     assert "sample 9" not in err.replace("a/x\\n  sample 9", "")

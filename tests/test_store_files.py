@@ -120,7 +120,8 @@ def test_a_named_pipe_in_a_zarr_store_never_hangs_a_command(
             with dlpack.open(out) as ds:
                 assert ds.verify() == []
         return
-    assert code == 2, err
+    # verify: a pipe inside a dlpack store is damage (4); a pipe at the marker leaves no store to recognise (2).
+    assert code == (4 if command == "verify" and place != "zarr.json" else 2), err
     assert str(fifo) in err and "named pipe" in err, err
     assert "Traceback" not in err
     assert fifo.exists() and not fifo.is_file()  # refused, and left as it was

@@ -1,5 +1,6 @@
-"""``dlpack verify``: any damage is exit 2 with a message naming the store and what is damaged,
-never exit 3; with ``--json`` one document always names every damaged array."""
+"""``dlpack verify``: any damage is exit 4 with a message naming the store and what is damaged,
+never exit 3 (2 only where the path is no dlpack store at all); with ``--json`` one document always
+names every damaged array."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_verify_json_of_an_intact_store(out: Path, capsys: Capsys) -> None:
 def test_verify_json_names_an_array_damaged_outside_the_images(out: Path, capsys: Capsys) -> None:
     poke(out, "transform", 1, 0.375, "<f8")
     code, doc, err = verify_json(out, capsys)
-    assert code == 2 and doc["ok"] is False and doc["count"] == 6 and doc["mismatched"] == []
+    assert code == 4 and doc["ok"] is False and doc["count"] == 6 and doc["mismatched"] == []
     assert [d["array"] for d in doc["damaged"]] == ["transform"]
     assert "checksum" in doc["damaged"][0]["reason"]
     assert "transform" in err and str(out) in err
@@ -66,14 +67,14 @@ def test_verify_json_names_both_a_damaged_array_and_a_damaged_image(out: Path, c
     poke(out, "images", 6 * 5 * 3 + 2, (before + 1) % 256, "|u1")  # that byte of image 1
     poke(out, "transform", 0, 0.5, "<f8")
     code, doc, _ = verify_json(out, capsys)
-    assert code == 2 and [d["array"] for d in doc["damaged"]] == ["transform"]
+    assert code == 4 and [d["array"] for d in doc["damaged"]] == ["transform"]
     assert [m["index"] for m in doc["mismatched"]] == [1]
 
 
 def test_verify_json_names_the_labels_when_their_damage_keeps_the_store_from_opening(out: Path, capsys: Capsys) -> None:
     poke(out, "labels", 0, 1, "<i4")  # in range, but not what was recorded
     code, doc, err = verify_json(out, capsys)
-    assert code == 2 and doc["ok"] is False and doc["count"] == 6
+    assert code == 4 and doc["ok"] is False and doc["count"] == 6
     assert [d["array"] for d in doc["damaged"]] == ["labels"] and "labels" in err
 
 
@@ -84,7 +85,35 @@ def test_verify_json_of_a_store_that_does_not_open(tmp_path: Path, capsys: Capsy
     assert doc["damaged"][0]["array"] is None and str(missing) in doc["damaged"][0]["reason"]
 
 
-def test_an_hdf5_object_header_that_h5py_cannot_open_is_exit_2(
+def test_verify_exits_4_for_a_dlpack_store_too_damaged_to_open(
+    tmp_path: Path, make_tree: Callable[..., Path], capsys: Capsys
+) -> None:
+    store = tmp_path / "s.zarr"
+    dlpack.build(make_tree(TREE), store, quiet=True, jobs=1)
+    (store / "manifest.json").write_text("{ not json", encoding="utf-8")
+    code, doc, err = verify_json(store, capsys)
+    assert code == 4 and doc["ok"] is False and doc["count"] is None
+    assert err.startswith("dlpack: error: ") and str(store) in err
+
+
+def test_verify_exits_2_for_a_path_that_is_no_store_or_a_newer_format(
+    tmp_path: Path, make_tree: Callable[..., Path], capsys: Capsys
+) -> None:
+    """Not damage: a mistyped path, a folder that is no store, a store only a newer dlpack reads."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    newer = tmp_path / "newer.zarr"
+    dlpack.build(make_tree(TREE), newer, quiet=True, jobs=1)
+    manifest = json.loads((newer / "manifest.json").read_text(encoding="utf-8"))
+    (newer / "manifest.json").write_text(json.dumps({**manifest, "format_version": 999}), encoding="utf-8")
+    for path in (tmp_path / "missing.zarr", plain, newer):
+        code, doc, err = verify_json(path, capsys)
+        assert (code, doc["ok"]) == (2, False), err
+        assert str(path) in err and "Traceback" not in err
+    assert "999" in err
+
+
+def test_an_hdf5_object_header_that_h5py_cannot_open_is_exit_4(
     out: Path, backend: str, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """h5py raises KeyError (and RuntimeError, ValueError ...) for corrupt object headers."""
@@ -99,12 +128,12 @@ def test_an_hdf5_object_header_that_h5py_cannot_open_is_exit_2(
 
     monkeypatch.setattr(h5py.Group, "__getitem__", corrupt)
     code, doc, err = verify_json(out, capsys)
-    assert code == 2 and [d["array"] for d in doc["damaged"]] == ["transform"]
+    assert code == 4 and [d["array"] for d in doc["damaged"]] == ["transform"]
     assert "internal error" not in err and "exponent range" in err and str(out) in err
 
 
 @pytest.mark.parametrize("fmt", ["s.h5", "s.zarr"])
-def test_verify_of_a_store_with_flipped_bits_exits_0_or_2_never_3(
+def test_verify_of_a_store_with_flipped_bits_exits_0_2_or_4_never_3(
     make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys, fmt: str
 ) -> None:
     import shutil
@@ -124,7 +153,7 @@ def test_verify_of_a_store_with_flipped_bits_exits_0_or_2_never_3(
             raw[pos] ^= 1 << int(rng.integers(8))
         target.write_bytes(bytes(raw))
         code, doc, err = verify_json(copy, capsys)
-        assert code in (0, 2), err
+        assert code in (0, 2, 4), err  # 2: the flips left no dlpack marker to recognise the store by
         assert doc["ok"] is (code == 0) and "internal error" not in err
         codes.append(code)
-    assert 2 in codes  # the flips did damage something
+    assert 4 in codes  # the flips did damage something
