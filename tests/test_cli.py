@@ -28,6 +28,17 @@ def store(src: Path, tmp_path: Path) -> Path:
     return out
 
 
+
+def flip_image_byte(out: Path, index: int) -> None:
+    """Flip one byte of image ``index`` (8 x 10 x 3) of the uncompressed HDF5 store ``out``."""
+    import h5py
+
+    with h5py.File(out, "r") as f:
+        offset = f["images"].id.get_offset()
+    data = bytearray(out.read_bytes())
+    data[offset + 8 * 10 * 3 * index + 5] ^= 0xFF
+    out.write_bytes(bytes(data))
+
 def test_build_returns_0_and_writes_an_openable_store(store: Path) -> None:
     with dlpack.open(store) as ds:
         assert (len(ds), ds.classes, ds[0]["image"].shape) == (3, ("cat", "dog"), (15, 20, 3))
@@ -186,13 +197,7 @@ def test_verify_passes_on_an_intact_store_and_names_a_damaged_image(tmp_path, ca
     assert main(["build", str(tmp_path / "src"), str(out), "--quiet", "--jobs", "1"]) == 0
     assert main(["verify", str(out)]) == 0
     assert "all 3 images match" in capsys.readouterr().out
-    import h5py
-
-    with h5py.File(out, "r") as f:
-        offset = f["images"].id.get_offset()
-    data = bytearray(out.read_bytes())
-    data[offset + 8 * 10 * 3 + 5] ^= 0xFF  # one byte of image 1
-    out.write_bytes(bytes(data))
+    flip_image_byte(out, 1)
     assert main(["verify", str(out)]) == 4
     err = capsys.readouterr().err
     assert "1 of 3 images" in err and "a/1.png" in err
@@ -258,7 +263,6 @@ def test_class_folders_differing_only_in_normalisation_exit_2_showing_both(
 
 def test_verify_escapes_a_newline_in_the_name_of_a_damaged_image(tmp_path: Path, capsys: Capsys) -> None:
     import cv2
-    import h5py
     import numpy as np
 
     src = tmp_path / "src" / "a"
@@ -267,11 +271,7 @@ def test_verify_escapes_a_newline_in_the_name_of_a_damaged_image(tmp_path: Path,
         (src / name).write_bytes(cv2.imencode(".png", np.full((8, 10, 3), 7, np.uint8))[1].tobytes())
     out = tmp_path / "s.h5"
     assert main(["build", str(tmp_path / "src"), str(out), "--quiet", "--jobs", "1"]) == 0
-    with h5py.File(out, "r") as f:
-        offset = f["images"].id.get_offset()
-    data = bytearray(out.read_bytes())
-    data[offset + 8 * 10 * 3 + 5] ^= 0xFF  # one byte of image 1
-    out.write_bytes(bytes(data))
+    flip_image_byte(out, 1)
     assert main(["verify", str(out)]) == 4
     err = capsys.readouterr().err
     assert "  sample 1 (a/x\\n  sample 9 (fake).png)" in err
