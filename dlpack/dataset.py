@@ -128,7 +128,6 @@ class Dataset:
             raise StoreError(f"store {self.path} lacks image_shapes, which a variable-size store needs; rebuild it")
         self._reader.read_all("labels")  # range-checked against the classes, and checksummed, now
         self.backend = m.backend
-        self._split_cache: np.ndarray | None = None
         self._keyed = [
             (spec.key, spec) for spec in m.arrays.values() if spec.key and spec.name not in ("images", "labels")
         ]
@@ -159,23 +158,12 @@ class Dataset:
         return self.manifest.splits
 
     def _split_codes(self) -> np.ndarray:
-        """The ``split`` array, checked against the split names (a code outside them is damage)."""
-        if self._split_cache is not None:
-            return self._split_cache
-        names = self.manifest.splits
+        """The ``split`` array (the reader checks its codes against the split names, and caches it)."""
         spec = self.manifest.arrays.get("split")
         if spec is None or spec.ragged:
-            raise StoreError(f"store {self.path} lists splits ({', '.join(names)}) but has no split array; rebuild it")
-        codes = np.asarray(self._reader.read_all("split")).reshape(-1)
-        bad = (codes < -1) | (codes >= len(names))
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
-            raise StoreError(
-                f"store {self.path}: sample {k} has split code {int(codes[k])}, but the store names "
-                f"{len(names)} split(s); the store is damaged, rebuild it"
-            )
-        self._split_cache = codes
-        return codes
+            names = ", ".join(self.manifest.splits)
+            raise StoreError(f"store {self.path} lists splits ({names}) but has no split array; rebuild it")
+        return np.asarray(self._reader.read_all("split")).reshape(-1)
 
     def indices(self, split: str) -> np.ndarray:
         """The sorted sample indices (int64) of one split, for ``loader(indices=...)`` or your own sampler.

@@ -46,6 +46,8 @@ _SMALL_ARRAY = 64 * 2**20
 DIGEST_ATTR = "dlpack_sha256"
 #: Rows hashed per read when checksumming a whole array (bounded memory).
 _HASH_BYTES = 32 * 2**20
+#: Arrays of codes into a manifest list, checked when read: the array's name -> the list's field.
+_CODED = {"labels": "classes", "split": "splits"}
 
 
 def array_digest(read_rows: Any, rows: int, row_nbytes: int, dtype: str) -> str:
@@ -250,8 +252,8 @@ class StoreReader(ABC):
         if arr is None:
             self._fixed(name)
             arr = self._stored(name).read_rows(0, len(self))
-            if name == "labels":
-                self._check_labels(arr)
+            if name in _CODED:
+                self._check_codes(name, arr)
             self._check_digest(name, arr)
             self._whole[name] = arr
         return arr
@@ -267,16 +269,18 @@ class StoreReader(ABC):
                 f"recorded {want[:12]}...); the store is damaged, rebuild it"
             )
 
-    def _check_labels(self, labels: np.ndarray) -> None:
+    def _check_codes(self, name: str, codes: np.ndarray) -> None:
+        """``labels`` index the manifest's classes and ``split`` its splits (-1: none); any other value is damage."""
         if not self.check_labels:
             return
-        k = len(self.manifest.classes)
-        bad = np.flatnonzero((labels < -1) | (labels >= k))
+        field = _CODED[name]
+        k = len(getattr(self.manifest, field))
+        bad = np.flatnonzero((codes < -1) | (codes >= k))
         if len(bad):
             i = int(bad[0])
             raise StoreError(
-                f"array 'labels' of {self.path} holds {int(labels[i])} at sample {i}, outside -1..{k - 1} for "
-                f"{k} classes ({len(bad)} such samples); the store is damaged, rebuild it"
+                f"array {name!r} of {self.path} holds {int(codes[i])} at sample {i}, outside -1..{k - 1} for "
+                f"{k} {field} ({len(bad)} such samples); the store is damaged, rebuild it"
             )
 
     def meta(self, name: str) -> np.ndarray:
