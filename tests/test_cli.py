@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _procs import INTERNAL_ERROR_MAIN
 
 import dlpack
 from dlpack.cli import main
@@ -160,14 +161,7 @@ def test_help_lists_the_internal_error_exit_code(argv: list[str], capsys: Capsys
 
 def test_an_internal_error_in_a_subprocess_exits_3_not_1(src: Path, tmp_path: Path) -> None:
     """The exit status the shell sees, through ``python -m dlpack``: 1 means "skipped inputs" only."""
-    code = (
-        "import importlib, sys\n"
-        "b = importlib.import_module('dlpack.build')\n"
-        "def boom(*a, **k): raise KeyError('plan')\n"
-        "b.plan_stage = boom\n"
-        "from dlpack.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
+    code = INTERNAL_ERROR_MAIN
     argv = ["build", str(src), str(tmp_path / "o.zarr"), "--quiet", "--jobs", "1"]
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import INTERNAL_ERROR_MAIN
 
 import dlpack
 from dlpack.cli import main
@@ -90,14 +91,7 @@ def test_exit_2_is_a_usage_error_with_a_json_error_document(tmp_path: Path) -> N
 
 
 def test_exit_3_is_an_internal_error_with_a_json_error_document(make_tree: MakeTree, tmp_path: Path) -> None:
-    code = (
-        "import importlib, sys\n"
-        "b = importlib.import_module('dlpack.build')\n"
-        "def boom(*a, **k): raise KeyError('plan')\n"
-        "b.plan_stage = boom\n"
-        "from dlpack.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
+    code = INTERNAL_ERROR_MAIN
     proc = run(["build", str(make_tree(TREE)), str(tmp_path / "o.zarr"), "--jobs", "1", "--json"], code)
     assert proc.returncode == 3, proc.stderr
     assert one_document(proc.stdout)["error"] == {"type": "KeyError", "message": "KeyError: 'plan'", "exit_code": 3}
