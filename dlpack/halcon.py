@@ -92,8 +92,10 @@ def scale_image(image: np.ndarray, image_range: Sequence[float] = DEFAULT_IMAGE_
     lo, hi = _check_range(image_range)
     top = _DTYPE_MAX.get(np.asarray(image).dtype)
     if top is None:
-        raise OptionError(f"images of dtype {np.asarray(image).dtype} have no known range; dlpack stores uint8 or uint16")
-    out = np.asarray(image, dtype=np.float32) * np.float32((hi - lo) / top)
+        raise OptionError(
+            f"images of dtype {np.asarray(image).dtype} have no known range; dlpack stores uint8 or uint16"
+        )
+    out: np.ndarray = np.asarray(image, dtype=np.float32) * np.float32((hi - lo) / top)
     out += np.float32(lo)
     return out
 

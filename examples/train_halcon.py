@@ -68,7 +68,10 @@ def train(a: argparse.Namespace, ha: Any) -> int:
         raise dlpack.OptionError(f"{a.store} is a variable-size store; HALCON trains on one input size (--size WxH)")
     (height, width, channels), _ = layout
     model = ha.read_dl_model(a.model)
-    want = {name: _first(ha.get_dl_model_param(model, name)) for name in ("image_width", "image_height", "image_num_channels")}
+    want = {
+        name: _first(ha.get_dl_model_param(model, name))
+        for name in ("image_width", "image_height", "image_num_channels")
+    }
     have = {"image_width": width, "image_height": height, "image_num_channels": channels}
     wrong = [f"{k} {have[k]} (the model wants {v})" for k, v in want.items() if v not in (None, have[k])]
     if wrong:
