@@ -10,6 +10,7 @@ that needs no HALCON; only building the HALCON dicts needs the ``halcon`` module
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Generator, Sequence
@@ -223,6 +224,9 @@ def sample_batches(
     missing = [name for name in _TASK_ARRAYS.get(task, ()) if name not in keys]
     if missing:
         raise StoreError(f"store {ds.path} is a {task} store but has no {', '.join(missing)} array; rebuild it")
+    mapping = functools.partial(
+        _map_batch, task=task, class_ids=class_ids, image_range=image_range, classes=tuple(ds.classes)
+    )
     loader = ds.loader(
         batch_size=batch_size,
         shuffle=shuffle,
@@ -231,17 +235,22 @@ def sample_batches(
         workers=workers,
         drop_last=drop_last,
         split=split,
+        transform=mapping,  # scaling runs on the reader threads, ahead of the training step
     )
     loader.set_epoch(epoch)
-    return _batches(loader, ha, task, class_ids, image_range, ds.classes)
+    return _batches(loader, ha)
 
 
-def _batches(
-    loader: Any, ha: Any, task: str, class_ids: tuple[int, ...], image_range: tuple[float, float], classes: Any
-) -> Generator[list[Any], None, None]:
+def _map_batch(batch: dict[str, Any], **mapping: Any) -> dict[str, Any]:
+    """A loader batch as its DLSamples (the loader's ``transform``)."""
+    return {"index": batch["index"], "dlsamples": [to_dlsample(s, **mapping) for s in unbatch(batch)]}
+
+
+def _batches(loader: Any, ha: Any) -> Generator[list[Any], None, None]:
+    # HALCON dicts are made here, on the caller's thread: the binding's thread rules are not dlpack's to assume.
     try:
         for batch in loader:
-            samples = [to_dlsample(s, task, class_ids, image_range, classes=classes) for s in unbatch(batch)]
+            samples = batch["dlsamples"]
             yield samples if ha is None else [to_halcon_dict(ha, s) for s in samples]
     finally:
         loader.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import dlpack
+import dlpack.halcon
 from dlpack.halcon import sample_batches, store_class_ids, store_task, to_dlsample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,6 +167,21 @@ def test_a_split_and_drop_last_select_the_samples(tmp_path: Path) -> None:
     assert [len(b) for b in got] == [2, 2]
     assert {s["image_id"] for b in got for s in b} <= {int(i) for i in ds.indices("train")}
     assert all(isinstance(s["image"], np.ndarray) for b in got for s in b)
+
+
+def test_the_mapping_runs_on_the_reader_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _store(tmp_path, {"a": 4})
+    threads: list[str] = []
+    real = dlpack.halcon.to_dlsample
+
+    def recording(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dlpack.halcon, "to_dlsample", recording)
+    got = list(sample_batches(str(tmp_path / "s.zarr"), 2, workers=2, prefetch=2, halcon=standin))  # a path works too
+    assert [len(b) for b in got] == [2, 2] and len(threads) == 4
+    assert all(name.startswith("dlpack") for name in threads)  # the loader's workers, not the caller
 
 
 def test_detection_batches_carry_the_boxes(tmp_path: Path) -> None:
