@@ -23,10 +23,13 @@ from .errors import MissingExtraError, OptionError, StoreError
 __all__ = [
     "DEFAULT_IMAGE_RANGE",
     "TASKS",
+    "import_halcon",
     "sample_batches",
+    "scale_image",
     "store_class_ids",
     "store_task",
     "to_dlsample",
+    "to_halcon_dict",
     "unbatch",
 ]
 
@@ -160,7 +163,8 @@ def unbatch(batch: dict[str, Any]) -> list[dict[str, Any]]:
     return [{key: value[i] for key, value in batch.items()} for i in range(n)]
 
 
-def _import_halcon() -> Any:
+def import_halcon() -> Any:
+    """The ``halcon`` module, or :class:`~dlpack.MissingExtraError` saying what it needs."""
     try:
         import halcon
     except Exception as exc:  # the binding raises more than ImportError when libhalcon is missing
@@ -216,7 +220,7 @@ def sample_batches(
             raise OptionError(f"sample_batches reads a dlpack.Dataset or a store path, got {type(ds).__name__}")
         ds = Dataset(ds)
     image_range = _check_range(image_range)
-    ha = (halcon if halcon is not None else _import_halcon()) if as_halcon else None
+    ha = (halcon if halcon is not None else import_halcon()) if as_halcon else None
     manifest = ds.manifest
     task = store_task(manifest)
     class_ids = store_class_ids(manifest)

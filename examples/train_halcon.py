@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import dlpack
-from dlpack.halcon import sample_batches, store_class_ids, store_task
+from dlpack.halcon import import_halcon, sample_batches, store_class_ids, store_task
 
 
 def _first(value: Any) -> Any:
@@ -46,9 +46,7 @@ def main(argv: list[str] | None = None, halcon: Any = None) -> int:
     a = p.parse_args(argv)
     if halcon is None:
         try:
-            from dlpack.halcon import _import_halcon
-
-            halcon = _import_halcon()
+            halcon = import_halcon()
         except dlpack.MissingExtraError as exc:
             print(f"HALCON is not available, nothing was trained: {exc}")
             return 0
