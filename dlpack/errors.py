@@ -120,7 +120,8 @@ class StateError(DlpackError, ValueError):
 class MissingExtraError(DlpackError, ImportError):
     """An optional dependency is not installed."""
 
-    def __init__(self, module: str, extra: str, purpose: str) -> None:
+    def __init__(self, module: str, extra: str, purpose: str, note: str = "") -> None:
         super().__init__(
             f"{purpose} needs the optional package '{module}'; install it with: pip install 'dlpack-datasets[{extra}]'"
+            + (f"; {note}" if note else "")
         )

@@ -37,6 +37,7 @@ class Run:
     check: Callable[[str, Path], None]
     needs: tuple[str, ...] = ()
     setup: Callable[[Path], None] | None = None  # makes extra inputs in the work folder
+    unless: tuple[str, ...] = ()  # skipped where one of these modules imports (the run checks their absence)
 
 
 def _check_build(out: str, work: Path) -> None:
@@ -101,6 +102,11 @@ def _check_train(out: str, work: Path) -> None:
     assert "epoch 0: 8 images in" in out and "waiting for data" in out
 
 
+def _check_train_halcon(out: str, work: Path) -> None:
+    assert "HALCON is not available, nothing was trained" in out and "dlpack-datasets[halcon]" in out
+    assert "Traceback" not in out
+
+
 def _split_store(work: Path) -> None:
     """``split.zarr``: the sample images twice, under ``train/`` and under ``test/``."""
     for split in ("train", "test"):
@@ -150,6 +156,10 @@ RUNS: dict[str, list[Run]] = {
             _check_peers,
         )
     ],
+    "examples/train_halcon.py": [
+        # Where HALCON imports, tests/test_halcon_feeder.py runs its training loop against a stand-in.
+        Run(("train.zarr", "--model", "model.hdl", "--epochs", "1"), _check_train_halcon, unless=("halcon",)),
+    ],
     "examples/train_torch.py": [
         Run(
             ("train.zarr", "--epochs", "1", "--batch-size", "4", "--workers", "0", "--max-steps", "2")
@@ -187,6 +197,12 @@ def test_every_script_has_a_smoke_run() -> None:
     assert _scripts() == sorted(RUNS)
 
 
+def _imports(module: str) -> bool:
+    """Whether ``import module`` works (HALCON's binding fails at import, not at lookup, without its runtime)."""
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, timeout=TIMEOUT_S)
+    return proc.returncode == 0
+
+
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
     """A folder with ``raw/`` (8 sample images in class folders) and ``train.zarr`` built from it."""
@@ -201,6 +217,9 @@ def work(tmp_path: Path) -> Path:
 def test_script_runs_on_tiny_inputs(script: str, run: Run, work: Path) -> None:
     for module in run.needs:
         pytest.importorskip(module)
+    for module in run.unless:
+        if _imports(module):
+            pytest.skip(f"{module} imports here; this run checks the message given without it")
     if run.setup is not None:
         run.setup(work)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
