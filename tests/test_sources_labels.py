@@ -452,6 +452,7 @@ def test_csv_empty_label_is_refused_per_row(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("", "is empty; it needs a header row"),
+        ("a.png,cat\n", "unknown column\\(s\\) 'a.png', 'cat'; the first row must name the columns"),
         ("path,label,weight\n", "unknown column\\(s\\) 'weight'"),
         ("path,lable\n", "unknown column\\(s\\) 'lable'"),
         ("path,split\n", "no 'path' and 'label' columns"),
