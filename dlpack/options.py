@@ -9,7 +9,16 @@ from typing import Literal
 
 from .errors import OptionError
 
-__all__ = ["BuildOptions", "parse_size", "parse_split", "available_cores", "IMAGE_SUFFIXES", "SPLIT_PART_NAMES"]
+__all__ = [
+    "BuildOptions",
+    "parse_size",
+    "parse_split",
+    "parse_labels",
+    "available_cores",
+    "IMAGE_SUFFIXES",
+    "SPLIT_PART_NAMES",
+    "LABEL_KINDS",
+]
 
 #: File name suffixes a folder source treats as images (lower case).
 IMAGE_SUFFIXES: frozenset[str] = frozenset(
@@ -68,6 +77,41 @@ def parse_split(value: object) -> tuple[int, ...]:
             f"got {value!r}"
         )
     return pcts
+
+
+#: ``--labels`` kinds: True for those that take a path (``KIND:PATH``), False for those that take none.
+LABEL_KINDS: dict[str, bool] = {
+    "auto": False,
+    "folders": False,
+    "none": False,
+    "coco": True,
+    "masks": True,
+    "anomaly": False,
+    "csv": True,
+    "dldataset": True,
+}
+_LABEL_PATHS = {"coco": "FILE.json", "masks": "DIR", "csv": "FILE.csv", "dldataset": "FILE.json"}
+
+
+def parse_labels(spec: object) -> tuple[str, str | None]:
+    """Split a ``--labels`` value ``KIND[:PATH]`` into ``(kind, path)``; ``path`` is None for kinds without one.
+
+    Only the first ``:`` separates: the path may hold more (``coco:a:b.json``).
+    """
+    usage = "auto, folders, none, anomaly, coco:FILE.json, masks:DIR, csv:FILE.csv or dldataset:FILE.json"
+    if not isinstance(spec, str):
+        raise OptionError(f"labels must be a string, one of {usage}; got {spec!r}")
+    kind, colon, path = spec.partition(":")
+    if kind not in LABEL_KINDS:
+        raise OptionError(f"labels: unknown kind {kind!r} in {spec!r}; use one of {usage}")
+    if LABEL_KINDS[kind]:
+        if not path.strip():
+            raise OptionError(f"labels {kind} needs a path: --labels {kind}:{_LABEL_PATHS[kind]}; got {spec!r}")
+        return kind, path
+    if colon:
+        extra = "; give the ground-truth folder with --anomaly-masks DIR" if kind == "anomaly" else ""
+        raise OptionError(f"labels {kind} takes no path, got {spec!r}{extra}")
+    return kind, None
 
 
 def _name_list(name: str, value: object, values: bool) -> tuple[str, ...]:
@@ -136,9 +180,33 @@ class BuildOptions:
     )
     allow_upscale: bool = field(default=False, metadata={"help": "allow enlarging images smaller than --size"})
     channels: Literal["keep", 1, 3] = field(default="keep", metadata={"help": "keep (the majority's), 1 gray, 3 RGB"})
-    labels: Literal["auto", "folders", "none"] = field(
+    labels: str = field(
         default="auto",
-        metadata={"help": "class labels from sub-folders: auto (when every image is in one), folders, none"},
+        metadata={
+            "help": "where labels come from: auto (class sub-folders when every image is in one), folders, none, "
+            "coco:FILE.json, masks:DIR (label images, pixel = class id), anomaly (good/ok folders vs defect "
+            "folders), csv:FILE.csv (path,label[,split]), dldataset:FILE.json (a HALCON DLDataset)",
+            "metavar": "KIND[:PATH]",
+        },
+    )
+    class_folder: Literal["top", "last"] = field(
+        default="top",
+        metadata={
+            "help": "with class folders: top (the first folder below SRC or its split folder is the class) or last "
+            "(the folder that directly holds the image, HALCON's last_folder)"
+        },
+    )
+    anomaly_masks: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --labels anomaly: the folder of ground-truth images (nonzero = defect), matched to the "
+            "images by relative path without extension (also NAME_mask.png)",
+            "metavar": "DIR",
+        },
+    )
+    instance_masks: bool = field(
+        default=False,
+        metadata={"help": "with --labels coco: the mask holds instance ids (k = k-th box) instead of category ids"},
     )
     jobs: int = field(
         default=-1,
@@ -252,7 +320,19 @@ class BuildOptions:
             channels = int(channels)
             object.__setattr__(self, "channels", channels)
         _choice("channels", channels, ("keep", 1, 3))
-        _choice("labels", self.labels, ("auto", "folders", "none"))
+        kind, _ = parse_labels(self.labels)
+        _choice("class_folder", self.class_folder, ("top", "last"))
+        if self.class_folder != "top" and kind not in ("auto", "folders"):
+            raise OptionError(
+                f"class_folder applies to class folders (labels auto or folders), not labels={self.labels!r}"
+            )
+        if self.anomaly_masks is not None:
+            if not isinstance(self.anomaly_masks, str) or not self.anomaly_masks.strip():
+                raise OptionError(f"anomaly_masks must be a folder path, got {self.anomaly_masks!r}")
+            if kind != "anomaly":
+                raise OptionError(f"anomaly_masks only applies to labels=anomaly, not labels={self.labels!r}")
+        if self.instance_masks and kind != "coco":
+            raise OptionError(f"instance_masks only applies to labels=coco:FILE, not labels={self.labels!r}")
         if not isinstance(self.jobs, int) or isinstance(self.jobs, bool) or self.jobs == 0 or self.jobs < -1:
             raise OptionError(f"jobs must be a positive number of processes or -1 for all cores, got {self.jobs!r}")
         _choice("compression", self.compression, ("none", "lz4", "zstd"))
@@ -284,6 +364,16 @@ class BuildOptions:
         # A shard is written from one block held in memory.
         if self.shard_bytes > 2**31:
             raise OptionError(f"shard_bytes must be at most 2147483648 (2 GiB), got {self.shard_bytes}")
+
+    @property
+    def label_kind(self) -> str:
+        """The kind of ``labels`` (``"coco"`` for ``coco:FILE``, ...)."""
+        return parse_labels(self.labels)[0]
+
+    @property
+    def label_path(self) -> str | None:
+        """The path of ``labels`` (``FILE`` for ``coco:FILE``), or None for kinds without one."""
+        return parse_labels(self.labels)[1]
 
     @property
     def fill_values(self) -> dict[str, float | None]:

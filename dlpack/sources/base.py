@@ -59,6 +59,17 @@ class SourceScan:
         Paths left out by an exclude pattern (a folder with a trailing ``/``, for everything under it).
     ignored : tuple of str
         Files found that are not images (``.txt``, ``.pdf``, ...): not packed, listed for the summary.
+    class_ids : tuple of int
+        The original id of each class in ``classes`` (COCO category id, HALCON class id, mask pixel
+        value), aligned with ``classes``. Empty means ``0 .. len(classes) - 1``.
+    task : str
+        ``"classification"``, ``"detection"``, ``"segmentation"``, ``"anomaly"`` or ``"none"``: which
+        label arrays the build writes.
+    label_root : str or None
+        The folder the items' ``mask`` / ``anomaly_mask`` paths are relative to, when not ``root``.
+    notes : tuple of str
+        One line each for the summary about labels the source changed or did not use, e.g. "clipped
+        3 boxes that stuck out of their image (...)"; nothing in a note stops the build.
     """
 
     items: tuple[SourceItem, ...]
@@ -67,6 +78,10 @@ class SourceScan:
     labels: str = "none"
     excluded: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
+    class_ids: tuple[int, ...] = ()
+    task: str = "classification"
+    label_root: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 @runtime_checkable

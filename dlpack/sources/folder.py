@@ -16,11 +16,13 @@ The rules (also in docs/format.md, "Labels and splits of a folder"):
   refused, because packing it would make label images into a class (and resize them as photos).
 - Split: when every image sits under a top folder named ``train``, ``val``, ``validation`` or
   ``test`` (any case), that folder is the image's split and the rules below apply below it.
-- Class: the top folder below the root (or below the split folder): ``cat/x.png`` is ``cat``,
-  ``cat/lot_7/night/x.png`` is ``cat`` too, ``train/cat/x.png`` is ``cat`` in split ``train``.
-  For the one-level layout this is what HALCON's ``read_dl_dataset_classification`` gives by
-  default (``last_folder``, the folder that directly contains the image); deeper trees differ on
-  purpose, because the folders below a class are usually lots, cameras or shifts, not classes.
+- Class (``class_folder="top"``, the default): the top folder below the root (or below the split
+  folder): ``cat/x.png`` is ``cat``, ``cat/lot_7/night/x.png`` is ``cat`` too, ``train/cat/x.png``
+  is ``cat`` in split ``train``. For the one-level layout this is what HALCON's
+  ``read_dl_dataset_classification`` gives by default (``last_folder``, the folder that directly
+  contains the image); deeper trees differ on purpose, because the folders below a class are
+  usually lots, cameras or shifts, not classes. ``class_folder="last"`` is HALCON's rule: the
+  folder that directly contains the image (``cat/lot_7/x.png`` is ``lot_7``).
 """
 
 from __future__ import annotations
@@ -58,9 +60,13 @@ __all__ = [
     "LABEL_FILE_PATTERN",
     "label_path",
     "label_paths_error",
+    "CLASS_FOLDERS",
+    "LABEL_SOURCES_HINT",
 ]
 
 _LABELS = ("auto", "folders", "none")
+#: Which folder of an image's path names its class: the top one, or the one that holds the image.
+CLASS_FOLDERS = ("top", "last")
 
 #: Top-level folder names (compared in lower case) that name a split rather than a class.
 SPLIT_NAMES: frozenset[str] = frozenset({"train", "val", "validation", "test"})
@@ -289,7 +295,7 @@ class FolderSource:
 
     Items are the image files under ``root`` (hidden files and folders excluded), in sorted order
     of relative path. An image's class is its top folder (``cat/x.png`` and ``cat/lot_7/x.png`` are
-    ``cat``). When every image is under a top folder named ``train``, ``val``, ``validation`` or
+    ``cat``; with ``class_folder="last"`` the folder that directly holds the image: ``lot_7``). When every image is under a top folder named ``train``, ``val``, ``validation`` or
     ``test`` (any case), that folder is the image's split instead, and the class is the folder below.
     ``labels="auto"`` labels the images when every one sits in a class folder, leaves them
     unlabelled when none does, and refuses a mix; ``"folders"`` requires class folders, ``"none"``
@@ -308,6 +314,8 @@ class FolderSource:
     #: False lists label folders and label images like other images (an update of a store that
     #: already holds some refuses only new ones: :func:`label_path`).
     check_labels: bool
+    #: "top" (the first folder below the root or split folder) or "last" (the image's own folder)
+    class_folder: str
 
     def __init__(
         self,
@@ -316,9 +324,12 @@ class FolderSource:
         follow_symlinks: bool = False,
         exclude: Sequence[str] = (),
         check_labels: bool = True,
+        class_folder: str = "top",
     ) -> None:
         if labels not in _LABELS:
             raise OptionError(f"labels must be one of {', '.join(_LABELS)}; got {labels!r}")
+        if class_folder not in CLASS_FOLDERS:
+            raise OptionError(f"class_folder must be one of {', '.join(CLASS_FOLDERS)}; got {class_folder!r}")
         if isinstance(exclude, str) or not all(isinstance(p, str) and p for p in exclude):
             raise OptionError(f"exclude must be a list of non-empty glob patterns, got {exclude!r}")
         object.__setattr__(self, "root", Path(root))
@@ -326,6 +337,7 @@ class FolderSource:
         object.__setattr__(self, "follow_symlinks", bool(follow_symlinks))
         object.__setattr__(self, "exclude", tuple(exclude))
         object.__setattr__(self, "check_labels", bool(check_labels))
+        object.__setattr__(self, "class_folder", class_folder)
 
     def scan(self) -> SourceScan:
         """List the image files and their labels and splits.
@@ -367,6 +379,7 @@ class FolderSource:
             "folders" if classes else "none",
             excluded=tuple(sorted(walk.excluded)),
             ignored=tuple(sorted(walk.ignored)),
+            task="classification" if classes else "none",
         )
 
     def _label(self, rels: list[str]) -> tuple[tuple[SourceItem, ...], tuple[str, ...]]:
@@ -395,8 +408,9 @@ class FolderSource:
                 f"{_listing(strays)}; {rule}. Move them into class folders, or pass --labels none "
                 "to build an unlabelled store"
             )
-        items = tuple(SourceItem(r, p[0], split=s) for r, p, s in zip(rels, inner, splits, strict=True))
-        classes = tuple(sorted({p[0] for p in inner}))
+        at = 0 if self.class_folder == "top" else -2
+        items = tuple(SourceItem(r, p[at], split=s) for r, p, s in zip(rels, inner, splits, strict=True))
+        classes = tuple(sorted({p[at] for p in inner}))
         # Class folders under different split folders are never in one listing: compare the classes too.
         seen: dict[str, str] = {}
         for name in classes:
@@ -404,6 +418,13 @@ class FolderSource:
             if other != name:
                 raise _twins_error("class folders", where, other, name)
         return items, classes
+
+
+#: Which ``--labels`` source reads label folders, named in the error that refuses them.
+LABEL_SOURCES_HINT = (
+    "label images whose pixel value is the class id are read by --labels masks:DIR (matched to the images "
+    "by relative path), anomaly ground truth by --labels anomaly --anomaly-masks DIR"
+)
 
 
 def label_path(rel: str) -> str | None:
@@ -441,7 +462,7 @@ def label_paths_error(root: str, paths: Sequence[str]) -> SourceError:
     return SourceError(
         f"{root!r} holds label data, not images of a class: {'; '.join(found)}. Packed, it would become a "
         "class of its own (and label images would be resized like photos). Leave it out with "
-        f"{flags}, or move it out of the source folder"
+        f"{flags}, or move it out of the source folder. To use it as labels: {LABEL_SOURCES_HINT}"
     )
 
 

@@ -1,0 +1,162 @@
+"""Shared checks of label sources: file names given in an annotation file, the annotation file itself,
+and the index of a label-image folder.
+
+A COCO file, a CSV or a mask folder names image files the scan did not find by walking; each name is
+checked here the same way: relative, inside the image folder, an existing regular file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from .._names import shown
+from ..errors import SourceError
+from ..options import IMAGE_SUFFIXES
+from .base import SourceScan
+
+__all__ = ["relative_name", "file_problem", "read_text", "load_json", "label_files", "stem", "listing", "walk_images"]
+
+_MAX_LISTED = 5
+
+
+def relative_name(name: object) -> tuple[str | None, str | None]:
+    """``(rel, None)``: ``name`` as a clean relative path with ``/`` separators; or ``(None, reason)``.
+
+    Refused: anything not a non-empty string, absolute paths (``/x``, ``C:/x``, ``\\\\host\\x``) and
+    names with a ``..`` part, which would read files outside the image folder.
+    """
+    if not isinstance(name, str) or not name.strip():
+        return None, f"the file name must be a non-empty string, got {name!r}"
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":" and name[0].isalpha()):
+        return None, "the file name is an absolute path; it must be relative to the image folder"
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts or any(".." in p.split("\\") for p in parts):
+        return None, "the file name leaves the image folder (a '..' part); it must stay inside it"
+    if not parts:
+        return None, f"the file name {name!r} names no file"
+    return "/".join(parts), None
+
+
+def file_problem(root: Path, rel: str) -> str | None:
+    """Why ``root / rel`` cannot be read as an input image (missing, not a file, outside ``root``), else None."""
+    path = os.path.join(os.fspath(root), rel)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"file not found in {shown(os.fspath(root))!r}"
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    if not stat.S_ISREG(mode):
+        return "not a regular file"
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if not real.startswith(real_root.rstrip(os.sep) + os.sep):
+        return f"the file is a link to {shown(real)!r}, outside the image folder; copy the file in"
+    return None
+
+
+def read_text(path: str | os.PathLike[str], what: str) -> str:
+    """The UTF-8 text of the annotation file ``path`` (a BOM is dropped); a :class:`SourceError` if unusable."""
+    where = shown(os.fspath(path))
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise SourceError(f"{what} {where!r} does not exist") from None
+    except IsADirectoryError:
+        raise SourceError(f"{what} {where!r} is a folder, not a file") from None
+    except OSError as exc:
+        raise SourceError(f"cannot read {what} {where!r}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{what} {where!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+
+
+def load_json(path: str | os.PathLike[str], what: str) -> Any:
+    """The parsed JSON of ``path``; malformed JSON is a :class:`SourceError` naming the line and column."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceError(
+            f"{what} {shown(os.fspath(path))!r} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+        ) from None
+    except RecursionError:
+        raise SourceError(f"{what} {shown(os.fspath(path))!r} is nested too deeply to read") from None
+
+
+def stem(rel: str) -> str:
+    """``rel`` without its file extension: ``a/b/img.jpg`` -> ``a/b/img``."""
+    head, _, name = rel.rpartition("/")
+    base = os.path.splitext(name)[0] or name
+    return f"{head}/{base}" if head else base
+
+
+def label_files(folder: Path) -> dict[str, list[str]]:
+    """The image files under ``folder`` (hidden ones left out), by relative path without extension.
+
+    Raises
+    ------
+    SourceError
+        ``folder`` does not exist or is not a folder.
+    """
+    where = shown(os.fspath(folder))
+    if not folder.exists():
+        raise SourceError(f"label folder {where!r} does not exist")
+    if not folder.is_dir():
+        raise SourceError(f"label folder {where!r} is not a folder")
+    found: dict[str, list[str]] = {}
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        rel_dir = os.path.relpath(top, folder).replace(os.sep, "/")
+        for name in sorted(files):
+            if name.startswith(".") or os.path.splitext(name)[1].lower() not in IMAGE_SUFFIXES:
+                continue
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            found.setdefault(stem(rel), []).append(rel)
+    return found
+
+
+def listing(paths: list[str]) -> str:
+    """The first few paths and how many more."""
+    head = ", ".join(shown(p) for p in paths[:_MAX_LISTED])
+    return head + (f" and {len(paths) - _MAX_LISTED} more" if len(paths) > _MAX_LISTED else "")
+
+
+def _literal_pattern(rel: str) -> str:
+    """``rel`` as an fnmatch pattern that matches only itself (``[``, ``*``, ``?`` escaped)."""
+    return "".join(f"[{ch}]" if ch in "[]*?" else ch for ch in rel)
+
+
+def walk_images(
+    root: Path, label_dir: Path | None, follow_symlinks: bool, exclude: tuple[str, ...], what: str
+) -> SourceScan:
+    """The image files under ``root`` by the folder source's walk (labels ``none``), ``label_dir`` left out.
+
+    A label folder inside ``root`` holds labels, not images: it is excluded from the walk (and not
+    listed as excluded). Label folders elsewhere in ``root`` are refused as by the folder source.
+    """
+    from .folder import FolderSource
+
+    skip: str | None = None
+    if label_dir is not None and root.is_dir() and label_dir.is_dir():
+        if os.path.realpath(root) == os.path.realpath(label_dir):
+            raise SourceError(f"{what} {shown(os.fspath(label_dir))!r} is the image folder itself; give its own folder")
+        # By the names given first (a linked label folder inside root), then by real paths.
+        for top, sub in (
+            (os.path.abspath(root), os.path.abspath(label_dir)),
+            (os.path.realpath(root), os.path.realpath(label_dir)),
+        ):
+            if sub.startswith(top.rstrip(os.sep) + os.sep):
+                skip = _literal_pattern(os.path.relpath(sub, top).replace(os.sep, "/"))
+                break
+    scan = FolderSource(root, "none", follow_symlinks, exclude + ((skip,) if skip else ())).scan()
+    if skip is None:
+        return scan
+    excluded = tuple(p for p in scan.excluded if not fnmatch.fnmatchcase(p.rstrip("/"), skip))
+    return SourceScan(scan.items, (), scan.errors, scan.labels, excluded, scan.ignored)

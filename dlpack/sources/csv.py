@@ -1,0 +1,106 @@
+"""CSV source: a table of image paths with their class names and, optionally, splits.
+
+The rules (also in docs/labels.md, "CSV"):
+
+- The first row is the header: columns ``path`` and ``label``, optionally ``split`` (names compared
+  in lower case, any order). Any other column is refused, so a misspelt ``lable`` or ``spilt`` is
+  never dropped unseen.
+- Items are the rows in file order; ``path`` is relative to ``root`` with ``/`` separators.
+  Labels are class names; classes are the names found, sorted. A ``split`` value is kept as
+  written (an empty one means no split).
+- Whole-source errors (SourceError): a missing, unreadable or empty file, a malformed header,
+  rows with another number of fields than the header, and two rows naming one path.
+- Per-row errors (InputFileError naming the line number and the path): a path that is absolute or
+  leaves ``root``, a missing file, an empty label.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._names import shown
+from ..errors import InputFileError, SourceError
+from ._entries import file_problem, read_text, relative_name
+from .base import SourceItem, SourceScan
+
+__all__ = ["CsvSource", "CSV_COLUMNS"]
+
+#: The columns a CSV source reads; ``path`` and ``label`` are required.
+CSV_COLUMNS = ("path", "label", "split")
+
+
+@dataclass(frozen=True, init=False)
+class CsvSource:
+    """Images under ``root`` listed in ``csv_file`` with their labels (see the module docstring)."""
+
+    root: Path
+    csv_file: Path
+
+    def __init__(self, root: str | os.PathLike[str], csv_file: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "root", Path(root))
+        object.__setattr__(self, "csv_file", Path(csv_file))
+
+    def scan(self) -> SourceScan:
+        """List the rows' images and labels.
+
+        Raises
+        ------
+        SourceError
+            The folder or the file is unusable as a whole (see the module docstring).
+        """
+        root = self.root
+        if not root.is_dir():
+            what = "does not exist" if not root.exists() else "is not a folder"
+            raise SourceError(f"image folder {shown(os.fspath(root))!r} {what}")
+        where = shown(os.fspath(self.csv_file))
+        reader = csv.reader(io.StringIO(read_text(self.csv_file, "CSV file"), newline=""))
+        try:
+            rows = [(reader.line_num, row) for row in reader if row]
+        except csv.Error as exc:
+            raise SourceError(f"CSV file {where!r} is malformed at line {reader.line_num}: {exc}") from None
+        if not rows:
+            raise SourceError(f"CSV file {where!r} is empty; it needs a header row: path,label[,split]")
+        header = [h.strip().lower() for h in rows[0][1]]
+        unknown = [h for h in header if h not in CSV_COLUMNS]
+        if unknown or len(set(header)) != len(header) or not {"path", "label"} <= set(header):
+            problem = (
+                f"unknown column(s) {', '.join(map(repr, unknown))}"
+                if unknown
+                else "a column named twice"
+                if len(set(header)) != len(header)
+                else "no 'path' and 'label' columns"
+            )
+            raise SourceError(
+                f"CSV file {where!r}: the header {shown(','.join(rows[0][1]))!r} has {problem}; "
+                "the first row must name the columns path,label[,split] (any order)"
+            )
+        col = {name: header.index(name) for name in header}
+        items: list[SourceItem] = []
+        errors: list[InputFileError] = []
+        seen: dict[str, int] = {}
+        for line, row in rows[1:]:
+            if len(row) != len(header):
+                raise SourceError(f"CSV file {where!r}: line {line} has {len(row)} field(s), the header {len(header)}")
+            given = row[col["path"]]
+            rel, reason = relative_name(given.strip())
+            if rel is None:
+                errors.append(InputFileError(shown(given), f"line {line} of {where}: {reason}"))
+                continue
+            if rel in seen:
+                raise SourceError(f"CSV file {where!r}: lines {seen[rel]} and {line} both name {shown(rel)!r}")
+            seen[rel] = line
+            label = row[col["label"]].strip()
+            split: str | None = (row[col["split"]].strip() or None) if "split" in col else None
+            bad = file_problem(root, rel) or (None if label else "the label is empty")
+            if bad is not None:
+                errors.append(InputFileError(rel, f"line {line} of {where}: {bad}"))
+                continue
+            items.append(SourceItem(rel, label, None, split))
+        if not items and not errors:
+            raise SourceError(f"CSV file {where!r} lists no images (only the header)")
+        classes = tuple(sorted({i.label for i in items if i.label is not None}))
+        return SourceScan(tuple(items), classes, tuple(errors), "csv", task="classification")

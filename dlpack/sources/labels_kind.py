@@ -1,0 +1,48 @@
+"""Which :class:`~dlpack.sources.Source` a ``--labels KIND[:PATH]`` value means.
+
+``parse_labels`` (the syntax, in :mod:`dlpack.options` so options are checked where they are made)
+splits the value; :func:`label_source` builds the source for a source folder and the build options.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import OptionError
+from ..options import LABEL_KINDS, BuildOptions, parse_labels
+from .anomaly import AnomalyFolderSource
+from .base import Source
+from .coco import CocoSource
+from .csv import CsvSource
+from .folder import FolderSource
+from .masks import MaskFolderSource
+
+__all__ = ["LABEL_KINDS", "parse_labels", "label_source"]
+
+
+def label_source(src_folder: str | os.PathLike[str], opts: BuildOptions) -> Source:
+    """The source that reads ``src_folder`` with the labels ``opts.labels`` names.
+
+    ``src_folder`` is the folder of the images (the build's SRC). Paths in ``opts.labels`` and
+    ``opts.anomaly_masks`` are as given (relative to the working folder).
+    """
+    kind, path = parse_labels(opts.labels)
+    src = Path(src_folder)
+    if kind in ("auto", "folders", "none"):
+        return FolderSource(src, kind, opts.follow_symlinks, opts.exclude, class_folder=opts.class_folder)
+    assert path is not None or kind == "anomaly"  # parse_labels gives a path to every kind that needs one
+    if kind == "coco":
+        return CocoSource(src, str(path), opts.instance_masks)
+    if kind == "masks":
+        return MaskFolderSource(src, str(path), opts.follow_symlinks, opts.exclude)
+    if kind == "anomaly":
+        return AnomalyFolderSource(src, opts.anomaly_masks, opts.follow_symlinks, opts.exclude)
+    if kind == "csv":
+        return CsvSource(src, str(path))
+    try:
+        from .dldataset import DLDatasetSource
+    except ImportError as exc:
+        raise OptionError(f"--labels dldataset is not available in this version of dlpack ({exc})") from None
+    source: Source = DLDatasetSource(str(path), images_root=src)
+    return source

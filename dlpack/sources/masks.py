@@ -1,0 +1,161 @@
+"""Mask folder source: images with one label image each (semantic segmentation, pixel value = class id).
+
+The rules (also in docs/labels.md, "Label images"):
+
+- Images are found by the folder source's walk of ``images_root`` (same suffixes, split folders,
+  symlink and exclude rules); ``masks_dir``, when it lies inside ``images_root``, is left out.
+- Each image ``a/b/img.jpg`` is matched to the label image ``masks_dir/a/b/img.<any image suffix>``
+  (relative path without extension). No label image, or two (``img.png`` and ``img.tif``), is an
+  :class:`~dlpack.errors.InputFileError` of that image naming both paths.
+- A label image's pixel value is the class id (8 or 16 bit). Class names come from ``classes.txt``
+  (line k is the name of id k) or ``classes.json`` (a list of names, ids 0.., or an object
+  ``{"id": name}`` with any int ids) in ``masks_dir``; without one ``classes`` is empty and the ids are
+  stored as they are (the decode stage checks ids only against a list).
+- Label images that match no image are not used; a note says how many.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._names import shown
+from ..errors import InputFileError, SourceError
+from ._entries import label_files, listing, load_json, read_text, stem, walk_images
+from .base import SourceItem, SourceScan
+
+__all__ = ["MaskFolderSource", "read_class_list"]
+
+
+def read_class_list(folder: Path) -> tuple[tuple[str, ...], tuple[int, ...]] | None:
+    """Class names and ids from ``classes.txt`` or ``classes.json`` in ``folder``, sorted by id; None without one.
+
+    Raises
+    ------
+    SourceError
+        Both files exist, or the one given is malformed (empty or repeated names, ids that are not ints).
+    """
+    txt, js = folder / "classes.txt", folder / "classes.json"
+    if txt.exists() and js.exists():
+        raise SourceError(f"{shown(os.fspath(folder))!r} holds both classes.txt and classes.json; keep one")
+    if txt.exists():
+        lines = read_text(txt, "class list").splitlines()
+        while lines and not lines[-1].strip():
+            lines.pop()
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                raise SourceError(
+                    f"class list {shown(os.fspath(txt))!r}: line {n} is empty (line k names class id k-1)"
+                )
+        pairs = [(k, line.strip()) for k, line in enumerate(lines)]
+        where = txt
+    elif js.exists():
+        doc: Any = load_json(js, "class list")
+        where = js
+        if isinstance(doc, list) and all(isinstance(v, str) and v.strip() for v in doc):
+            pairs = list(enumerate(v.strip() for v in doc))
+        elif isinstance(doc, dict) and all(isinstance(v, str) and v.strip() for v in doc.values()):
+            pairs = []
+            for key, name in doc.items():
+                try:
+                    pairs.append((int(key), name.strip()))
+                except ValueError:
+                    raise SourceError(
+                        f"class list {shown(os.fspath(js))!r}: key {shown(key)!r} is not an integer class id"
+                    ) from None
+            pairs.sort()
+        else:
+            raise SourceError(
+                f"class list {shown(os.fspath(js))!r} must be a list of names or an object "
+                '{"id": "name"} with non-empty names'
+            )
+    else:
+        return None
+    if not pairs:
+        raise SourceError(f"class list {shown(os.fspath(where))!r} names no class")
+    seen: dict[str, int] = {}
+    for cid, name in pairs:
+        if name in seen:
+            raise SourceError(
+                f"class list {shown(os.fspath(where))!r}: ids {seen[name]} and {cid} have the same name "
+                f"{shown(name)!r}; class names must be unique"
+            )
+        seen[name] = cid
+    if len({cid for cid, _ in pairs}) != len(pairs):
+        raise SourceError(f"class list {shown(os.fspath(where))!r} names one class id twice")
+    return tuple(n for _, n in pairs), tuple(c for c, _ in pairs)
+
+
+@dataclass(frozen=True, init=False)
+class MaskFolderSource:
+    """Images under ``images_root`` with label images in ``masks_dir`` (see the module docstring)."""
+
+    root: Path
+    masks_dir: Path
+    follow_symlinks: bool
+    exclude: tuple[str, ...]
+
+    def __init__(
+        self,
+        images_root: str | os.PathLike[str],
+        masks_dir: str | os.PathLike[str],
+        follow_symlinks: bool = False,
+        exclude: tuple[str, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "root", Path(images_root))
+        object.__setattr__(self, "masks_dir", Path(masks_dir))
+        object.__setattr__(self, "follow_symlinks", bool(follow_symlinks))
+        object.__setattr__(self, "exclude", tuple(exclude))
+
+    def scan(self) -> SourceScan:
+        """List the images with their label images.
+
+        Raises
+        ------
+        SourceError
+            The image folder or the mask folder is missing or holds no images, or the class list is malformed.
+        """
+        masks = self.masks_dir
+        index = label_files(masks)
+        found = read_class_list(masks)
+        walked = walk_images(self.root, masks, self.follow_symlinks, self.exclude, "mask folder")
+        items: list[SourceItem] = []
+        errors = list(walked.errors)
+        used: set[str] = set()
+        shown_dir = shown(os.fspath(masks))
+        for item in walked.items:
+            key = stem(item.rel)
+            cands = index.get(key, [])
+            if not cands:
+                errors.append(
+                    InputFileError(
+                        item.rel,
+                        f"no label image for it: looked for {shown_dir}/{shown(key)}.<png, tif, ...> "
+                        f"(the image's path relative to {shown(os.fspath(self.root))!r}, any image extension)",
+                    )
+                )
+                continue
+            if len(cands) > 1:
+                both = ", ".join(f"{shown_dir}/{shown(c)}" for c in cands)
+                errors.append(InputFileError(item.rel, f"two label images match it: {both}; keep one"))
+                used.update(cands)
+                continue
+            used.add(cands[0])
+            items.append(SourceItem(item.rel, None, {"mask": cands[0]}, item.split))
+        unused = sorted(r for rels in index.values() for r in rels if r not in used)
+        notes = (f"{len(unused)} label image(s) in {shown_dir!r} match no image: {listing(unused)}",) if unused else ()
+        classes, class_ids = found if found is not None else ((), ())
+        return SourceScan(
+            tuple(items),
+            classes,
+            tuple(sorted(errors, key=lambda e: e.path)),
+            "masks",
+            walked.excluded,
+            walked.ignored,
+            class_ids=class_ids,
+            task="segmentation",
+            label_root=os.fspath(masks),
+            notes=notes,
+        )
