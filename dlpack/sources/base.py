@@ -59,6 +59,13 @@ class SourceScan:
         Paths left out by an exclude pattern (a folder with a trailing ``/``, for everything under it).
     ignored : tuple of str
         Files found that are not images (``.txt``, ``.pdf``, ...): not packed, listed for the summary.
+    class_ids : tuple of int
+        The original id of each class in ``classes`` (COCO category id, HALCON class id, mask pixel
+        value); empty means ``0..len(classes)-1``.
+    task : str
+        ``"classification"``, ``"detection"``, ``"segmentation"``, ``"anomaly"`` or ``"none"``.
+    label_root : str or None
+        The folder that the items' mask and ground-truth paths are relative to, when not ``root``.
     """
 
     items: tuple[SourceItem, ...]
@@ -67,6 +74,9 @@ class SourceScan:
     labels: str = "none"
     excluded: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
+    class_ids: tuple[int, ...] = ()
+    task: str = "classification"
+    label_root: str | None = None
 
 
 @runtime_checkable
