@@ -89,8 +89,8 @@ class DLDatasetView:
             raise OptionError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.path = dldataset_json(path)
         source = DLDatasetSource(self.path)
-        info = source.info()
         scan = source.scan()
+        info = source.info()
         if scan.errors and on_error == "raise":
             raise BadInputsError(
                 scan.errors,

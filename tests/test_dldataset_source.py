@@ -496,3 +496,15 @@ def test_cli_bench_accepts_a_dldataset_json(tmp_path: Path, capsys: Capsys) -> N
             "--order", "random", "--batch-size", "2", "--quiet"]  # fmt: skip
     assert main(argv) == 0
     assert "dataset.json" in capsys.readouterr().out
+
+
+def test_a_build_packs_a_classification_dldataset_with_its_classes_and_splits(tmp_path: Path) -> None:
+    path = _write(tmp_path / "ds", _classification(), CLS_IMAGES)
+    dlpack.build(DLDatasetSource(path), tmp_path / "o.zarr", size=(16, 12), quiet=True)
+    with dlpack.open(tmp_path / "o.zarr") as ds:
+        assert isinstance(ds, dlpack.Dataset) and ds.classes == ("scratch", "good")
+        assert [(ds[i]["label"], ds[i]["split"], ds[i]["source"]) for i in range(3)] == [
+            (1, "train", "a.png"),
+            (0, "validation", "sub/b.png"),
+            (1, "test", "c.png"),
+        ]

@@ -380,14 +380,19 @@ class DLDatasetSource:
 
     json_path: Path
     images_root: Path | None
+    #: The file as last read (the build asks for ``root`` per file: the JSON is parsed once).
+    _info: list[DLDatasetInfo] = field(default_factory=list, compare=False, repr=False)
 
     def __init__(self, json_path: str | os.PathLike[str], images_root: str | os.PathLike[str] | None = None) -> None:
         object.__setattr__(self, "json_path", Path(json_path))
         object.__setattr__(self, "images_root", None if images_root is None else Path(images_root))
+        object.__setattr__(self, "_info", [])
 
     def info(self) -> DLDatasetInfo:
-        """The dataset read and checked as a whole."""
-        return read_dldataset(self.json_path)
+        """The dataset read and checked as a whole (read once; :meth:`scan` reads it again)."""
+        if not self._info:
+            self._info.append(read_dldataset(self.json_path))
+        return self._info[0]
 
     @property
     def root(self) -> Path:
@@ -395,6 +400,7 @@ class DLDatasetSource:
 
     def scan(self) -> SourceScan:
         """List the samples as items; samples that cannot be used go to :attr:`SourceScan.errors`."""
+        self._info.clear()
         info = self.info()
         root = self.images_root if self.images_root is not None else info.image_dir
         if not root.is_dir():
