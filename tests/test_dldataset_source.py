@@ -508,3 +508,29 @@ def test_a_build_packs_a_classification_dldataset_with_its_classes_and_splits(tm
             (0, "validation", "sub/b.png"),
             (1, "test", "c.png"),
         ]
+
+
+def test_cli_bench_names_a_bad_sample_of_a_dldataset(tmp_path: Path, capsys: Capsys) -> None:
+    path = _write(tmp_path / "ds", _classification(), CLS_IMAGES[:2])
+    assert main(["bench", str(tmp_path / "ds"), "--size", "8x6", "--samples", "4", "--repeat", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dlpack: error:") and "Traceback" not in err
+    assert "c.png: image_id 12: the image file" in err and str(path) in err
+
+
+def test_an_anomaly_set_opens_with_ok_and_nok_labels(tmp_path: Path) -> None:
+    with dlpack.open(_anomaly(tmp_path)) as ds:
+        assert ds.classes == ("ok", "nok") and [s["label"] for s in ds] == [0, 1]
+        assert [s["source"] for s in ds] == ["good/0.png", "bad/1.png"]
+
+
+def test_a_label_image_outside_segmentation_dir_is_refused(tmp_path: Path) -> None:
+    path = _segmentation(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["samples"][1]["segmentation_file_name"] = "../images/b.png"
+    path.write_text(json.dumps(doc))
+    (e,) = DLDatasetSource(path).scan().errors
+    assert str(e) == (
+        "b.png: image_id 1: segmentation_file_name '../images/b.png' is not a relative path inside "
+        "segmentation_dir; name a file below it"
+    )
