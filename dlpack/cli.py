@@ -373,10 +373,10 @@ def _add_info(sub: Any) -> None:
 def _run_info(a: argparse.Namespace) -> int:
     import numpy as np
 
-    from .dataset import open as open_store
+    from .dataset import Dataset
 
     _check_json_file(a)
-    with open_store(a.store) as ds:
+    with Dataset(a.store) as ds:
         info = ds.info()
     _emit_json(a, info)
     if a.json:

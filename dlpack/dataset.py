@@ -12,7 +12,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from .errors import (
 )
 from .loader import Loader, LoaderOptions
 from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
+
+if TYPE_CHECKING:
+    from .dldataset import DLDatasetView
 
 __all__ = ["Dataset", "open", "add_array"]
 
@@ -405,8 +408,13 @@ class Dataset:
         }
 
 
-def open(path: str | os.PathLike[str]) -> Dataset:  # noqa: A001 - the public name is dlpack.open
-    """Open a store (Zarr folder or HDF5 file) for reading."""
+def open(path: str | os.PathLike[str]) -> Dataset | DLDatasetView:  # noqa: A001 - the public name is dlpack.open
+    """Open a store (Zarr folder or HDF5 file) for reading; a HALCON DLDataset (a folder holding
+    ``dataset.json``, or its ``.json`` file) opens read-only in place, decoded on the fly."""
+    from .dldataset import DLDatasetView, is_dldataset
+
+    if is_dldataset(path):
+        return DLDatasetView(path)
     return Dataset(path)
 
 

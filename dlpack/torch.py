@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from .dataset import Dataset
-from .dataset import open as open_store
 from .errors import MissingExtraError, OptionError, SampleIndexError
 from .loader import BatchSource, Loader, LoaderOptions, check_selection
 
@@ -98,7 +97,7 @@ class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     @property
     def ds(self) -> Dataset:
         if self._ds is None:
-            self._ds = open_store(self.path)
+            self._ds = Dataset(self.path)
         return self._ds
 
     def __len__(self) -> int:
@@ -209,6 +208,6 @@ def torch_loader(
     is available. A variable-size store is refused with :class:`~dlpack.OptionError` unless
     ``allow_lists=True`` (then ``image`` is a list of CHW tensors).
     """
-    ds = store if isinstance(store, Dataset) else open_store(store)
+    ds = store if isinstance(store, Dataset) else Dataset(store)
     loader = ds.loader(options, split=split, indices=indices, **loader_kwargs)
     return TorchLoader(loader, dtype, mean, std, pin_memory, device, allow_lists)

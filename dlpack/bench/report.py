@@ -14,7 +14,7 @@ from ..errors import OptionError
 from .machine import mount_of
 from .options import BenchOptions
 from .results import WARM_MIN, BenchCell, format_ratio
-from .targets import Target
+from .targets import DECODED_KINDS, Target
 
 __all__ = ["BenchReport", "SCHEMA", "check_outputs", "report_notes"]
 
@@ -186,8 +186,10 @@ class BenchReport:
         without ``step_ms``, a folder or a store. The wait is ``100 % - busy``, as in the table.
         """
         step = [c for c in self.cells if c.busy_fraction is not None]
-        for folder in (c for c in step if c.kind == "folder"):
-            stores = [c for c in step if c.kind != "folder" and (c.order, c.cache) == (folder.order, folder.cache)]
+        for folder in (c for c in step if c.kind in DECODED_KINDS):
+            stores = [
+                c for c in step if c.kind not in DECODED_KINDS and (c.order, c.cache) == (folder.order, folder.cache)
+            ]
             if not stores:
                 continue
 
@@ -315,7 +317,7 @@ def report_notes(
         )
     if not scoped:
         notes.append("peak RSS is this process's peak so far (per-cell reset needs Linux)")
-    if any(c.kind == "folder" for c in report_cells):
+    if any(c.kind in DECODED_KINDS for c in report_cells):
         notes.append(
             "folder targets are decoded and resized on the fly, as a training script would; stores are read as stored"
         )

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .targets import Target
+from .targets import DECODED_KINDS, Target
 
 __all__ = ["BenchRun", "BenchCell", "EVICTED_MAX", "WARM_MIN", "format_ratio", "summarise_cell", "with_ratios"]
 
@@ -176,7 +176,7 @@ def with_ratios(cells: list[BenchCell], targets: list[Target]) -> list[BenchCell
     for c in cells:
         seq = by_key.get((c.target, "sequential", c.cache))
         vs_seq = c.images_per_s / seq.images_per_s if seq and c.order != "sequential" and seq.images_per_s > 0 else None
-        base = by_key.get((folder, c.order, c.cache)) if folder is not None and c.kind != "folder" else None
+        base = by_key.get((folder, c.order, c.cache)) if folder is not None and c.kind not in DECODED_KINDS else None
         vs_folder = c.images_per_s / base.images_per_s if base and base.images_per_s > 0 else None
         out.append(replace(c, vs_sequential=vs_seq, vs_folder=vs_folder))
     return out

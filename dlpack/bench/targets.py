@@ -18,7 +18,10 @@ from .pagecache import files_under
 if TYPE_CHECKING:
     from ..dataset import Dataset
 
-__all__ = ["Target", "resolve_target", "reference_spec", "unique_names"]
+__all__ = ["Target", "resolve_target", "reference_spec", "unique_names", "DECODED_KINDS"]
+
+#: Target kinds whose images are decoded and resized on the fly (the scattered baseline).
+DECODED_KINDS = ("folder", "dldataset")
 
 
 @dataclass
@@ -27,7 +30,7 @@ class Target:
 
     name: str
     path: Path
-    kind: str  # a backend name, or "folder"
+    kind: str  # a backend name, "folder", or "dldataset" (a HALCON DLDataset's images, read in place)
     count: int
     files: list[Path]
     bytes_on_disk: int
@@ -36,10 +39,12 @@ class Target:
     resize_mode: str | None = None
     rels: list[str] = field(default_factory=list)
     sizes: np.ndarray | None = None  # folders: bytes of each file
+    root: Path | None = None  # a DLDataset's image folder (``path`` is its JSON file)
 
     @property
     def is_folder(self) -> bool:
-        return self.kind == "folder"
+        """Whether the images are decoded on the fly (a folder, or a DLDataset's image files)."""
+        return self.kind in DECODED_KINDS
 
     def disk_bytes(self, indices: np.ndarray) -> float:
         """Bytes on disk behind the samples ``indices``: their files, or a store's mean per image."""
@@ -55,7 +60,7 @@ class Target:
             return Dataset(self.path)
         if spec is None:
             raise OptionError(f"folder target {str(self.path)!r} needs a resolution to resize to (--size WxH)")
-        return FolderReader(self.path, self.rels, spec)
+        return FolderReader(self.root or self.path, self.rels, spec)
 
     def info(self, spec: FolderSpec | None) -> dict[str, Any]:
         """The target's entry in the report's ``targets`` list."""
@@ -76,16 +81,40 @@ class Target:
         }
 
 
+def _dldataset_target(p: Path) -> Target:
+    """A HALCON DLDataset: its image files, read as a folder's are (every sample must be usable)."""
+    from ..dldataset import DLDatasetView
+
+    view = DLDatasetView(p)
+    rels = [it.rel for it in view.items]
+    sizes = np.array([os.path.getsize(view.root / r) for r in rels], dtype=np.int64)
+    return Target(
+        name=view.path.resolve().parent.name if p.is_dir() else view.path.name,
+        path=view.path.resolve(),
+        kind="dldataset",
+        count=len(rels),
+        files=[view.root / r for r in rels],
+        bytes_on_disk=int(sizes.sum()),
+        rels=rels,
+        sizes=sizes,
+        root=view.root.resolve(),
+    )
+
+
 def resolve_target(path: str | os.PathLike[str]) -> Target:
-    """Classify ``path`` as a dlpack store or a folder of images and list its files."""
+    """Classify ``path`` as a dlpack store, a HALCON DLDataset or a folder of images and list its files."""
     from ..backends import detect_backend
-    from ..dataset import open as open_store
+    from ..dataset import Dataset
+    from ..dldataset import is_dldataset
 
     p = Path(path)
     if not p.exists():
         raise StoreNotFoundError(
-            f"bench target {os.fspath(path)!r} does not exist; give a dlpack store (DIR.zarr, FILE.h5) or a folder of images"
+            f"bench target {os.fspath(path)!r} does not exist; give a dlpack store (DIR.zarr, FILE.h5), a HALCON "
+            "DLDataset (its folder or .json file) or a folder of images"
         )
+    if is_dldataset(p):
+        return _dldataset_target(p)
     try:
         backend = detect_backend(p)
     except StoreError:
@@ -110,7 +139,7 @@ def resolve_target(path: str | os.PathLike[str]) -> Target:
             rels=rels,
             sizes=sizes,
         )
-    with open_store(p) as ds:
+    with Dataset(p) as ds:
         m = ds.manifest
         # The store's own size on disk (shards, index, manifest), as the backend counts it.
         on_disk = ds.reader.nbytes_on_disk()
