@@ -486,9 +486,7 @@ def decode_image(
     return _decode_oriented(data, header, max_pixels, rgb)[0]
 
 
-def _decode_oriented(
-    data: bytes, header: ImageHeader | None, max_pixels: int, rgb: bool
-) -> tuple[np.ndarray, int]:
+def _decode_oriented(data: bytes, header: ImageHeader | None, max_pixels: int, rgb: bool) -> tuple[np.ndarray, int]:
     """:func:`decode_image`, and the EXIF orientation (1..8) it applied: labels drawn on the raw
     pixel array follow the image with it."""
     import cv2  # on first use: ``import dlpack`` stays light

@@ -320,9 +320,7 @@ def resize_mask(mask: np.ndarray, g: Geometry, ignore: int, orientation: int = 1
         raise ValueError(f"ignore value {ignore} does not fit a {mask.dtype} mask")
     upright = apply_orientation(mask, orientation)
     if upright.shape != (g.src_h, g.src_w):
-        raise ValueError(
-            f"mask is {upright.shape[1]}x{upright.shape[0]} upright, geometry expects {g.src_w}x{g.src_h}"
-        )
+        raise ValueError(f"mask is {upright.shape[1]}x{upright.shape[0]} upright, geometry expects {g.src_w}x{g.src_h}")
     resized = upright[_nearest_rows(g.src_h, g.new_h)][:, _nearest_rows(g.src_w, g.new_w)]
     if (g.out_h, g.out_w) == (g.new_h, g.new_w):
         return np.ascontiguousarray(resized)
@@ -340,7 +338,7 @@ def _inside(px: np.ndarray, py: np.ndarray, poly: np.ndarray) -> np.ndarray:
     inside = np.zeros(px.shape, dtype=bool)
     x1, y1 = poly[:, 0], poly[:, 1]
     x2, y2 = np.roll(x1, -1), np.roll(y1, -1)
-    for ax, ay, bx, by in zip(x1, y1, x2, y2):
+    for ax, ay, bx, by in zip(x1, y1, x2, y2, strict=True):
         if ay == by:
             continue
         spans = (ay > py) != (by > py)
