@@ -137,7 +137,9 @@ def test_stretch_mask_by_hand_takes_the_pixel_under_each_centre() -> None:
     # 3 -> 2: the centres 0.5 and 1.5 of the output fall on source pixels floor(0.75) = 0 and floor(2.25) = 2.
     three = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]], np.uint8)
     assert resize_mask(three, plan_geometry(3, 3, "stretch", (2, 2)), 255).tolist() == [[1, 3], [7, 9]]
-    up = resize_mask(np.array([[1, 2], [3, 4]], np.uint8), plan_geometry(2, 2, "stretch", (4, 4), allow_upscale=True), 0)
+    up = resize_mask(
+        np.array([[1, 2], [3, 4]], np.uint8), plan_geometry(2, 2, "stretch", (4, 4), allow_upscale=True), 0
+    )
     assert up.tolist() == [[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]]
 
 
