@@ -274,6 +274,19 @@ def test_rle_of_another_size_is_refused() -> None:
         rle_to_mask({"size": [2, 3], "counts": [6]}, 2, 4)
 
 
+def test_rle_runs_that_do_not_cover_the_mask_are_refused() -> None:
+    pytest.importorskip("pycocotools")
+    with pytest.raises(ValueError, match="add up to 2 x 3 = 6 pixels; they add up to 3"):
+        rle_to_mask({"size": [2, 3], "counts": [1, 2]}, 2, 3)
+    with pytest.raises(ValueError, match="cannot be decoded"):
+        rle_to_mask({"size": [2, 3], "counts": "zzzzzzzz"}, 2, 3)  # runs past the end
+
+
+def test_a_polygon_too_far_out_for_fixed_point_is_refused() -> None:
+    with pytest.raises(ValueError, match="within"):
+        polygons_to_mask([[0, 0, 1e9, 0, 0, 5]], 4, 4)
+
+
 def test_rle_without_pycocotools_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pycocotools", None)  # import pycocotools now raises ImportError
     monkeypatch.setitem(sys.modules, "pycocotools.mask", None)

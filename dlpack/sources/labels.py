@@ -210,7 +210,7 @@ def _segmentation_mask(
                 region = rle_to_mask(seg, h, w).astype(bool)
             else:
                 raise ValueError("a segmentation is a list of polygons or an RLE mapping")
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise DecodeError(f"segmentation of box {k}: {exc}") from None
         out[region] = value
     return out
@@ -266,11 +266,15 @@ def prepare_labels(
         raise DecodeError(f"annotation frame must be 'upright' or 'file'; got {frame!r}")
     size = frames.size(frame)
     seen = ann.get("image_size")
-    if seen is not None and tuple(int(v) for v in seen) != size:
-        raise DecodeError(
-            f"the annotations were made on a {_size(*(int(v) for v in seen))} image, "
-            f"but the image is {frames.describe()}"
-        )
+    if seen is not None:
+        try:
+            seen_w, seen_h = (int(v) for v in seen)
+        except (TypeError, ValueError):
+            raise DecodeError(f"image_size must be [width, height]; got {seen!r}") from None
+        if (seen_w, seen_h) != size:
+            raise DecodeError(
+                f"the annotations were made on a {_size(seen_w, seen_h)} image, but the image is {frames.describe()}"
+            )
     arrays: dict[str, np.ndarray] = {}
     clipped = dropped = 0
     keep = np.zeros(0, dtype=bool)

@@ -331,6 +331,7 @@ def resize_mask(mask: np.ndarray, g: Geometry, ignore: int, orientation: int = 1
 
 _SHIFT = 8  # fillPoly's fixed-point fraction bits: vertices at 1/256 pixel
 _MARGIN = 4  # pixels drawn around the mask, where fillPoly's clamped spans land
+_FAR = 1 << 20  # polygon coordinates beyond this overflow fillPoly's fixed point
 
 
 def _inside(px: np.ndarray, py: np.ndarray, poly: np.ndarray) -> np.ndarray:
@@ -376,8 +377,8 @@ def polygons_to_mask(
         pts = np.asarray(poly, dtype=np.float64)
         if pts.ndim != 1 or pts.size % 2 or pts.size < 6:
             raise ValueError(f"a polygon is a flat list of at least 3 x, y points; got {pts.size} numbers")
-        if not np.isfinite(pts).all():
-            raise ValueError("a polygon holds a coordinate that is not a finite number")
+        if not np.isfinite(pts).all() or np.abs(pts).max() > _FAR:
+            raise ValueError(f"a polygon holds a coordinate that is not a number within +-{_FAR:,} pixels")
         pts = pts.reshape(-1, 2)
         # fillPoly puts pixel centres on integers (corner coordinates move by half a pixel) and clamps
         # spans that leave the canvas onto its edge: it draws on a canvas a margin wider, then cropped.
@@ -412,8 +413,23 @@ def rle_to_mask(rle: Mapping[str, Any], h: int, w: int) -> np.ndarray:
     if (int(size[0]), int(size[1])) != (h, w):
         raise ValueError(f"RLE segmentation is {size[1]}x{size[0]}, its image is {w}x{h}")
     if isinstance(counts, list):
-        coded = coco_mask.frPyObjects({"size": [h, w], "counts": [int(c) for c in counts]}, h, w)
+        runs = [int(c) for c in counts]
+        if any(c < 0 for c in runs) or sum(runs) != h * w:
+            raise ValueError(
+                f"RLE runs must be >= 0 and add up to {h} x {w} = {h * w} pixels; they add up to {sum(runs)}"
+            )
+        coded = coco_mask.frPyObjects({"size": [h, w], "counts": runs}, h, w)
+    elif isinstance(counts, (str, bytes)):
+        coded = {"size": [h, w], "counts": counts.encode("ascii", "replace") if isinstance(counts, str) else counts}
     else:
-        coded = {"size": [h, w], "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
-    decoded = coco_mask.decode(coded)
+        raise ValueError("RLE counts must be a string or a list of run lengths")
+    try:
+        decoded = np.asarray(coco_mask.decode(coded))
+        area = int(coco_mask.area(coded))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"RLE counts cannot be decoded ({exc})") from None
+    # pycocotools leaves the pixels after runs that end early unset: such a mask is not 0/1, or does
+    # not hold the area its runs give.
+    if decoded.shape[:2] != (h, w) or decoded.max(initial=0) > 1 or int(decoded.sum()) != area:
+        raise ValueError(f"RLE counts do not describe a {w}x{h} mask")
     return np.ascontiguousarray(decoded, dtype=np.uint8).reshape(h, w)
