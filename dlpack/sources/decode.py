@@ -483,6 +483,12 @@ def decode_image(
     one page, or damaged by the image libraries' own account (see :func:`damage_reason`; their
     messages are caught, never printed).
     """
+    return _decode_oriented(data, header, max_pixels, rgb)[0]
+
+
+def _decode_oriented(data: bytes, header: ImageHeader | None, max_pixels: int, rgb: bool) -> tuple[np.ndarray, int]:
+    """:func:`decode_image`, and the EXIF orientation (1..8) it applied: labels drawn on the raw
+    pixel array follow the image with it."""
     import cv2  # on first use: ``import dlpack`` stays light
 
     if header is None:
@@ -541,7 +547,9 @@ def decode_image(
         img = img[:, :, None]
     if fmt in ("tiff", "png", "webp") and orientation != 1 and not _cv2_orients(fmt):
         img = np.ascontiguousarray(apply_orientation(img, orientation))
-    return img
+    # JPEG (OpenCV's EXIF reader) and TIFF (libtiff, where it orients) are turned by OpenCV itself, the
+    # others above: in every case the image is upright by the header's orientation.
+    return img, orientation if fmt in ("jpeg", "tiff", "png", "webp") else 1
 
 
 _MODES = ("stretch", "fit", "none")
@@ -637,12 +645,16 @@ class PreparedImage:
         Where the original lies in ``pixels`` (scale and offset, for labels that follow the image).
     conversions : tuple of str
         Channel and depth conversions applied, e.g. ``("gray->rgb", "16bit->8bit")``.
+    orientation : int
+        The EXIF orientation 1..8 the decode applied (1 when the file has none): labels given in the
+        raw file's frame are turned with it (:func:`~dlpack.transforms.functional.orient_boxes`).
     """
 
     pixels: np.ndarray
     original_size: tuple[int, int]
     geometry: Geometry
     conversions: tuple[str, ...]
+    orientation: int = 1
 
 
 def prepare_image(data: bytes, target: TargetSpec, header: ImageHeader | None = None) -> PreparedImage:
@@ -672,7 +684,7 @@ def prepare_image(data: bytes, target: TargetSpec, header: ImageHeader | None = 
     if not data:
         raise DecodeError("empty file (0 bytes)")
     # Colour order is swapped after resizing: the same result on fewer pixels.
-    img = decode_image(data, header, target.max_pixels, rgb=False)
+    img, orientation = _decode_oriented(data, header, target.max_pixels, rgb=False)
     h, w = img.shape[:2]
     try:
         g = target.geometry(h, w)
@@ -689,4 +701,4 @@ def prepare_image(data: bytes, target: TargetSpec, header: ImageHeader | None = 
         conversions.append(f"{img.dtype.itemsize * 8}bit->{np.dtype(target.dtype).itemsize * 8}bit")
         # The one 16 <-> 8-bit rule (exact scaling by 257) for every caller.
         img = convert_depth(img, target.dtype)
-    return PreparedImage(np.ascontiguousarray(img), (h, w), g, tuple(conversions))
+    return PreparedImage(np.ascontiguousarray(img), (h, w), g, tuple(conversions), orientation)
