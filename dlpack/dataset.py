@@ -639,8 +639,7 @@ def _coded_array(
             at = f"sample {i} holds {int(p[bad[0]])}" if role.ragged else f"sample {int(bad[0])} holds {int(p[bad[0]])}"
             raise OptionError(
                 f"{name!r} of {out} must be codes {role.lowest}..{len(names) - 1} for the store's {len(names)} "
-                f"{field} ({', '.join(names) or 'none'}); {at}"
-                + ("" if role.ragged else f" ({len(bad)} such samples)")
+                f"{field} ({', '.join(names) or 'none'}); {at}" + ("" if role.ragged else f" ({len(bad)} such samples)")
             )
     spec = ArraySpec(name, dtype, (), role.ragged, own_key, compression)
     if role.ragged:

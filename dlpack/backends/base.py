@@ -297,9 +297,10 @@ class StoreReader(ABC):
             if offsets is not None:
                 sample = int(np.searchsorted(offsets, i, side="right")) - 1
                 where = f"sample {sample} (row {i - offsets[sample]})"
+            what = "rows" if offsets is not None else "samples"
             raise StoreError(
                 f"array {name!r} of {self.path} holds {int(codes[i])} at {where}, outside {role.lowest}..{k - 1} "
-                f"for {k} {role.codes} ({len(bad)} such {'rows' if offsets is not None else 'samples'}); the store is damaged, rebuild it"
+                f"for {k} {role.codes} ({len(bad)} such {what}); the store is damaged, rebuild it"
             )
 
     def code_problems(self) -> list[tuple[str, str]]:
