@@ -92,9 +92,10 @@ class Dataset:
     """A read-only, random-access view of one store; a :class:`~dlpack.loader.BatchSource`.
 
     A sample is ``{"image", "label", "index", "source"}`` plus every stored array that has a
-    ``key`` (``masks``, ``boxes``, arrays added with :func:`add_array` ...), and ``split`` (the
-    split's name, or None) in a store whose source assigned splits. Picklable: only the path
-    travels, and each process opens its own handles on first use.
+    ``key`` (``boxes`` [k, 4], ``box_labels`` [k], ``mask`` [H, W], arrays added with
+    :func:`add_array` ...), ``split`` (the split's name, or None) in a store whose source assigned
+    splits, and ``defect`` (an int indexing :attr:`defects`) in an anomaly store. Picklable: only
+    the path travels, and each process opens its own handles on first use.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -459,10 +460,11 @@ def add_array(
     key
         The key under which ``ds[i]`` and loader batches carry it; ``None`` means the name.
     replace
-        Replace an existing array of that name. ``labels`` and ``split`` may be replaced with
-        codes of the store's ``classes`` / ``splits``; the images, sources, checksums and what
-        ``--update`` relies on (``source_stat``, ``source_sha256``, ``transform``,
-        ``original_size``) never.
+        Replace an existing array of that name. The arrays of codes (``labels``, ``split``,
+        ``defect``, ``box_labels``: :data:`dlpack.schema.CODED`) take only codes of the list they
+        index (``classes``, ``splits``, ``defects``), stored with the format's dtype and key; the
+        images, sources, checksums and what ``--update`` relies on (``source_stat``,
+        ``source_sha256``, ``transform``, ``original_size``, ``orientation``) never.
     lock_timeout
         Seconds to wait while another dlpack process (a build, another ``add_array``) holds the
         store's lock, before raising :class:`~dlpack.errors.StoreLockedError`.
