@@ -106,14 +106,13 @@ class Dataset:
         self._reader: StoreReader = open_reader(self.path)
         self._reader._pin = pin  # a copy must read the very store its original opened
         m = self._reader.manifest  # fail now, not at the first sample, on incomplete or newer stores
-        required = schema.required_arrays(m.image.layout)
-        missing = [n for n in required[:4] if n not in m.arrays]
+        missing = [n for n in schema.required_arrays(m.image.layout) if n not in m.arrays]
+        if missing == [schema.IMAGE_SHAPES]:
+            raise StoreError(f"store {self.path} lacks image_shapes, which a variable-size store needs; rebuild it")
         if missing:
             raise StoreError(
                 f"store {self.path} lacks the array(s) {', '.join(missing)} every dlpack store has; rebuild it"
             )
-        if any(n not in m.arrays for n in required[4:]):
-            raise StoreError(f"store {self.path} lacks image_shapes, which a variable-size store needs; rebuild it")
         self._reader.read_all(schema.LABELS)  # range-checked against the classes, and checksummed, now
         self.backend = m.backend
         own = (schema.image_array(m.image.layout), schema.LABELS)
