@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import schema
 from .backends import StoreReader, open_reader, open_writer
 from .errors import (
     DlpackError,
@@ -35,24 +36,12 @@ if TYPE_CHECKING:
 __all__ = ["Dataset", "open", "add_array"]
 
 #: Keys every sample has; a stored array's ``key`` may not take them.
-BASE_KEYS = ("image", "label", "index", "source")
+BASE_KEYS = schema.BASE_KEYS
 #: Arrays that identify or protect the samples, or that ``--update`` trusts to know a file and
 #: where its pixels came from: add_array never writes them.
-PROTECTED_ARRAYS = frozenset(
-    {
-        "images",
-        "image",
-        "image_shapes",
-        "checksum",
-        "source",
-        "source_stat",
-        "source_sha256",
-        "transform",
-        "original_size",
-    }
-)
+PROTECTED_ARRAYS = schema.PROTECTED_ARRAYS
 #: Arrays add_array may replace whose values index a manifest list: (key, stored dtype, list field).
-CODED_ARRAYS = {"labels": ("label", "<i4", "classes"), "split": ("split", "|i1", "splits")}
+CODED_ARRAYS = {name: (role.key, role.dtypes[0], role.codes) for name, role in schema.CODED.items()}
 #: Names add_array gives the arrays it moves aside while switching one in (HDF5): users' names never start so.
 STAGED_PREFIX = "dlpack_"
 
@@ -96,11 +85,9 @@ def _unopenable(path: Path, exc: DlpackError) -> VerifyReport:
         return VerifyReport(str(path), None, [], [(None, str(exc))])
     with reader:
         damaged = reader.array_problems()
-        if "labels" in reader.arrays and not any(name == "labels" for name, _ in damaged):
-            try:
-                reader.read_all("labels")  # checked against the classes
-            except StoreError as label_exc:
-                damaged.append(("labels", str(label_exc)))
+        broken = {name for name, _ in damaged}
+        # Codes against the lists they index (labels against the classes ...), unless already named.
+        damaged += [(name, why) for name, why in reader.code_problems() if not broken & {name, name + "_data"}]
     return VerifyReport(str(path), count, [], damaged or [(None, str(exc))])
 
 
@@ -108,9 +95,10 @@ class Dataset:
     """A read-only, random-access view of one store; a :class:`~dlpack.loader.BatchSource`.
 
     A sample is ``{"image", "label", "index", "source"}`` plus every stored array that has a
-    ``key`` (``masks``, ``boxes``, arrays added with :func:`add_array` ...), and ``split`` (the
-    split's name, or None) in a store whose source assigned splits. Picklable: only the path
-    travels, and each process opens its own handles on first use.
+    ``key`` (``boxes`` [k, 4], ``box_labels`` [k], ``mask`` [H, W], arrays added with
+    :func:`add_array` ...), ``split`` (the split's name, or None) in a store whose source assigned
+    splits, and ``defect`` (an int indexing :attr:`defects`) in an anomaly store. Picklable: only
+    the path travels, and each process opens its own handles on first use.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -121,18 +109,20 @@ class Dataset:
         self._reader: StoreReader = open_reader(self.path)
         self._reader._pin = pin  # a copy must read the very store its original opened
         m = self._reader.manifest  # fail now, not at the first sample, on incomplete or newer stores
-        image = "images" if m.image.layout == "fixed" else "image"
-        missing = [n for n in (image, "labels", "checksum", "source") if n not in m.arrays]
+        missing = [n for n in schema.required_arrays(m.image.layout) if n not in m.arrays]
+        if missing == [schema.IMAGE_SHAPES]:
+            raise StoreError(f"store {self.path} lacks image_shapes, which a variable-size store needs; rebuild it")
         if missing:
             raise StoreError(
                 f"store {self.path} lacks the array(s) {', '.join(missing)} every dlpack store has; rebuild it"
             )
-        if m.image.layout == "variable" and "image_shapes" not in m.arrays:
-            raise StoreError(f"store {self.path} lacks image_shapes, which a variable-size store needs; rebuild it")
-        self._reader.read_all("labels")  # range-checked against the classes, and checksummed, now
+        self._reader.read_all(schema.LABELS)  # range-checked against the classes, and checksummed, now
         self.backend = m.backend
+        own = (schema.image_array(m.image.layout), schema.LABELS)
+        #: (key, spec, how ds[i] shows it): "name" a code as its list's name (split), "int" a code as an
+        #: int (defect, as label), "array" the stored value.
         self._keyed = [
-            (spec.key, spec) for spec in m.arrays.values() if spec.key and spec.name not in ("images", "labels")
+            (spec.key, spec, _shown(spec)) for spec in m.arrays.values() if spec.key and spec.name not in own
         ]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -160,13 +150,30 @@ class Dataset:
         """Split names (sorted); a batch's ``split`` code ``k`` means ``splits[k]``, -1 no split."""
         return self.manifest.splits
 
+    @property
+    def class_ids(self) -> tuple[int, ...]:
+        """The original id of each class (COCO category id, HALCON class id, mask pixel value), aligned
+        with :attr:`classes`; ``0 .. len(classes) - 1`` in stores that do not record them."""
+        return self.manifest.resolved_class_ids
+
+    @property
+    def task(self) -> str:
+        """``"classification"``, ``"detection"``, ``"segmentation"``, ``"anomaly"`` or ``"none"``; in
+        stores that do not record it, ``"classification"`` when labelled, else ``"none"``."""
+        return self.manifest.resolved_task
+
+    @property
+    def defects(self) -> tuple[str, ...]:
+        """Anomaly stores: defect folder names; a sample's ``defect`` code ``k`` means ``defects[k]``."""
+        return self.manifest.defects
+
     def _split_codes(self) -> np.ndarray:
         """The ``split`` array (the reader checks its codes against the split names, and caches it)."""
-        spec = self.manifest.arrays.get("split")
+        spec = self.manifest.arrays.get(schema.SPLIT)
         if spec is None or spec.ragged:
             names = ", ".join(self.manifest.splits)
             raise StoreError(f"store {self.path} lists splits ({names}) but has no split array; rebuild it")
-        return np.asarray(self._reader.read_all("split")).reshape(-1)
+        return np.asarray(self._reader.read_all(schema.SPLIT)).reshape(-1)
 
     def indices(self, split: str) -> np.ndarray:
         """The sorted sample indices (int64) of one split, for ``loader(indices=...)`` or your own sampler.
@@ -206,14 +213,16 @@ class Dataset:
         r = self._reader
         sample: dict[str, Any] = {
             "image": r.read_image(j),
-            "label": int(r.read_all("labels")[j]),
+            "label": int(r.read_all(schema.LABELS)[j]),
             "index": j,
             "source": r.source(j),
         }
-        for key, spec in self._keyed:
-            if spec.name == "split" and key == "split":
+        for key, spec, shown in self._keyed:
+            if shown == "name":
                 code = int(self._split_codes()[j])
                 sample[key] = None if code < 0 else self.manifest.splits[code]
+            elif shown == "int":
+                sample[key] = int(r.read_all(spec.name)[j])
             else:
                 sample[key] = r.read(spec.name, j)
         return sample
@@ -245,14 +254,14 @@ class Dataset:
         else:
             if out is None:
                 out = np.empty((len(idx), *shape), dtype=self.manifest.image.dtype)
-            images = r.read_into("images", positions, out)
+            images = r.read_into(schema.IMAGES, positions, out)
         batch: dict[str, Any] = {
             "image": images,
-            "label": r.read_all("labels")[idx],
+            "label": r.read_all(schema.LABELS)[idx],
             "index": idx,
             "source": [r.source(j) for j in positions],
         }
-        for key, spec in self._keyed:
+        for key, spec, _ in self._keyed:
             if spec.ragged:
                 batch[key] = [r.read(spec.name, j) for j in positions]
             else:
@@ -266,7 +275,7 @@ class Dataset:
     def fingerprint(self) -> str:
         """An id of the content: the sample count and every image's checksum."""
         h = hashlib.sha256(str(len(self)).encode())
-        h.update(np.ascontiguousarray(self._reader.read_all("checksum")).tobytes())
+        h.update(np.ascontiguousarray(self._reader.read_all(schema.CHECKSUM)).tobytes())
         return h.hexdigest()[:16]
 
     def image_layout(self) -> tuple[tuple[int, ...], str] | None:
@@ -347,14 +356,16 @@ class Dataset:
     def check(self) -> VerifyReport:
         """What :meth:`verify` checks, as a report naming every damaged array instead of raising."""
         r = self._reader
-        image_arrays = r.spec("images" if self.manifest.image.layout == "fixed" else "image").stored_names()
+        image_arrays = r.spec(schema.image_array(self.manifest.image.layout)).stored_names()
         damaged = r.array_problems(skip=image_arrays)
         broken = {name for name, _ in damaged}
+        damaged += [(n, why) for n, why in r.code_problems() if not broken & {n, n + "_data", n + "_offsets"}]
         bad: list[tuple[int, str]] = []
         # Each image is compared with its CRC only while the CRCs, sources and shapes are intact.
-        if not broken & {"checksum", "source_data", "source_offsets", "image_shapes", None}:
+        needed = {schema.CHECKSUM, schema.SOURCE + "_data", schema.SOURCE + "_offsets", schema.IMAGE_SHAPES, None}
+        if not broken & needed:
             try:
-                expected = r.read_all("checksum")
+                expected = r.read_all(schema.CHECKSUM)
                 for i in range(len(self)):
                     img = np.ascontiguousarray(r.read_image(i))
                     if zlib.crc32(img.data) != int(expected[i]):
@@ -372,7 +383,7 @@ class Dataset:
         """Facts for ``dlpack info``."""
         m = self.manifest
         nbytes = self._reader.nbytes_on_disk()
-        labels = np.asarray(self._reader.read_all("labels")).reshape(-1)
+        labels = np.asarray(self._reader.read_all(schema.LABELS)).reshape(-1)
         codes = self._split_codes() if m.splits else np.full(len(labels), -1)
 
         def per_class(mask: np.ndarray) -> dict[str, int]:
@@ -406,6 +417,15 @@ class Dataset:
             "conversions": m.conversions,
             "resize": m.resize,
         }
+
+
+def _shown(spec: ArraySpec) -> str:
+    """How ``ds[i]`` shows keyed array ``spec``: codes of a fixed schema array as an int (``defect``,
+    as ``label``), ``split`` by its name, everything else as stored."""
+    role = schema.CODED.get(spec.name)
+    if role is None or spec.ragged or spec.shape != () or spec.key != role.key:
+        return "array"
+    return "name" if spec.name == schema.SPLIT else "int"
 
 
 def open(path: str | os.PathLike[str]) -> Dataset | DLDatasetView:  # noqa: A001 - the public name is dlpack.open
@@ -447,10 +467,11 @@ def add_array(
     key
         The key under which ``ds[i]`` and loader batches carry it; ``None`` means the name.
     replace
-        Replace an existing array of that name. ``labels`` and ``split`` may be replaced with
-        codes of the store's ``classes`` / ``splits``; the images, sources, checksums and what
-        ``--update`` relies on (``source_stat``, ``source_sha256``, ``transform``,
-        ``original_size``) never.
+        Replace an existing array of that name. The arrays of codes (``labels``, ``split``,
+        ``defect``, ``box_labels``: :data:`dlpack.schema.CODED`) take only codes of the list they
+        index (``classes``, ``splits``, ``defects``), stored with the format's dtype and key; the
+        images, sources, checksums and what ``--update`` relies on (``source_stat``,
+        ``source_sha256``, ``transform``, ``original_size``, ``orientation``) never.
     lock_timeout
         Seconds to wait while another dlpack process (a build, another ``add_array``) holds the
         store's lock, before raising :class:`~dlpack.errors.StoreLockedError`.
@@ -587,26 +608,52 @@ def _checked_array(
 
 def _coded_array(
     out: Path, manifest: Manifest, name: str, values: Any, key: str | None, ragged: bool, compression: str
-) -> tuple[ArraySpec, np.ndarray]:
-    """``labels`` or ``split``: codes into the manifest's classes or splits, stored as the format says."""
-    own_key, dtype, field = CODED_ARRAYS[name]
+) -> tuple[ArraySpec, np.ndarray | list[np.ndarray]]:
+    """An array of codes into a manifest list (``labels``, ``split``, ``defect``: one per sample;
+    ``box_labels``: one per box), stored with the dtype, layout and key the format gives it."""
+    role = schema.CODED[name]
+    assert role.key is not None and role.codes is not None
+    own_key, dtype, field = role.key, role.dtypes[0], role.codes
     names: tuple[str, ...] = getattr(manifest, field)
-    if ragged or key not in (None, own_key):
-        raise OptionError(f"array {name!r} is fixed, one code per sample, under the key {own_key!r}")
-    data = np.asarray(values)
+    shape = "rows of codes per sample" if role.ragged else "fixed, one code per sample"
+    if ragged != role.ragged or key not in (None, own_key):
+        raise OptionError(
+            f"array {name!r} is {shape}, under the key {own_key!r}"
+            + ("; pass ragged=True" if role.ragged and not ragged else "")
+        )
+    taken = [s.name for s in manifest.arrays.values() if s.key == own_key and s.name != name]
+    if taken:
+        raise OptionError(f"key {own_key!r} of {name!r} is taken by array {taken[0]!r}; drop or rename that one first")
     n = manifest.count
-    if data.shape != (n,) or data.dtype.kind not in "iu":
-        raise OptionError(
-            f"{name!r} must be {n} integer codes (one per sample), got {data.dtype} of shape {list(data.shape)}"
-        )
-    bad = np.flatnonzero((data < -1) | (data >= len(names)))
-    if len(bad):
-        i = int(bad[0])
-        raise OptionError(
-            f"{name!r} of {out} must be codes -1..{len(names) - 1} for the store's {len(names)} {field} "
-            f"({', '.join(names) or 'none'}); sample {i} holds {int(data[i])} ({len(bad)} such samples)"
-        )
-    return ArraySpec(name, dtype, (), False, own_key, compression), data.astype(dtype)
+    parts: list[np.ndarray]
+    if role.ragged:
+        parts = [np.asarray(v) for v in values]
+        if len(parts) != n:
+            raise OptionError(f"{name!r} has {len(parts)} samples, the store has {n}")
+        for i, p in enumerate(parts):
+            if p.ndim != 1 or (p.size and p.dtype.kind not in "iu"):
+                raise OptionError(
+                    f"{name!r}: sample {i} must be a 1-D array of integer codes, got {p.dtype} of shape {list(p.shape)}"
+                )
+    else:
+        data = np.asarray(values)
+        if data.shape != (n,) or data.dtype.kind not in "iu":
+            raise OptionError(
+                f"{name!r} must be {n} integer codes (one per sample), got {data.dtype} of shape {list(data.shape)}"
+            )
+        parts = [data]
+    for i, p in enumerate(parts):
+        bad = np.flatnonzero((p < role.lowest) | (p >= len(names)))
+        if len(bad):
+            at = f"sample {i} holds {int(p[bad[0]])}" if role.ragged else f"sample {int(bad[0])} holds {int(p[bad[0]])}"
+            raise OptionError(
+                f"{name!r} of {out} must be codes {role.lowest}..{len(names) - 1} for the store's {len(names)} "
+                f"{field} ({', '.join(names) or 'none'}); {at}" + ("" if role.ragged else f" ({len(bad)} such samples)")
+            )
+    spec = ArraySpec(name, dtype, (), role.ragged, own_key, compression)
+    if role.ragged:
+        return spec, [p.astype(dtype).reshape(-1) for p in parts]
+    return spec, parts[0].astype(dtype)
 
 
 def _write_values(writer: Any, spec: ArraySpec, data: np.ndarray | list[np.ndarray], n: int) -> None:

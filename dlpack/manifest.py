@@ -15,12 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from . import schema
 from .errors import FormatVersionError, InputFileError, OptionError, StoreError
 
 __all__ = ["FORMAT_VERSION", "ArraySpec", "ImageSpec", "Manifest", "sha256_hex", "store_generation"]
 
-#: Bumped whenever a reader of the previous version could misread a new store. Checksums and the
-#: generation were added within version 1: a reader that ignores them reads such a store correctly.
+#: Bumped only when the meaning of an existing array or field changes, so a reader of the previous
+#: version could misread a new store. Additions are optional arrays and fields that an older reader
+#: ignores (checksums, the generation, the label arrays and fields), so they stay within version 1.
 FORMAT_VERSION = 1
 FORMAT_NAME = "dlpack"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -201,7 +203,7 @@ def _image_spec(d: Any) -> ImageSpec:
 def _legacy_arrays(arrays: dict[str, Any], image: ImageSpec, compression: str) -> dict[str, ArraySpec]:
     """Array specs of a store written before named arrays (entries held the stored shape, N first)."""
     out: dict[str, ArraySpec] = {}
-    keys = {"labels": "label"}
+    keys = {schema.LABELS: "label"}
     for name, d in arrays.items():
         if name.endswith("_data") and name[: -len("_data")] + "_offsets" in arrays:
             base = name[: -len("_data")]
@@ -211,9 +213,9 @@ def _legacy_arrays(arrays: dict[str, Any], image: ImageSpec, compression: str) -
         else:
             out[name] = ArraySpec(name, d["dtype"], tuple(d["shape"][1:]), False, keys.get(name))
     if image.layout == "fixed" and image.shape is not None:
-        out["images"] = ArraySpec("images", image.dtype, image.shape, False, "image", compression)
-    elif "image" in out:
-        out["image"] = ArraySpec("image", image.dtype, (), True, None, compression)
+        out[schema.IMAGES] = ArraySpec(schema.IMAGES, image.dtype, image.shape, False, "image", compression)
+    elif schema.IMAGE in out:
+        out[schema.IMAGE] = ArraySpec(schema.IMAGE, image.dtype, (), True, None, compression)
     return out
 
 
@@ -248,14 +250,84 @@ class Manifest:
     dlpack_version: str = ""
     #: :func:`store_generation` of the arrays as committed ("" in stores written before it was recorded).
     generation: str = ""
+    #: The original id of each class of ``classes`` (COCO category id, HALCON class id, mask pixel
+    #: value); empty means ``0 .. len(classes) - 1`` (see :attr:`resolved_class_ids`).
+    class_ids: tuple[int, ...] = ()
+    #: What the labels are for (one of :data:`dlpack.schema.TASKS`); None: not recorded (see :attr:`resolved_task`).
+    task: str | None = None
+    #: The ``mask`` value of pixels that are no part of the image (padding); None: not recorded.
+    mask_ignore: int | None = None
+    #: Anomaly stores: the defect folder names a ``defect`` code indexes.
+    defects: tuple[str, ...] = ()
+    #: ``(id, name)`` of the label-image ids, when the source named them.
+    mask_classes: tuple[tuple[int, str], ...] = ()
     format_version: int = FORMAT_VERSION
     format: str = FORMAT_NAME
 
+    def __post_init__(self) -> None:
+        ids = tuple(self.class_ids)
+        if ids:
+            if any(not isinstance(i, (int, np.integer)) or isinstance(i, bool) for i in ids):
+                raise OptionError(f"class_ids must be integers, got {list(ids)!r}")
+            ids = tuple(int(i) for i in ids)
+            if len(ids) != len(self.classes):
+                raise OptionError(f"class_ids has {len(ids)} ids for {len(self.classes)} classes; one id per class")
+            if len(set(ids)) != len(ids):
+                raise OptionError(f"class_ids must be unique, got {list(ids)!r}")
+        object.__setattr__(self, "class_ids", ids)
+        if self.task is not None and self.task not in schema.TASKS:
+            raise OptionError(f"task must be one of {', '.join(schema.TASKS)}, got {self.task!r}")
+        ignore = self.mask_ignore
+        if ignore is not None and (not isinstance(ignore, (int, np.integer)) or isinstance(ignore, bool)):
+            raise OptionError(f"mask_ignore must be an integer or null, got {ignore!r}")
+        if ignore is not None and not 0 <= ignore <= 65535:
+            raise OptionError(f"mask_ignore must be 0..65535 (a mask is uint8 or uint16), got {ignore}")
+        defects = tuple(self.defects)
+        if any(not isinstance(d, str) for d in defects) or len(set(defects)) != len(defects):
+            raise OptionError(f"defects must be unique names, got {list(defects)!r}")
+        object.__setattr__(self, "defects", defects)
+        pairs = []
+        for p in self.mask_classes:
+            if (
+                not isinstance(p, (list, tuple))
+                or len(p) != 2
+                or not isinstance(p[0], (int, np.integer))
+                or isinstance(p[0], bool)
+                or not isinstance(p[1], str)
+            ):
+                raise OptionError(f"each mask_classes entry must be [id, name], got {p!r}")
+            pairs.append((int(p[0]), p[1]))
+        if len({i for i, _ in pairs}) != len(pairs):
+            raise OptionError(f"mask_classes ids must be unique, got {pairs!r}")
+        object.__setattr__(self, "mask_classes", tuple(pairs))
+
+    @property
+    def resolved_class_ids(self) -> tuple[int, ...]:
+        """``class_ids``, or ``0 .. len(classes) - 1`` in stores that do not record them."""
+        return self.class_ids or tuple(range(len(self.classes)))
+
+    @property
+    def resolved_task(self) -> str:
+        """``task``, or in stores that do not record it: ``"classification"`` when labelled, else ``"none"``."""
+        if self.task is not None:
+            return self.task
+        return "classification" if self.labels != "none" and self.classes else "none"
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
+        """A JSON-ready dict; the optional label fields appear only when set, so a store without
+        them has the bytes it had before they existed."""
         d = asdict(self)
+        for name, absent in _OPTIONAL.items():
+            if d[name] == absent:
+                del d[name]
         d["classes"] = list(self.classes)
         d["splits"] = list(self.splits)
+        if "class_ids" in d:
+            d["class_ids"] = list(self.class_ids)
+        if "defects" in d:
+            d["defects"] = list(self.defects)
+        if "mask_classes" in d:
+            d["mask_classes"] = [[i, name] for i, name in self.mask_classes]
         d["arrays"] = {name: spec.to_dict() for name, spec in self.arrays.items()}
         d["skipped"] = [{"path": e.path, "reason": e.reason} for e in self.skipped]
         return d
@@ -309,6 +381,10 @@ class Manifest:
         return cls.from_dict(d, where)
 
 
+#: Optional fields and their value when absent: left out of the JSON then (older stores lack them).
+_OPTIONAL: dict[str, Any] = {"class_ids": (), "task": None, "mask_ignore": None, "defects": (), "mask_classes": ()}
+
+
 def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
     """Manifest constructor arguments from a parsed manifest, every known field type-checked."""
     known = {f.name for f in fields(Manifest)}
@@ -339,6 +415,11 @@ def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
     for name in splits:
         _typed(name, str, "each split name")
     kw["splits"] = tuple(splits)
+    # The label fields: absent in older stores (the defaults then hold); Manifest checks their values.
+    for name in ("class_ids", "defects", "mask_classes"):
+        kw[name] = tuple(_typed(kw.get(name, []), list, name))
+    if kw.get("task") is not None:
+        _typed(kw["task"], str, "task")
     history = _typed(kw.get("history", []), list, "history")
     for h in history:
         _typed(h, dict, "each history entry")

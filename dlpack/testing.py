@@ -32,7 +32,7 @@ from .backends import (
 from .errors import IncompleteStoreError, OptionError, StoreError, StoreExistsError, StoreNotFoundError
 from .manifest import ImageSpec, Manifest, store_generation
 
-__all__ = ["BackendTests", "sample_arrays"]
+__all__ = ["BackendTests", "label_arrays", "sample_arrays"]
 
 N = 23  # samples: a prime, so no block size divides it and the last shard is always partial
 SHARD_BYTES = 2**16  # small shards, so every array spans several
@@ -65,8 +65,23 @@ def _spec(name: str, value: Any, compression: str = "none") -> ArraySpec:
 CLASSES = ("a", "b", "c", "d", "e")
 
 
-def _manifest(backend: str, n: int) -> Manifest:
-    return Manifest(count=n, image=ImageSpec("fixed", 3, "|u1", 12, 10), backend=backend, classes=CLASSES)
+def _manifest(backend: str, n: int, **fields: Any) -> Manifest:
+    return Manifest(count=n, image=ImageSpec("fixed", 3, "|u1", 12, 10), backend=backend, classes=CLASSES, **fields)
+
+
+def label_arrays(n: int = N, seed: int = 0, mask_dtype: Any = np.uint8) -> dict[str, Any]:
+    """The label arrays of the format (docs/format.md): ragged ``boxes`` (float32 rows of 4),
+    ``box_labels`` (int32 codes of CLASSES, one per box) and ``box_crowd`` (uint8 flags), some
+    samples with no box, and a fixed ``mask`` [N, H, W] of ``mask_dtype``."""
+    rng = np.random.default_rng(seed)
+    counts = [int(k) for k in rng.integers(0, 4, n)]
+    top = np.iinfo(mask_dtype).max
+    return {
+        "boxes": [(rng.random((k, 4)) * 10).astype(np.float32) for k in counts],
+        "box_labels": [rng.integers(0, len(CLASSES), k).astype(np.int32) for k in counts],
+        "box_crowd": [rng.integers(0, 2, k).astype(np.uint8) for k in counts],
+        "mask": rng.integers(0, top, (n, 12, 10), dtype=mask_dtype, endpoint=True),
+    }
 
 
 class BackendTests:
@@ -102,13 +117,16 @@ class BackendTests:
                 for s in range(0, len(value), step):
                     writer.write_block(name, s, value[s : s + step])
 
-    def build_store(self, tmp_path: Path, arrays: dict[str, Any] | None = None, compression: str = "none") -> Path:
+    def build_store(
+        self, tmp_path: Path, arrays: dict[str, Any] | None = None, compression: str = "none", **fields: Any
+    ) -> Path:
+        """A store of ``arrays`` (:func:`sample_arrays` by default); ``fields`` go into its manifest."""
         arrays = sample_arrays() if arrays is None else arrays
         path = self.store_path(tmp_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = self.new_writer(path)
         self.write(writer, arrays, compression)
-        writer.commit(_manifest(self.backend, N))
+        writer.commit(_manifest(self.backend, N, **fields))
         return path
 
     def assert_reads_back(self, reader: StoreReader, arrays: dict[str, Any]) -> None:
@@ -192,6 +210,51 @@ class BackendTests:
             ArraySpec("x", "O")
         with pytest.raises(OptionError, match="shape"):
             ArraySpec("x", "<i4", (0,))
+
+    def test_label_arrays_round_trip(self, tmp_path: Path) -> None:
+        for mask_dtype in (np.uint8, np.uint16):
+            arrays = label_arrays(mask_dtype=mask_dtype)
+            path = self.build_store(tmp_path / np.dtype(mask_dtype).name, arrays)
+            with open_reader(path) as reader:
+                specs = reader.manifest.arrays
+                assert specs["boxes"] == ArraySpec("boxes", "<f4", (4,), ragged=True, key="boxes")
+                assert specs["box_labels"] == ArraySpec("box_labels", "<i4", (), ragged=True, key="box_labels")
+                assert specs["box_crowd"] == ArraySpec("box_crowd", "|u1", (), ragged=True, key="box_crowd")
+                assert specs["mask"] == ArraySpec("mask", np.dtype(mask_dtype).str, (12, 10), key="mask")
+                self.assert_reads_back(reader, arrays)
+                assert all(reader.read("boxes", i).shape == (len(arrays["box_labels"][i]), 4) for i in range(N))
+                assert reader.code_problems() == [] and reader.verify_arrays() == []
+
+    def test_label_arrays_round_trip_compressed(self, tmp_path: Path) -> None:
+        if not self.compressions:
+            pytest.skip(f"{self.backend} lists no compression")
+        for codec in self.compressions:
+            arrays = label_arrays(seed=2, mask_dtype=np.uint16)
+            path = self.build_store(tmp_path / codec, arrays, codec)
+            with open_reader(path) as reader:
+                self.assert_reads_back(reader, arrays)
+
+    def test_box_labels_outside_the_classes_are_refused(self, tmp_path: Path) -> None:
+        arrays = label_arrays()
+        k = next(i for i, b in enumerate(arrays["box_labels"]) if len(b) > 1)
+        arrays["box_labels"][k] = arrays["box_labels"][k].copy()
+        arrays["box_labels"][k][1] = len(CLASSES)
+        path = self.build_store(tmp_path, arrays)
+        with open_reader(path) as reader:
+            with pytest.raises(StoreError, match=rf"holds {len(CLASSES)} at sample {k} \(row 1\), outside 0\.\.4"):
+                reader.read("box_labels", 0)  # the whole array is checked at its first use
+            assert [name for name, _ in reader.code_problems()] == ["box_labels"]
+            assert np.array_equal(reader.read("boxes", k), arrays["boxes"][k])  # other arrays still read
+
+    def test_defect_codes_index_the_defects(self, tmp_path: Path) -> None:
+        codes = (np.arange(N) % 3).astype(np.int32)
+        path = self.build_store(tmp_path / "ok", {"defect": codes}, defects=("good", "crack", "scratch"))
+        with open_reader(path) as reader:
+            assert reader.manifest.defects == ("good", "crack", "scratch")
+            assert np.array_equal(reader.read_all("defect"), codes)
+        path = self.build_store(tmp_path / "bad", {"defect": codes}, defects=("good", "crack"))
+        with open_reader(path) as reader, pytest.raises(StoreError, match=r"holds 2 at sample 2, outside -1\.\.1"):
+            reader.read_all("defect")
 
     # ------------------------------------------------------------------ modes
 

@@ -4,16 +4,26 @@
 path, so each worker process opens its own handles. ``torch_loader`` is faster: it wraps
 :class:`dlpack.Loader` (threads over memory maps, no pickling of image bytes between processes)
 and converts each batch to NCHW tensors.
+
+Both pass every keyed array of the store through (``boxes``, ``box_labels``, ``mask``, ``defect``,
+arrays added with ``add_array``): a fixed array as one tensor (``mask`` is B x H x W), a ragged
+array as a list of one tensor per sample. Values keep their stored dtype, so a mask crosses to the
+GPU at its stored size (``uint8``; ``uint16`` becomes ``int32``, which every torch version
+computes with); codes into a manifest list (``label``, ``split``, ``defect``, ``box_labels``) are
+``int64``, as torch losses and torchvision take them. Call ``.long()`` on a mask for
+``cross_entropy``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import schema
 from .dataset import Dataset
 from .errors import MissingExtraError, OptionError, SampleIndexError
 from .loader import BatchSource, Loader, LoaderOptions, check_selection
@@ -23,7 +33,12 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise MissingExtraError("torch", "torch", "dlpack.torch") from exc
 
-__all__ = ["TorchDataset", "TorchLoader", "torch_loader", "to_tensor"]
+__all__ = ["TorchDataset", "TorchLoader", "collate", "torch_loader", "to_tensor"]
+
+#: Keys of arrays holding codes into a manifest list: int64 tensors, as torch losses take them.
+CODE_KEYS = frozenset(role.key for role in schema.CODED.values() if role.key is not None)
+#: NumPy dtypes torch does not compute with on every version, and the type they widen to.
+_WIDEN = {np.dtype(np.uint16): np.int32, np.dtype(np.uint32): np.int64}
 
 
 def to_tensor(
@@ -53,6 +68,61 @@ def to_tensor(
     return t.contiguous()
 
 
+def array_tensor(key: str, value: np.ndarray) -> torch.Tensor:
+    """One keyed array's value as a tensor: codes (:data:`CODE_KEYS`) as int64, unsigned types
+    torch lacks widened, everything else in its stored dtype (no copy where NumPy allows)."""
+    arr = np.asarray(value)
+    if key in CODE_KEYS:
+        arr = arr.astype(np.int64, copy=False)
+    elif arr.dtype.newbyteorder("=") in _WIDEN:
+        arr = arr.astype(_WIDEN[arr.dtype.newbyteorder("=")])
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def _keyed_tensors(sample: dict[str, Any], skip: Iterable[str]) -> dict[str, Any]:
+    """Every value of ``sample`` but ``skip`` as tensors: arrays as one tensor, lists of arrays
+    (ragged arrays of a batch) as lists of tensors; anything else (a split's name) as it is."""
+    out: dict[str, Any] = {}
+    skipped = set(skip)
+    for key, value in sample.items():
+        if key in skipped:
+            continue
+        if isinstance(value, np.ndarray):
+            out[key] = array_tensor(key, value)
+        elif isinstance(value, list) and all(isinstance(v, np.ndarray) for v in value):
+            out[key] = [array_tensor(key, v) for v in value]
+        else:
+            out[key] = value
+    return out
+
+
+def collate(samples: Sequence[dict[str, Any]], ragged: Iterable[str] = ()) -> dict[str, Any]:
+    """Samples of a :class:`TorchDataset` as one batch, for ``DataLoader(collate_fn=...)``.
+
+    Keys in ``ragged`` (ragged arrays such as ``boxes``, and ``image`` of a variable-size store)
+    become a list of one tensor per sample, as in :class:`TorchLoader` batches; other tensors are
+    stacked, ints become an int64 tensor, floats a float tensor, anything else (a split's name, or
+    None) a list. ``TorchDataset.collate_fn`` knows its store's ragged keys.
+    """
+    if not samples:
+        raise OptionError("collate needs at least one sample")
+    lists = set(ragged)
+    out: dict[str, Any] = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        if key in lists:
+            out[key] = values
+        elif all(isinstance(v, torch.Tensor) for v in values):
+            out[key] = torch.stack(values)
+        elif all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+            out[key] = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        elif all(isinstance(v, float) for v in values):
+            out[key] = torch.tensor(values)
+        else:
+            out[key] = values
+    return out
+
+
 def _variable_size_hint(source: BatchSource) -> str:
     """Why a variable-size store gives no batch tensors, and what to build instead."""
     sizes = ""
@@ -67,7 +137,12 @@ def _variable_size_hint(source: BatchSource) -> str:
 
 
 class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Map-style dataset over a store: ``ds[i] -> {"image": CxHxW tensor, "label": int, "index": j}``.
+    """Map-style dataset over a store: ``ds[i] -> {"image": CxHxW tensor, "label": int, "index": j, KEY: ...}``.
+
+    Every keyed array of the store comes along as a tensor (``mask`` H x W, ``boxes`` k x 4,
+    ``box_labels`` k, see the module's notes on dtypes); ``split`` is the split's name (or None),
+    ``defect`` an int. Batch it with ``DataLoader(tds, collate_fn=tds.collate_fn)``, which keeps
+    ragged arrays as lists (torch's default collate cannot stack them).
 
     ``split`` or ``indices`` restrict it to those samples: item ``i`` is the ``i``-th selected sample,
     and ``index`` is its index in the store. Safe with ``DataLoader(num_workers > 0)``: only the
@@ -111,7 +186,22 @@ class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
             i = int(self._selection[i])
         s = self.ds[i]
         out = {"image": to_tensor(s["image"]), "label": s["label"], "index": s["index"]}
+        out.update(_keyed_tensors(s, schema.BASE_KEYS))
         return self.transform(out) if self.transform is not None else out
+
+    @property
+    def ragged_keys(self) -> frozenset[str]:
+        """Keys whose values differ in shape between samples: ragged arrays, and ``image`` of a variable-size store."""
+        m = self.ds.manifest
+        keys = {spec.key for spec in m.arrays.values() if spec.key and spec.ragged}
+        if m.image.layout == "variable":
+            keys.add("image")
+        return frozenset(k for k in keys if k is not None)
+
+    @property
+    def collate_fn(self) -> Any:
+        """:func:`collate` for this store's samples (picklable, for worker processes)."""
+        return functools.partial(collate, ragged=self.ragged_keys)
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -124,7 +214,11 @@ class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 class TorchLoader:
-    """Iterable of ``{"image": NCHW tensor, "label": int64 tensor, "index": int64 tensor}``.
+    """Iterable of ``{"image": NCHW tensor, "label": int64 tensor, "index": int64 tensor, KEY: ...}``.
+
+    Every keyed array of the batch comes along: a fixed one as one tensor (``mask`` B x H x W), a
+    ragged one (``boxes``, ``box_labels``) as a list of B tensors (see the module's notes on dtypes).
+    ``pin_memory`` and ``device`` apply to every tensor.
 
     Delegates order, epochs, prefetch and resume to the wrapped :class:`dlpack.Loader`, including
     its rule of one live pass at a time. A variable-size store is refused (its batches cannot be
@@ -169,21 +263,32 @@ class TorchLoader:
         """Each batch of ``batches`` as tensors."""
         for batch in batches:
             images = batch["image"]
+            image: Any
             if isinstance(images, list):  # variable-size store: one CHW tensor per sample
-                image: Any = [to_tensor(im, self.dtype, self.mean, self.std) for im in images]
-                label = torch.from_numpy(np.asarray(batch["label"], dtype=np.int64))
-                index = torch.from_numpy(np.asarray(batch["index"], dtype=np.int64))
-                yield {"image": image, "label": label, "index": index}
-                continue
-            image = to_tensor(images, self.dtype, self.mean, self.std)
-            label = torch.from_numpy(np.asarray(batch["label"], dtype=np.int64))
-            index = torch.from_numpy(np.asarray(batch["index"], dtype=np.int64))
-            if self.pin_memory:
-                image, label = image.pin_memory(), label.pin_memory()
-            if self.device is not None:
-                image = image.to(self.device, non_blocking=True)
-                label = label.to(self.device, non_blocking=True)
-            yield {"image": image, "label": label, "index": index}
+                image = [to_tensor(im, self.dtype, self.mean, self.std) for im in images]
+            else:
+                image = to_tensor(images, self.dtype, self.mean, self.std)
+            out: dict[str, Any] = {
+                "image": image,
+                "label": torch.from_numpy(np.asarray(batch["label"], dtype=np.int64)),
+                "index": torch.from_numpy(np.asarray(batch["index"], dtype=np.int64)),
+            }
+            out.update(_keyed_tensors(batch, schema.BASE_KEYS))
+            yield {key: self._moved(key, value) for key, value in out.items()}
+
+    def _moved(self, key: str, value: Any) -> Any:
+        """``value`` (a tensor or a list of them) pinned and on the device as asked; ``index`` stays on the CPU."""
+        if key == "index":
+            return value
+        if isinstance(value, list):
+            return [self._moved(key, v) for v in value]
+        if not isinstance(value, torch.Tensor):
+            return value
+        if self.pin_memory:
+            value = value.pin_memory()
+        if self.device is not None:
+            value = value.to(self.device, non_blocking=True)
+        return value
 
 
 def torch_loader(

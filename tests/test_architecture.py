@@ -93,7 +93,7 @@ def test_import_graph_has_no_cycle() -> None:
 
 def test_lower_layers_do_not_import_higher_ones() -> None:
     graph = _graph()
-    low = {"dlpack.errors", "dlpack.manifest", "dlpack.transforms.functional", "dlpack.loader"}
+    low = {"dlpack.errors", "dlpack.schema", "dlpack.manifest", "dlpack.transforms.functional", "dlpack.loader"}
     high = {"dlpack.build", "dlpack.dataset", "dlpack.cli", "dlpack.bench", "dlpack.torch"}
 
     def reach(start: str) -> set[str]:
@@ -108,3 +108,10 @@ def test_lower_layers_do_not_import_higher_ones() -> None:
     for module in low:
         assert not (reach(module) & high), f"{module} reaches {sorted(reach(module) & high)}"
     assert not (reach("dlpack.backends") & {"dlpack.build", "dlpack.dataset", "dlpack.loader"})
+
+
+def test_the_schema_imports_nothing_of_dlpack() -> None:
+    """Every layer asks dlpack.schema what the store's arrays are, so it sits below them all."""
+    assert _graph()["dlpack.schema"] == set()
+    for module in ("dlpack.manifest", "dlpack.backends.base", "dlpack.dataset"):
+        assert "dlpack.schema" in _graph()[module], module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -55,7 +56,11 @@ manifests = st.builds(
     conversions=st.dictionaries(text, st.integers(0, 10**6), max_size=3),
     plan=st.dictionaries(text, json_value, max_size=4),
     dlpack_version=text,
-)
+    task=st.none() | st.sampled_from(["classification", "detection", "segmentation", "anomaly", "none"]),
+    mask_ignore=st.none() | st.sampled_from([0, 255, 65535]),
+    defects=st.lists(text, max_size=3, unique=True).map(tuple),
+    mask_classes=st.lists(st.tuples(st.integers(0, 65535), text), max_size=3, unique_by=lambda p: p[0]).map(tuple),
+).map(lambda m: dataclasses.replace(m, class_ids=tuple(range(7, 7 + 3 * len(m.classes), 3))))
 
 
 @given(manifests)
@@ -96,3 +101,33 @@ def test_current_format_version_is_accepted() -> None:
 def test_broken_manifest_is_a_store_error(text: str, match: str) -> None:
     with pytest.raises(StoreError, match=match):
         Manifest.from_json(text)
+
+
+def test_a_manifest_without_the_label_fields_reads_with_the_defaults() -> None:
+    d = json.loads(_json(classes=["cat", "dog"], labels="folders"))
+    assert not {"class_ids", "task", "mask_ignore", "defects", "mask_classes"} & set(d)
+    m = Manifest.from_dict(d)
+    assert (m.class_ids, m.task, m.mask_ignore, m.defects, m.mask_classes) == ((), None, None, (), ())
+    assert m.resolved_class_ids == (0, 1) and m.resolved_task == "classification"
+    assert Manifest.from_dict(json.loads(_json())).resolved_task == "none"
+    assert "class_ids" not in m.to_dict()  # a store without them keeps its manifest's bytes
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"classes": ["a", "b"], "class_ids": [1]}, "class_ids has 1 ids for 2 classes"),
+        ({"classes": ["a", "b"], "class_ids": [4, 4]}, "class_ids must be unique"),
+        ({"classes": ["a"], "class_ids": ["1"]}, "class_ids must be integers"),
+        ({"classes": ["a"], "class_ids": 1}, "class_ids must be a list"),
+        ({"task": "captioning"}, "task must be one of classification, detection"),
+        ({"mask_ignore": 70000}, "mask_ignore must be 0..65535"),
+        ({"mask_ignore": "255"}, "mask_ignore must be an integer"),
+        ({"defects": ["good", "good"]}, "defects must be unique names"),
+        ({"mask_classes": [[1, "a"], [1, "b"]]}, "mask_classes ids must be unique"),
+        ({"mask_classes": [["1", "a"]]}, r"each mask_classes entry must be \[id, name\]"),
+    ],
+)
+def test_bad_label_fields_are_a_store_error(changes: dict[str, object], match: str) -> None:
+    with pytest.raises(StoreError, match=f"malformed: {match}"):
+        Manifest.from_json(_json(**changes))

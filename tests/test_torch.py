@@ -290,3 +290,81 @@ def test_torch_dataset_selects_a_split_and_pickles_it(split_store: Path) -> None
     with pytest.raises(dlpack.OptionError, match="repeat sample 1"):
         TorchDataset(split_store, indices=[1, 1])
     ds.close()
+
+
+# ---------------------------------------------------------------- label arrays
+
+
+@pytest.fixture(scope="module", params=[("out.zarr", np.uint8), ("out.h5", np.uint16)], ids=["zarr-u1", "hdf5-u2"])
+def label_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """10 images at 8x6 in two classes, with boxes, box_labels and a mask (uint8, or uint16 in HDF5)."""
+    tmp = tmp_path_factory.mktemp("torch-labels")
+    rng = np.random.default_rng(6)
+    for k in range(10):
+        folder = tmp / "src" / f"c{k % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{k:02d}.png").write_bytes(
+            cv2.imencode(".png", rng.integers(0, 256, (6, 8, 3), np.uint8))[1].tobytes()
+        )
+    out = tmp / request.param[0]
+    dlpack.build(tmp / "src", out, jobs=1, quiet=True)
+    boxes, box_labels = _label_values(10)
+    dlpack.add_array(out, "boxes", boxes, ragged=True)
+    dlpack.add_array(out, "box_labels", box_labels, ragged=True)
+    mask = np.stack(
+        [np.full((6, 8), 300 * i if request.param[1] == np.uint16 else i, request.param[1]) for i in range(10)]
+    )
+    dlpack.add_array(out, "mask", mask)
+    return out
+
+
+def _label_values(n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    boxes = [np.full((i % 3, 4), i, dtype=np.float32) for i in range(n)]
+    return boxes, [np.full(i % 3, i % 2, dtype=np.int32) for i in range(n)]
+
+
+def test_torch_loader_passes_every_keyed_array(label_store: Path) -> None:
+    ds = dlpack.open(label_store)
+    stored = ds.manifest.arrays["mask"].dtype
+    boxes, box_labels = _label_values(10)
+    seen = set()
+    for t in torch_loader(ds, batch_size=4, seed=2, workers=2, pin_memory=False):
+        b = len(t["index"])
+        assert set(t) == {"image", "label", "index", "boxes", "box_labels", "mask"}
+        assert t["mask"].shape == (b, 6, 8) and t["mask"].dtype == (torch.uint8 if stored == "|u1" else torch.int32)
+        assert isinstance(t["boxes"], list) and isinstance(t["box_labels"], list) and len(t["boxes"]) == b
+        for k, i in enumerate(t["index"].tolist()):
+            seen.add(i)
+            assert t["boxes"][k].dtype == torch.float32 and torch.equal(t["boxes"][k], torch.from_numpy(boxes[i]))
+            assert t["box_labels"][k].dtype == torch.int64  # codes: as torch losses and torchvision take them
+            assert t["box_labels"][k].tolist() == box_labels[i].tolist()
+            assert int(t["mask"][k, 0, 0]) == int(ds[i]["mask"][0, 0])
+    assert seen == set(range(10))
+    ds.close()
+
+
+def test_torch_dataset_collate_keeps_ragged_arrays_as_lists(label_store: Path) -> None:
+    tds = TorchDataset(label_store)
+    s = tds[4]
+    assert s["boxes"].shape == (1, 4) and s["box_labels"].dtype == torch.int64 and s["mask"].shape == (6, 8)
+    assert tds.ragged_keys == {"boxes", "box_labels"}
+    collate_fn = pickle.loads(pickle.dumps(tds.collate_fn))  # travels to worker processes
+    batches = list(torch.utils.data.DataLoader(tds, batch_size=4, shuffle=False, collate_fn=collate_fn))
+    assert [len(b["boxes"]) for b in batches] == [4, 4, 2]
+    first = batches[0]
+    assert first["image"].shape == (4, 3, 6, 8) and first["mask"].shape == (4, 6, 8)
+    assert first["label"].dtype == torch.int64 and first["index"].tolist() == [0, 1, 2, 3]
+    assert [x.shape[0] for x in first["boxes"]] == [0, 1, 2, 0]
+    assert [x.tolist() for x in first["box_labels"]] == [[], [1], [0, 0], []]
+    with pytest.raises(RuntimeError):  # what torch's own collate does with ragged boxes
+        list(torch.utils.data.DataLoader(tds, batch_size=4, shuffle=False))
+
+
+def test_torch_collate_of_a_split_store_lists_the_split_names(split_store: Path) -> None:
+    tds = TorchDataset(split_store)
+    batch = next(iter(torch.utils.data.DataLoader(tds, batch_size=3, shuffle=False, collate_fn=tds.collate_fn)))
+    assert batch["split"] == [tds.ds[i]["split"] for i in range(3)]
+    tl = torch_loader(split_store, batch_size=3, shuffle=False, pin_memory=False)
+    first = next(iter(tl))
+    assert first["split"].dtype == torch.int64
+    assert [tds.ds.splits[c] for c in first["split"].tolist()] == batch["split"]

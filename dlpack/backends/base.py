@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
+from .. import schema
 from ..errors import OptionError, StoreError
 from ..manifest import ArraySpec, Manifest, sha256_hex, store_generation
 
@@ -46,8 +47,6 @@ _SMALL_ARRAY = 64 * 2**20
 DIGEST_ATTR = "dlpack_sha256"
 #: Rows hashed per read when checksumming a whole array (bounded memory).
 _HASH_BYTES = 32 * 2**20
-#: Arrays of codes into a manifest list, checked when read: the array's name -> the list's field.
-_CODED = {"labels": "classes", "split": "splits"}
 
 
 def array_digest(read_rows: Any, rows: int, row_nbytes: int, dtype: str) -> str:
@@ -247,20 +246,34 @@ class StoreReader(ABC):
 
     def read_all(self, name: str) -> np.ndarray:
         """A whole fixed array ``[N, *shape]``, read once, checked against its checksum, and cached
-        (for small per-sample arrays). ``labels`` are also checked against the manifest's classes."""
+        (for small per-sample arrays). Codes (``labels``, ``split``, ``defect``: :data:`dlpack.schema.CODED`)
+        are also checked against the manifest list they index."""
         arr = self._whole.get(name)
         if arr is None:
             self._fixed(name)
             arr = self._stored(name).read_rows(0, len(self))
-            if name in _CODED:
+            if name in schema.CODED:
                 self._check_codes(name, arr)
             self._check_digest(name, arr)
             self._whole[name] = arr
         return arr
 
+    def _ragged_codes(self, name: str) -> np.ndarray:
+        """All rows of ragged code array ``name`` (``box_labels``), read once, checked against the
+        manifest list they index and the array's checksum, and cached."""
+        stored = name + "_data"
+        arr = self._whole.get(stored)
+        if arr is None:
+            off = self._ragged_offsets(name)
+            arr = self._stored(stored).read_rows(0, off[-1])
+            self._check_codes(name, arr, off)
+            self._check_digest(stored, arr)
+            self._whole[stored] = arr
+        return arr
+
     def _check_digest(self, stored_name: str, arr: np.ndarray) -> None:
         want = self.expected_digest(stored_name)
-        if want is None or stored_name in ("images", "image_data"):
+        if want is None or stored_name in schema.PIXEL_ARRAYS:
             return  # pixels have per-image CRCs, which verify compares sample by sample
         got = sha256_hex(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes())
         if got != want:
@@ -269,19 +282,42 @@ class StoreReader(ABC):
                 f"recorded {want[:12]}...); the store is damaged, rebuild it"
             )
 
-    def _check_codes(self, name: str, codes: np.ndarray) -> None:
-        """``labels`` index the manifest's classes and ``split`` its splits (-1: none); any other value is damage."""
+    def _check_codes(self, name: str, codes: np.ndarray, offsets: list[int] | None = None) -> None:
+        """Codes index a manifest list (``labels`` the classes, ``split`` the splits, ...; -1 means none
+        where the schema allows it); any other value is damage. ``offsets`` are a ragged array's."""
         if not self.check_labels:
             return
-        field = _CODED[name]
-        k = len(getattr(self.manifest, field))
-        bad = np.flatnonzero((codes < -1) | (codes >= k))
+        role = schema.CODED[name]
+        assert role.codes is not None
+        k = len(getattr(self.manifest, role.codes))
+        bad = np.flatnonzero((codes < role.lowest) | (codes >= k))
         if len(bad):
             i = int(bad[0])
+            where = f"sample {i}"
+            if offsets is not None:
+                sample = int(np.searchsorted(offsets, i, side="right")) - 1
+                where = f"sample {sample} (row {i - offsets[sample]})"
+            what = "rows" if offsets is not None else "samples"
             raise StoreError(
-                f"array {name!r} of {self.path} holds {int(codes[i])} at sample {i}, outside -1..{k - 1} for "
-                f"{k} {field} ({len(bad)} such samples); the store is damaged, rebuild it"
+                f"array {name!r} of {self.path} holds {int(codes[i])} at {where}, outside {role.lowest}..{k - 1} "
+                f"for {k} {role.codes} ({len(bad)} such {what}); the store is damaged, rebuild it"
             )
+
+    def code_problems(self) -> list[tuple[str, str]]:
+        """``(array, reason)`` for each array of codes outside the manifest list it indexes (or unreadable)."""
+        problems = []
+        for name in schema.CODED:
+            spec = self.arrays.get(name)
+            if spec is None:
+                continue
+            try:
+                if spec.ragged:
+                    self._ragged_codes(name)
+                else:
+                    self.read_all(name)
+            except StoreError as exc:
+                problems.append((name, str(exc)))
+        return problems
 
     def meta(self, name: str) -> np.ndarray:
         """A whole per-sample array by its stored name (``labels``, ``checksum``, ``source_offsets`` ...)."""
@@ -330,24 +366,26 @@ class StoreReader(ABC):
             got: np.ndarray = self._stored(name).read_into([int(index)], out)[0]
             return got
         off = self._ragged_offsets(name)
+        if name in schema.CODED:
+            return np.array(self._ragged_codes(name)[off[index] : off[index + 1]])
         return self._stored(name + "_data").read_rows(off[index], off[index + 1])
 
     # ------------------------------------------------------------------ images and sources
 
     def read_image(self, index: int) -> np.ndarray:
         """One image as H x W x C; ``index`` is already validated (0 <= index < len)."""
-        image = self.manifest.image
-        if image.layout == "fixed":
-            return self.read("images", index)
-        shape = tuple(int(v) for v in self.read_all("image_shapes")[index])
-        return self.read("image", index).reshape(shape)
+        layout = self.manifest.image.layout
+        if layout == "fixed":
+            return self.read(schema.image_array(layout), index)
+        shape = tuple(int(v) for v in self.read_all(schema.IMAGE_SHAPES)[index])
+        return self.read(schema.image_array(layout), index).reshape(shape)
 
     def source(self, index: int) -> str:
         """The relative source path of sample ``index``."""
         if self._sources is None:
-            off = self._ragged_offsets("source")
-            raw = self._stored("source_data").read_rows(0, off[-1])
-            self._check_digest("source_data", raw)
+            off = self._ragged_offsets(schema.SOURCE)
+            raw = self._stored(schema.SOURCE + "_data").read_rows(0, off[-1])
+            self._check_digest(schema.SOURCE + "_data", raw)
             self._sources = (raw.tobytes(), off)
         data, off = self._sources
         return data[off[index] : off[index + 1]].decode("utf-8")
@@ -414,11 +452,13 @@ class StoreReader(ABC):
             if spec.ragged:
                 self._ragged_offsets(name)
                 self._stored(name + "_data").warm()
+                if name in schema.CODED:
+                    self._ragged_codes(name)
             elif self._small(spec):
                 self.read_all(name)
             else:
                 self._stored(name).warm()
-        if len(self) and "source" in self.arrays:
+        if len(self) and schema.SOURCE in self.arrays:
             self.source(0)
 
     def close(self) -> None:
