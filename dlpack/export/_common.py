@@ -76,20 +76,20 @@ class Notes:
 
 
 def infer_task(manifest: Any) -> str:
-    """The manifest's ``task`` when it records one; otherwise the task the arrays imply: a ``mask``
-    is segmentation (anomaly when there is a ``defect`` array or the classes are ``ok``/``nok``),
-    ``boxes`` detection, labels classification, nothing ``none``."""
+    """The manifest's ``task`` when it records one; otherwise the task the arrays imply: a ``defect``
+    array, or a ``mask`` with the classes ``ok`` and ``nok``, is anomaly; ``boxes`` detection (with
+    or without a mask); a ``mask`` segmentation; labels classification; nothing ``none``."""
     task = getattr(manifest, "task", None)
     if isinstance(task, str) and task:
         return task
     arrays = manifest.arrays
-    anomaly = "defect" in arrays or (tuple(manifest.classes) == ("ok", "nok") and "mask" in arrays)
+    anomaly = "defect" in arrays or (set(manifest.classes) == {"ok", "nok"} and "mask" in arrays)
     if anomaly:
         return "anomaly"
+    if "boxes" in arrays:
+        return "detection"  # a mask beside boxes is the boxes' masks (COCO segmentations)
     if "mask" in arrays:
         return "segmentation"
-    if "boxes" in arrays:
-        return "detection"
     return "classification" if manifest.classes and manifest.labels != "none" else "none"
 
 
@@ -171,9 +171,7 @@ def png_names(view: StoreView, sources: list[tuple[int, PurePosixPath]]) -> dict
     taken: dict[str, int] = {}
     for name in wanted.values():
         taken[name.casefold()] = taken.get(name.casefold(), 0) + 1
-    return {
-        i: (p.as_posix() if taken[wanted[i].casefold()] > 1 else wanted[i]) + ".png" for i, p in sources
-    }
+    return {i: (p.as_posix() if taken[wanted[i].casefold()] > 1 else wanted[i]) + ".png" for i, p in sources}
 
 
 def flat_names(groups: dict[int, tuple[str, PurePosixPath]]) -> dict[int, str]:
@@ -264,7 +262,9 @@ def staged_output(out: Path, store: Path, overwrite: bool, marker: dict[str, Any
                 "its own exports)"
             )
         if not overwrite:
-            raise StoreExistsError(f"{out} holds a previous dlpack export; pass --overwrite (overwrite=True) to replace it")
+            raise StoreExistsError(
+                f"{out} holds a previous dlpack export; pass --overwrite (overwrite=True) to replace it"
+            )
         replace = True
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = BuildLock(out)

@@ -13,7 +13,17 @@ from typing import Any
 
 #: Per-sample keys whose values are tuples of reals (JSON may hold 3 for 3.0 after hand edits).
 REAL_TUPLES = frozenset(
-    {"bbox_row1", "bbox_col1", "bbox_row2", "bbox_col2", "bbox_row", "bbox_col", "bbox_phi", "bbox_length1", "bbox_length2"}
+    {
+        "bbox_row1",
+        "bbox_col1",
+        "bbox_row2",
+        "bbox_col2",
+        "bbox_row",
+        "bbox_col",
+        "bbox_phi",
+        "bbox_length1",
+        "bbox_length2",
+    }
 )
 #: Keys whose values are tuples of integers (label ids).
 INT_TUPLES = frozenset({"class_ids", "bbox_label_id"})
@@ -88,9 +98,11 @@ def to_halcon(ha: Any, values: dict[str, Any]) -> Any:
             value = tuple(to_halcon(ha, v) for v in value)
         ha.set_dict_tuple(d, key, value)
     return d
+
+
 # --- script ends ---
 
-SCRIPT_MAIN = '''
+SCRIPT_MAIN = """
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
@@ -120,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-'''
+"""
 
 SCRIPT_HEAD = '''"""Write this DLDataset (dataset.json) as a HALCON dict, dataset.hdict, for read_dict.
 

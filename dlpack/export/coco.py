@@ -51,7 +51,10 @@ def export_coco(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict[str
     if view.task == "anomaly":
         categories = [{"id": 1, "name": "defect", "supercategory": ""}]
     else:
-        categories = [{"id": cid, "name": name, "supercategory": ""} for cid, name in zip(view.class_ids, view.classes)]
+        categories = [
+            {"id": cid, "name": name, "supercategory": ""}
+            for cid, name in zip(view.class_ids, view.classes, strict=True)
+        ]
     images: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     by_split: dict[str, list[int]] = {}
@@ -89,8 +92,10 @@ def _annotations(view: StoreView, s: Sample, box_rows: Any, api: Any) -> list[di
         boxes, labels = box_rows(view, s)
         crowd = np.zeros(len(boxes), np.uint8) if s.box_crowd is None else s.box_crowd.reshape(-1)
         if len(crowd) != len(boxes):
-            raise StoreError(f"store {view.path}: sample {s.index} has {len(boxes)} boxes and {len(crowd)} iscrowd flags")
-        for k, (bbox, box, label) in enumerate(zip(_coco_boxes(boxes), boxes, labels)):
+            raise StoreError(
+                f"store {view.path}: sample {s.index} has {len(boxes)} boxes and {len(crowd)} iscrowd flags"
+            )
+        for k, (bbox, box, label) in enumerate(zip(_coco_boxes(boxes), boxes, labels, strict=True)):
             ann: dict[str, Any] = {
                 "category_id": view.class_id(int(label)),
                 "bbox": bbox,
@@ -135,9 +140,9 @@ def _box_mask(view: StoreView, mask: np.ndarray, k: int, box: np.ndarray, class_
     """The pixels of box ``k``: instance masks hold ``k + 1``; a semantic mask holds the class id,
     of which the pixels whose centres lie inside the box are taken."""
     if view.instance_masks:
-        return mask == k + 1
+        return np.asarray(mask == k + 1, dtype=bool)
     x0, y0, x1, y1 = (as_float(v) for v in box)
     h, w = mask.shape
     cols = (np.arange(w) + 0.5 >= x0) & (np.arange(w) + 0.5 <= x1)
     rows = (np.arange(h) + 0.5 >= y0) & (np.arange(h) + 0.5 <= y1)
-    return (mask == class_id) & rows[:, None] & cols[None, :]
+    return np.asarray((mask == class_id) & rows[:, None] & cols[None, :], dtype=bool)

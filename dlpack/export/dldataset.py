@@ -11,9 +11,9 @@ import numpy as np
 
 from .._names import shown
 from ..errors import StoreError
-from . import _hdict
 from ._common import Notes, Sample, StoreView, checked_source, halcon_split, png_names, samples, write_json, write_png
 from ._geometry import corners_to_halcon, degenerate_boxes
+from ._hdict import halcon_values, script_text, to_halcon
 
 IMAGE_DIR, SEGMENTATION_DIR, ANOMALY_DIR = "images", "segmentation", "anomaly"
 
@@ -30,7 +30,9 @@ def box_rows(view: StoreView, s: Sample) -> tuple[np.ndarray, np.ndarray]:
         raise StoreError(f"{where} has {len(boxes)} boxes and {len(labels)} box labels")
     bad = [int(v) for v in labels if not 0 <= int(v) < len(view.classes)]
     if bad:
-        raise StoreError(f"{where}: box label {bad[0]} is not a class index (the store has {len(view.classes)} classes)")
+        raise StoreError(
+            f"{where}: box label {bad[0]} is not a class index (the store has {len(view.classes)} classes)"
+        )
     flat = degenerate_boxes(boxes)
     if flat:
         k = flat[0]
@@ -40,7 +42,7 @@ def box_rows(view: StoreView, s: Sample) -> tuple[np.ndarray, np.ndarray]:
 
 def anomaly_label(view: StoreView, s: Sample) -> str | None:
     """``'ok'``/``'nok'`` from the label (classes ok, nok) or the defect folder (``good``/``ok`` = ok)."""
-    if view.classes == ("ok", "nok") and s.label >= 0:
+    if set(view.classes) == {"ok", "nok"} and s.label >= 0:
         return view.classes[s.label]
     if s.defect is not None and 0 <= s.defect < len(view.defects):
         return "ok" if view.defects[s.defect].lower() in ("good", "ok") else "nok"
@@ -120,7 +122,7 @@ def export_dldataset(ds: Any, view: StoreView, stage: Path, final: Path, notes: 
             f"label images hold {view.mask_ignore} where the image was padded; pass it to HALCON as an ignore class id"
         )
     write_json(stage / "dataset.json", doc)
-    (stage / "to_hdict.py").write_text(_hdict.script_text(), encoding="utf-8")
+    (stage / "to_hdict.py").write_text(script_text(), encoding="utf-8")
     _write_hdict(doc, stage, final, notes)
     return {"samples": len(out_samples), "left_out": len(left_out), "anomaly_files": masks_written}
 
@@ -135,5 +137,5 @@ def _write_hdict(doc: dict[str, Any], stage: Path, final: Path, notes: Notes) ->
             "run python to_hdict.py on a machine with HALCON"
         )
         return
-    values = _hdict.halcon_values(doc, final.as_posix())
-    ha.write_dict(_hdict.to_halcon(ha, values), str(stage / "dataset.hdict"), [], [])
+    values = halcon_values(doc, final.as_posix())
+    ha.write_dict(to_halcon(ha, values), str(stage / "dataset.hdict"), [], [])

@@ -35,7 +35,9 @@ def export_folders(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict[
     if view.task == "detection":
         from .coco import export_coco
 
-        notes.add("a detection store is written as COCO (annotations.json, images/), which read_dl_dataset_from_coco reads")
+        notes.add(
+            "a detection store is written as COCO (annotations.json, images/), which read_dl_dataset_from_coco reads"
+        )
         return export_coco(ds, view, stage, notes)
     if view.task == "classification":
         return _classification(ds, view, stage, notes)
@@ -74,7 +76,9 @@ def _classification(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict
         write_png(stage / names[s.index], s.image)
     _left_out(notes, unlabelled, "unlabelled sample(s), which have no class folder")
     if no_split:
-        notes.add(f"{len(no_split)} sample(s) without a split are in class folders at the top, beside the split folders")
+        notes.add(
+            f"{len(no_split)} sample(s) without a split are in class folders at the top, beside the split folders"
+        )
     return {"samples": len(kept), "left_out": len(unlabelled)}
 
 
@@ -86,7 +90,9 @@ def _segmentation(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict[s
             raise OptionError(f"store {view.path} is a segmentation store without a mask array")
         write_png(stage / "images" / names[s.index], s.image)
         write_png(stage / "labels" / names[s.index], s.mask)
-    write_json(stage / "labels" / "classes.json", {str(i): n for i, n in zip(view.class_ids, view.classes)})
+    write_json(
+        stage / "labels" / "classes.json", {str(i): n for i, n in zip(view.class_ids, view.classes, strict=True)}
+    )
     if view.splits:
         notes.add("the segmentation folder layout has no splits; export with --to dldataset to keep them")
     if view.mask_ignore is not None:
