@@ -115,6 +115,11 @@ def export_dldataset(ds: Any, view: StoreView, stage: Path, final: Path, notes: 
             + ", ".join(shown(p) for p in left_out[:5])
             + (" ..." if len(left_out) > 5 else "")
         )
+    if task == "detection" and "mask" in view.arrays:
+        notes.add(
+            "the masks are not in dataset.json (a DLDataset holds instance masks as regions, which JSON cannot); "
+            "export to coco to keep them"
+        )
     if no_split:
         notes.add(f"{no_split} sample(s) have no split; HALCON's split_dl_dataset assigns one")
     if task == "segmentation" and view.mask_ignore is not None:
