@@ -527,3 +527,51 @@ def test_export_is_the_function_after_its_modules_are_imported() -> None:
 
     assert callable(dlpack.export) and dlpack.export.__name__ == "export"
     assert dlpack.ExportResult.__name__ == "ExportResult"
+
+
+def test_a_previous_export_moved_aside_by_a_killed_replacement_comes_back(
+    cls_store: Path, tmp_path: Path, no_halcon: None
+) -> None:
+    out = tmp_path / "dl"
+    dlpack.export(cls_store, "dldataset", out)
+    os.rename(out, tmp_path / ".dl.dlpack-export-old")  # as a kill between the two renames leaves it
+    with pytest.raises(StoreExistsError, match="previous dlpack export"):
+        dlpack.export(cls_store, "coco", out)
+    assert (out / "dataset.json").is_file() and not (tmp_path / ".dl.dlpack-export-old").exists()
+
+
+def test_halcon_failing_to_write_leaves_a_note_and_the_json(
+    cls_store: Path, tmp_path: Path, standin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_licence(*args: Any) -> None:
+        raise RuntimeError("no license found")
+
+    monkeypatch.setattr(standin, "write_dict", no_licence)
+    result = dlpack.export(cls_store, "dldataset", tmp_path / "dl")
+    assert [n for n in result.notes if "HALCON could not write it" in n and "no license" in n]
+    assert (tmp_path / "dl" / "dataset.json").is_file() and not (tmp_path / "dl" / "dataset.hdict").exists()
+
+
+def test_a_class_that_cannot_be_a_folder_is_refused_by_the_folder_layout(tmp_path: Path) -> None:
+    store = _store(tmp_path, "s.zarr", {"a\\b/1.png": _image(1), "c/2.png": _image(2)})
+    with pytest.raises(OptionError, match=r"class 'a\\\\b' cannot be a folder name"):
+        dlpack.export(store, "folders", tmp_path / "f")
+    assert not (tmp_path / "f").exists()
+    dlpack.export(store, "dldataset", tmp_path / "dl")  # JSON keeps any name
+    assert _json(tmp_path / "dl" / "dataset.json")["class_names"] == ["a\\b", "c"]
+
+
+def test_the_task_a_manifest_records_wins_unless_label_arrays_say_more() -> None:
+    from types import SimpleNamespace
+
+    def manifest(arrays: tuple[str, ...], classes: tuple[str, ...] = ("a", "b"), **task: str) -> Any:
+        return SimpleNamespace(arrays=dict.fromkeys(arrays), classes=classes, labels="folders", **task)
+
+    infer = _common.infer_task
+    assert infer(manifest(())) == "classification" and infer(manifest((), ())) == "none"
+    assert infer(manifest(("boxes", "box_labels", "mask"))) == "detection"
+    assert infer(manifest(("mask",))) == "segmentation"
+    assert infer(manifest(("mask",), ("nok", "ok"))) == "anomaly" and infer(manifest(("defect",))) == "anomaly"
+    assert infer(manifest(("mask",), task="detection")) == "detection"  # recorded: wins
+    assert infer(manifest(("boxes",), task="classification")) == "detection"  # boxes added to a classification store
+    assert infer(manifest((), task="none")) == "none"

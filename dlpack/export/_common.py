@@ -76,21 +76,32 @@ class Notes:
 
 
 def infer_task(manifest: Any) -> str:
-    """The manifest's ``task`` when it records one; otherwise the task the arrays imply: a ``defect``
-    array, or a ``mask`` with the classes ``ok`` and ``nok``, is anomaly; ``boxes`` detection (with
-    or without a mask); a ``mask`` segmentation; labels classification; nothing ``none``."""
-    task = getattr(manifest, "task", None)
-    if isinstance(task, str) and task:
-        return task
+    """The task the store's label arrays imply, or the manifest's ``task`` where it says more.
+
+    From the arrays: a ``defect`` array, or a ``mask`` with the classes ``ok`` and ``nok``, is
+    anomaly; ``boxes`` detection (a mask beside them is the boxes' masks); a ``mask``
+    segmentation; labels classification; nothing ``none``. A recorded task other than
+    ``classification``/``none`` wins; those two give way to label arrays added later with
+    :func:`~dlpack.add_array` (which leaves the manifest's task as it was), and are what older
+    stores default to.
+    """
     arrays = manifest.arrays
-    anomaly = "defect" in arrays or (set(manifest.classes) == {"ok", "nok"} and "mask" in arrays)
-    if anomaly:
-        return "anomaly"
-    if "boxes" in arrays:
-        return "detection"  # a mask beside boxes is the boxes' masks (COCO segmentations)
-    if "mask" in arrays:
-        return "segmentation"
-    return "classification" if manifest.classes and manifest.labels != "none" else "none"
+    if "defect" in arrays or (set(manifest.classes) == {"ok", "nok"} and "mask" in arrays):
+        implied = "anomaly"
+    elif "boxes" in arrays:
+        implied = "detection"
+    elif "mask" in arrays:
+        implied = "segmentation"
+    else:
+        implied = "classification" if manifest.classes and manifest.labels != "none" else "none"
+    task = getattr(manifest, "task", None)
+    if (
+        isinstance(task, str)
+        and task
+        and (task not in ("classification", "none") or implied in ("classification", "none"))
+    ):
+        return task
+    return implied
 
 
 def describe(ds: Any) -> StoreView:
@@ -162,6 +173,17 @@ def checked_source(view: StoreView, s: Sample) -> PurePosixPath:
             "which cannot name a file inside the export (absolute, empty or with '..')"
         )
     return p
+
+
+def folder_name(view: StoreView, name: str, what: str) -> str:
+    """``name`` (a class or defect name) as one folder level, refused when it could not be one
+    (empty, ``.``/``..``, or holding ``/``, ``\\`` or NUL: a COCO category may be named anything)."""
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise OptionError(
+            f"store {view.path}: the {what} {shown(name)!r} cannot be a folder name; export with --to dldataset or "
+            "--to coco, which keep names in JSON"
+        )
+    return name
 
 
 def png_names(view: StoreView, sources: list[tuple[int, PurePosixPath]]) -> dict[int, str]:
@@ -252,20 +274,6 @@ def staged_output(out: Path, store: Path, overwrite: bool, marker: dict[str, Any
     real_out = Path(os.path.realpath(out))
     if real_out == real_store or real_store in real_out.parents or real_out in real_store.parents:
         raise OptionError(f"the export folder {out} and the store {store} overlap; choose a folder outside the store")
-    replace = False
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise StoreExistsError(f"{out} exists and is not a folder; choose another export folder")
-    if out.is_dir() and any(out.iterdir()):
-        if not _is_export(out):
-            raise StoreExistsError(
-                f"{out} is not empty and is not a dlpack export; choose an empty or new folder (dlpack replaces only "
-                "its own exports)"
-            )
-        if not overwrite:
-            raise StoreExistsError(
-                f"{out} holds a previous dlpack export; pass --overwrite (overwrite=True) to replace it"
-            )
-        replace = True
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = BuildLock(out)
     try:
@@ -274,6 +282,22 @@ def staged_output(out: Path, store: Path, overwrite: bool, marker: dict[str, Any
         raise StoreLockedError(f"another dlpack process is writing {out}: {exc}") from None
     try:
         stage, old = _sibling(out, "partial"), _sibling(out, "old")
+        if not os.path.lexists(out) and old.is_dir() and not old.is_symlink() and _is_export(old):
+            os.rename(old, out)  # a kill in the middle of a replacement: the previous export goes back
+        replace = False
+        if out.is_symlink() or (out.exists() and not out.is_dir()):
+            raise StoreExistsError(f"{out} exists and is not a folder; choose another export folder")
+        if out.is_dir() and any(out.iterdir()):
+            if not _is_export(out):
+                raise StoreExistsError(
+                    f"{out} is not empty and is not a dlpack export; choose an empty or new folder (dlpack replaces only "
+                    "its own exports)"
+                )
+            if not overwrite:
+                raise StoreExistsError(
+                    f"{out} holds a previous dlpack export; pass --overwrite (overwrite=True) to replace it"
+                )
+            replace = True
         for leftover in (stage, old):  # left by a killed export (we hold the lock: nobody writes them)
             if leftover.is_dir() and not leftover.is_symlink():
                 if (leftover / PARTIAL_MARKER).exists() or _is_export(leftover) or not any(leftover.iterdir()):

@@ -142,5 +142,12 @@ def _write_hdict(doc: dict[str, Any], stage: Path, final: Path, notes: Notes) ->
             "run python to_hdict.py on a machine with HALCON"
         )
         return
-    values = halcon_values(doc, final.as_posix())
-    ha.write_dict(to_halcon(ha, values), str(stage / "dataset.hdict"), [], [])
+    target = stage / "dataset.hdict"
+    try:
+        ha.write_dict(to_halcon(ha, halcon_values(doc, final.as_posix())), str(target), [], [])
+    except Exception as exc:  # HALCON's errors (no licence, ...): the JSON and the script still serve
+        target.unlink(missing_ok=True)
+        notes.add(
+            f"no dataset.hdict: HALCON could not write it ({type(exc).__name__}: {exc}); "
+            "run python to_hdict.py where HALCON works"
+        )

@@ -22,6 +22,7 @@ from ._common import (
     StoreView,
     checked_source,
     flat_names,
+    folder_name,
     png_names,
     samples,
     write_json,
@@ -69,7 +70,8 @@ def _classification(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict
     no_split = [s.source for s in kept if view.splits and s.split is None]
     groups: dict[int, tuple[str, PurePosixPath]] = {}
     for s in kept:
-        folder = view.classes[s.label] if s.split is None else f"{s.split}/{view.classes[s.label]}"
+        name = folder_name(view, view.classes[s.label], "class")
+        folder = name if s.split is None else f"{s.split}/{name}"
         groups[s.index] = (folder, checked_source(view, s))
     names = flat_names(groups)
     for s in kept:
@@ -114,7 +116,7 @@ def _anomaly(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict[str, A
         defect = view.defects[s.defect] if s.defect is not None and 0 <= s.defect < len(view.defects) else None
         if defect is None or (label == "ok") != (defect.lower() in ("good", "ok")):
             defect = "good" if label == "ok" else "nok"
-        groups[s.index] = (defect, checked_source(view, s))
+        groups[s.index] = (folder_name(view, defect, "defect"), checked_source(view, s))
     names = flat_names(groups)
     gt = 0
     for s in items:
