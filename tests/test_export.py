@@ -575,3 +575,20 @@ def test_the_task_a_manifest_records_wins_unless_label_arrays_say_more() -> None
     assert infer(manifest(("mask",), task="detection")) == "detection"  # recorded: wins
     assert infer(manifest(("boxes",), task="classification")) == "detection"  # boxes added to a classification store
     assert infer(manifest((), task="none")) == "none"
+
+
+def test_a_segmentation_store_without_class_names_takes_its_ids_from_the_masks(tmp_path: Path, no_halcon: None) -> None:
+    src = tmp_path / "flat"
+    src.mkdir()
+    for k in range(2):
+        cv2.imwrite(str(src / f"{k}.png"), _image(k))
+    store = tmp_path / "s.zarr"
+    dlpack.build(src, store, jobs=1)
+    masks = np.zeros((2, H, W), np.uint8)
+    masks[0, :2], masks[1, :3], masks[:, :, 0] = 7, 3, 255
+    dlpack.add_array(store, "mask", masks, key="mask")
+    result = dlpack.export(store, "dldataset", tmp_path / "dl")
+    doc = _json(tmp_path / "dl" / "dataset.json")
+    assert problems(doc, "segmentation") == []
+    assert doc["class_ids"] == [0, 3, 7] and doc["class_names"] == ["class_0", "class_3", "class_7"]
+    assert any("no class names" in n for n in result.notes)

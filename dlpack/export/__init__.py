@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import OptionError
-from ._common import Notes, describe, staged_output
+from ._common import Notes, describe, note_classes, staged_output
 
 __all__ = ["export", "ExportResult", "FORMATS"]
 
@@ -74,6 +74,7 @@ def export(
         final = Path(os.path.abspath(out))
         marker = {"to": to, "task": view.task, "store": os.path.abspath(store), "dlpack_version": __version__}
         with staged_output(final, Path(store), overwrite, marker) as stage:
+            note_classes(view, notes)
             counts = _write(ds, view, to, stage, final, notes)
     return ExportResult(
         out=str(final),

@@ -43,6 +43,8 @@ class StoreView:
     mask_ignore: int | None
     instance_masks: bool
     arrays: frozenset[str]
+    #: The classes were read off the masks (a segmentation store without a class list).
+    classes_from_masks: bool = False
 
     def class_id(self, index: int) -> int:
         return self.class_ids[index]
@@ -115,13 +117,20 @@ def describe(ds: Any) -> StoreView:
     if task == "segmentation" and mask_classes:
         pairs = [(int(i), str(n)) for i, n in mask_classes]
         ids, classes = tuple(i for i, _ in pairs), tuple(n for _, n in pairs)
+    ignore = getattr(m, "mask_ignore", None)
+    if ignore is None and "mask" in m.arrays:
+        ignore = 65535 if m.arrays["mask"].dtype == "<u2" else 255
+    from_masks = task == "segmentation" and not classes and "mask" in m.arrays
+    if from_masks:  # HALCON needs the class ids of a segmentation: the values the masks hold
+        found: set[int] = set()
+        for i in range(len(ds)):
+            found.update(int(v) for v in np.unique(ds[i]["mask"]))
+        ids = tuple(sorted(found - {ignore}))
+        classes = tuple(f"class_{i}" for i in ids)
     if len(ids) != len(classes):
         raise StoreError(f"store {ds.path}: {len(ids)} class ids for {len(classes)} classes")
     if task not in TASKS:
         raise StoreError(f"store {ds.path} records the task {task!r}; dlpack knows {', '.join(TASKS)}")
-    ignore = getattr(m, "mask_ignore", None)
-    if ignore is None and "mask" in m.arrays:
-        ignore = 65535 if m.arrays["mask"].dtype == "<u2" else 255
     plan = getattr(m, "plan", None) or {}
     return StoreView(
         path=str(ds.path),
@@ -134,7 +143,16 @@ def describe(ds: Any) -> StoreView:
         mask_ignore=None if ignore is None else int(ignore),
         instance_masks=bool(plan.get("instance_masks", False)),
         arrays=frozenset(m.arrays),
+        classes_from_masks=from_masks,
     )
+
+
+def note_classes(view: StoreView, notes: Notes) -> None:
+    if view.classes_from_masks:
+        notes.add(
+            f"the store has no class names: the mask values {', '.join(map(str, view.class_ids))} are named "
+            + ", ".join(view.classes)
+        )
 
 
 def samples(ds: Any) -> Iterator[Sample]:
