@@ -522,7 +522,41 @@ def _is_damaged_store(store: str) -> bool:
     return True
 
 
-COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info, _add_verify, _add_bench]
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a store as a HALCON DLDataset, COCO, or HALCON's reader folders",
+        epilog=EXIT_CODES,
+    )
+    p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
+    p.add_argument(
+        "--to",
+        required=True,
+        choices=["dldataset", "coco", "folders"],
+        help="dldataset: dataset.json (+ dataset.hdict where HALCON imports); coco: annotations.json; "
+        "folders: the layout HALCON's read_dl_dataset_* procedure for the store's task reads",
+    )
+    p.add_argument("out", help="the export folder: new or empty (or a previous export, with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous dlpack export at OUT")
+    _add_json_flags(p, "what was exported (folder, format, task, counts, notes)")
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(a: argparse.Namespace) -> int:
+    from .export import export
+
+    _check_json_file(a)
+    result = export(a.store, a.to, a.out, overwrite=a.overwrite)
+    if a.json or a.json_file is not None:
+        _emit_json(a, dataclasses.asdict(result))
+    for note in result.notes:
+        _say(f"dlpack: note: {note}", err=True, keep="")
+    if not a.json:
+        _say(result.summary())
+    return 0
+
+
+COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info, _add_verify, _add_bench, _add_export]
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -27,6 +27,8 @@ PUBLIC = {
     "open",
     "Dataset",
     "add_array",
+    "export",
+    "ExportResult",
     "BatchSource",
     "Loader",
     "LoaderOptions",
@@ -56,6 +58,7 @@ NOT_AT_IMPORT = {
     "dlpack.bench.machine",
     "dlpack.build",
     "dlpack.backends",
+    "dlpack.export",
 }
 
 

@@ -1,0 +1,101 @@
+"""``dlpack.export``: write a store out as a HALCON DLDataset, COCO, or HALCON's reader folders.
+
+The store is read through :func:`dlpack.open` only. The export is written into a folder beside
+``out`` (``.OUT.dlpack-export-partial``) and renamed to ``out`` when complete, so a failed or
+killed export leaves nothing at ``out`` that looks finished (docs/export.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import OptionError
+from ._common import Notes, describe, note_classes, staged_output
+
+__all__ = ["export", "ExportResult", "FORMATS"]
+
+#: The formats ``export`` writes.
+FORMATS = ("dldataset", "coco", "folders")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote: the folder, the format and task, counts, and notes worth reading
+    (samples left out, a missing HALCON binding), each said once."""
+
+    out: str
+    store: str
+    to: str
+    task: str
+    samples: int
+    counts: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        extra = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.counts.items() if k != "samples" and v)
+        head = f"exported {self.samples} sample(s) of {self.store} ({self.task}) as {self.to} to {self.out}"
+        return head + (f" ({extra})" if extra else "")
+
+
+def export(
+    store: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, overwrite: bool = False
+) -> ExportResult:
+    """Write the store at ``store`` to the folder ``out`` in the format ``to``.
+
+    Parameters
+    ----------
+    store
+        A dlpack store (Zarr folder or HDF5 file).
+    to
+        ``"dldataset"`` (HALCON's DLDataset as JSON, plus ``to_hdict.py``; ``dataset.hdict`` too
+        where ``import halcon`` works), ``"coco"``, or ``"folders"`` (the layout HALCON's
+        ``read_dl_dataset_*`` procedure for the store's task reads).
+    out
+        A new or empty folder, or a previous dlpack export with ``overwrite=True``.
+
+    Raises
+    ------
+    OptionError
+        An unknown format, a layout the store's task has not, a split HALCON does not know.
+    StoreExistsError
+        ``out`` holds something else, or a previous export without ``overwrite``.
+    """
+    if to not in FORMATS:
+        raise OptionError(f"export format must be one of {', '.join(FORMATS)}, got {to!r}")
+    from ..dataset import open as open_store
+
+    with open_store(store) as ds:
+        view = describe(ds)
+        notes = Notes()
+        final = Path(os.path.abspath(out))
+        marker = {"to": to, "task": view.task, "store": os.path.abspath(store), "dlpack_version": __version__}
+        with staged_output(final, Path(store), overwrite, marker) as stage:
+            note_classes(view, notes)
+            counts = _write(ds, view, to, stage, final, notes)
+    return ExportResult(
+        out=str(final),
+        store=str(store),
+        to=to,
+        task=view.task,
+        samples=int(counts.get("samples", 0)),
+        counts=counts,
+        notes=tuple(notes.items),
+    )
+
+
+def _write(ds: Any, view: Any, to: str, stage: Path, final: Path, notes: Notes) -> dict[str, Any]:
+    if to == "dldataset":
+        from .dldataset import export_dldataset
+
+        return export_dldataset(ds, view, stage, final, notes)
+    if to == "coco":
+        from .coco import export_coco
+
+        return export_coco(ds, view, stage, notes)
+    from .folders import export_folders
+
+    return export_folders(ds, view, stage, notes)

@@ -1,0 +1,349 @@
+"""What every exporter shares: the store's task and classes, the samples, file names, PNG
+writing, and the output folder written beside its final place and renamed into it at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from .._names import shown
+from ..errors import OptionError, StoreError, StoreExistsError, StoreLockedError
+
+#: The tasks a store can hold (the manifest's ``task``).
+TASKS = ("classification", "detection", "segmentation", "anomaly", "none")
+#: The file that marks a finished dlpack export (written last, inside OUT).
+MARKER = ".dlpack-export.json"
+#: The file that marks a folder as an export being written (so a stale one may be removed).
+PARTIAL_MARKER = ".dlpack-export-partial"
+#: dlpack split names that HALCON knows, and HALCON's name for each.
+HALCON_SPLITS = {"train": "train", "val": "validation", "validation": "validation", "test": "test"}
+#: Folder names HALCON's anomaly reader takes as "ok".
+OK_FOLDERS = ("good", "ok")
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """The facts of a store an exporter needs, read once."""
+
+    path: str
+    count: int
+    task: str
+    classes: tuple[str, ...]
+    class_ids: tuple[int, ...]
+    splits: tuple[str, ...]
+    defects: tuple[str, ...]
+    mask_ignore: int | None
+    instance_masks: bool
+    arrays: frozenset[str]
+    #: The classes were read off the masks (a segmentation store without a class list).
+    classes_from_masks: bool = False
+
+    def class_id(self, index: int) -> int:
+        return self.class_ids[index]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample as the exporters see it."""
+
+    index: int
+    source: str
+    image: np.ndarray
+    label: int
+    split: str | None
+    boxes: np.ndarray | None = None
+    box_labels: np.ndarray | None = None
+    box_crowd: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    defect: int | None = None
+
+
+@dataclass
+class Notes:
+    """What an export says besides its files: each note once."""
+
+    items: list[str] = field(default_factory=list)
+
+    def add(self, text: str) -> None:
+        if text not in self.items:
+            self.items.append(text)
+
+
+def infer_task(manifest: Any) -> str:
+    """The task the store's label arrays imply, or the manifest's ``task`` where it says more.
+
+    From the arrays: a ``defect`` array, or a ``mask`` with the classes ``ok`` and ``nok``, is
+    anomaly; ``boxes`` detection (a mask beside them is the boxes' masks); a ``mask``
+    segmentation; labels classification; nothing ``none``. A recorded task other than
+    ``classification``/``none`` wins; those two give way to label arrays added later with
+    :func:`~dlpack.add_array` (which leaves the manifest's task as it was), and are what older
+    stores default to.
+    """
+    arrays = manifest.arrays
+    if "defect" in arrays or (set(manifest.classes) == {"ok", "nok"} and "mask" in arrays):
+        implied = "anomaly"
+    elif "boxes" in arrays:
+        implied = "detection"
+    elif "mask" in arrays:
+        implied = "segmentation"
+    else:
+        implied = "classification" if manifest.classes and manifest.labels != "none" else "none"
+    task = getattr(manifest, "task", None)
+    if (
+        isinstance(task, str)
+        and task
+        and (task not in ("classification", "none") or implied in ("classification", "none"))
+    ):
+        return task
+    return implied
+
+
+def describe(ds: Any) -> StoreView:
+    """The :class:`StoreView` of an open :class:`~dlpack.Dataset`; manifest fields that older
+    stores lack take their documented defaults."""
+    m = ds.manifest
+    classes = tuple(m.classes)
+    ids = tuple(int(i) for i in (getattr(m, "class_ids", None) or range(len(classes))))
+    task = infer_task(m)
+    mask_classes = getattr(m, "mask_classes", None)
+    if task == "segmentation" and mask_classes:
+        pairs = [(int(i), str(n)) for i, n in mask_classes]
+        ids, classes = tuple(i for i, _ in pairs), tuple(n for _, n in pairs)
+    ignore = getattr(m, "mask_ignore", None)
+    if ignore is None and "mask" in m.arrays:
+        ignore = 65535 if m.arrays["mask"].dtype == "<u2" else 255
+    from_masks = task == "segmentation" and not classes and "mask" in m.arrays
+    if from_masks:  # HALCON needs the class ids of a segmentation: the values the masks hold
+        found: set[int] = set()
+        for i in range(len(ds)):
+            found.update(int(v) for v in np.unique(ds[i]["mask"]))
+        ids = tuple(sorted(found - {ignore}))
+        classes = tuple(f"class_{i}" for i in ids)
+    if len(ids) != len(classes):
+        raise StoreError(f"store {ds.path}: {len(ids)} class ids for {len(classes)} classes")
+    if task not in TASKS:
+        raise StoreError(f"store {ds.path} records the task {task!r}; dlpack knows {', '.join(TASKS)}")
+    plan = getattr(m, "plan", None) or {}
+    return StoreView(
+        path=str(ds.path),
+        count=len(ds),
+        task=task,
+        classes=classes,
+        class_ids=ids,
+        splits=tuple(m.splits),
+        defects=tuple(getattr(m, "defects", None) or ()),
+        mask_ignore=None if ignore is None else int(ignore),
+        instance_masks=bool(plan.get("instance_masks", False)),
+        arrays=frozenset(m.arrays),
+        classes_from_masks=from_masks,
+    )
+
+
+def note_classes(view: StoreView, notes: Notes) -> None:
+    if view.classes_from_masks:
+        notes.add(
+            f"the store has no class names: the mask values {', '.join(map(str, view.class_ids))} are named "
+            + ", ".join(view.classes)
+        )
+
+
+def samples(ds: Any) -> Iterator[Sample]:
+    """Every sample of the store, in order."""
+    for i in range(len(ds)):
+        s = ds[i]
+
+        def get(key: str, s: dict[str, Any] = s) -> Any:
+            v = s.get(key)
+            return None if v is None else np.asarray(v)
+
+        defect = s.get("defect")
+        yield Sample(
+            index=i,
+            source=str(s["source"]),
+            image=np.asarray(s["image"]),
+            label=int(s["label"]),
+            split=s.get("split") if isinstance(s.get("split"), str) else None,
+            boxes=None if get("boxes") is None else get("boxes").reshape(-1, 4),
+            box_labels=get("box_labels"),
+            box_crowd=get("box_crowd"),
+            mask=get("mask"),
+            defect=None if defect is None else int(np.asarray(defect).reshape(-1)[0]),
+        )
+
+
+# ---------------------------------------------------------------- names and files
+
+
+def checked_source(view: StoreView, s: Sample) -> PurePosixPath:
+    """The sample's source path, refused when it could name a file outside the export."""
+    p = PurePosixPath(s.source)
+    if not s.source or p.is_absolute() or any(part in ("", ".", "..") for part in s.source.split("/")):
+        raise StoreError(
+            f"store {view.path}: sample {s.index} has the source path {shown(s.source)!r}, "
+            "which cannot name a file inside the export (absolute, empty or with '..')"
+        )
+    return p
+
+
+def folder_name(view: StoreView, name: str, what: str) -> str:
+    """``name`` (a class or defect name) as one folder level, refused when it could not be one
+    (empty, ``.``/``..``, or holding ``/``, ``\\`` or NUL: a COCO category may be named anything)."""
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise OptionError(
+            f"store {view.path}: the {what} {shown(name)!r} cannot be a folder name; export with --to dldataset or "
+            "--to coco, which keep names in JSON"
+        )
+    return name
+
+
+def png_names(view: StoreView, sources: list[tuple[int, PurePosixPath]]) -> dict[int, str]:
+    """``sample index -> "a/b/name.png"``: the source path with ``.png`` for its extension; sources
+    that would share a name (``x.jpg`` and ``x.png``) keep their extension too (``x.jpg.png``)."""
+    wanted = {i: p.with_suffix("").as_posix() for i, p in sources}
+    taken: dict[str, int] = {}
+    for name in wanted.values():
+        taken[name.casefold()] = taken.get(name.casefold(), 0) + 1
+    return {i: (p.as_posix() if taken[wanted[i].casefold()] > 1 else wanted[i]) + ".png" for i, p in sources}
+
+
+def flat_names(groups: dict[int, tuple[str, PurePosixPath]]) -> dict[int, str]:
+    """``sample index -> "folder/name.png"`` for layouts with one folder level (a class, a defect):
+    the file's own name; names that meet in one folder get the sample index (``x_12.png``)."""
+    count: dict[tuple[str, str], int] = {}
+    for folder, p in groups.values():
+        key = (folder, p.stem.casefold())
+        count[key] = count.get(key, 0) + 1
+    out = {}
+    for i, (folder, p) in groups.items():
+        stem = p.stem if count[(folder, p.stem.casefold())] == 1 else f"{p.stem}_{i}"
+        out[i] = f"{folder}/{stem}.png" if folder else f"{stem}.png"
+    return out
+
+
+def write_png(path: Path, pixels: np.ndarray) -> None:
+    """Write ``pixels`` (H x W, H x W x 1 gray or H x W x 3 RGB; 8 or 16 bit) as a lossless PNG."""
+    import cv2
+
+    a = np.ascontiguousarray(pixels)
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[:, :, 0]
+    elif a.ndim == 3 and a.shape[2] == 3:
+        a = cv2.cvtColor(a, cv2.COLOR_RGB2BGR)  # OpenCV writes BGR
+    ok, buf = cv2.imencode(".png", a)
+    if not ok:
+        raise StoreError(f"cannot encode {path.name} as PNG ({a.dtype}, shape {list(a.shape)})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buf.tobytes())
+
+
+def write_json(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
+
+
+def halcon_split(view: StoreView, s: Sample) -> str | None:
+    """HALCON's split name for a sample (``val`` -> ``validation``), None without one; a split
+    HALCON does not know is refused (HALCON would train on none of its samples, silently)."""
+    if s.split is None:
+        return None
+    name = HALCON_SPLITS.get(s.split)
+    if name is None:
+        raise OptionError(
+            f"store {view.path}: sample {s.index} ({shown(s.source)}) is in the split {shown(s.split)!r}, which "
+            "HALCON does not know (it knows train, validation and test; dlpack's val becomes validation); "
+            "rename the split (dlpack.add_array(store, 'split', codes, replace=True) with the store's split names) "
+            "or export to coco"
+        )
+    return name
+
+
+# ---------------------------------------------------------------- the output folder
+
+
+def _is_export(path: Path) -> bool:
+    try:
+        doc = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("dlpack_export") == 1
+
+
+def _sibling(out: Path, kind: str) -> Path:
+    return out.parent / f".{out.name}.dlpack-export-{kind}"
+
+
+@contextlib.contextmanager
+def staged_output(out: Path, store: Path, overwrite: bool, marker: dict[str, Any]) -> Iterator[Path]:
+    """Yield an empty folder beside ``out`` to write the export into; on success write the marker
+    and rename the folder to ``out`` (replacing a previous export only with ``overwrite``); on
+    failure remove it, so nothing that looks complete is left."""
+    from .._lock import BuildLock
+
+    out = Path(os.path.abspath(out))
+    real_store = Path(os.path.realpath(store))
+    real_out = Path(os.path.realpath(out))
+    if real_out == real_store or real_store in real_out.parents or real_out in real_store.parents:
+        raise OptionError(f"the export folder {out} and the store {store} overlap; choose a folder outside the store")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = BuildLock(out)
+    try:
+        lock.acquire()
+    except StoreLockedError as exc:
+        raise StoreLockedError(f"another dlpack process is writing {out}: {exc}") from None
+    try:
+        stage, old = _sibling(out, "partial"), _sibling(out, "old")
+        if not os.path.lexists(out) and old.is_dir() and not old.is_symlink() and _is_export(old):
+            os.rename(old, out)  # a kill in the middle of a replacement: the previous export goes back
+        replace = False
+        if out.is_symlink() or (out.exists() and not out.is_dir()):
+            raise StoreExistsError(f"{out} exists and is not a folder; choose another export folder")
+        if out.is_dir() and any(out.iterdir()):
+            if not _is_export(out):
+                raise StoreExistsError(
+                    f"{out} is not empty and is not a dlpack export; choose an empty or new folder (dlpack replaces only "
+                    "its own exports)"
+                )
+            if not overwrite:
+                raise StoreExistsError(
+                    f"{out} holds a previous dlpack export; pass --overwrite (overwrite=True) to replace it"
+                )
+            replace = True
+        for leftover in (stage, old):  # left by a killed export (we hold the lock: nobody writes them)
+            if leftover.is_dir() and not leftover.is_symlink():
+                if (leftover / PARTIAL_MARKER).exists() or _is_export(leftover) or not any(leftover.iterdir()):
+                    shutil.rmtree(leftover)
+                else:
+                    raise StoreExistsError(f"{leftover} is in the way and is not a dlpack export; move it away")
+            elif os.path.lexists(leftover):
+                raise StoreExistsError(f"{leftover} is in the way and is not a dlpack export; move it away")
+        stage.mkdir()
+        (stage / PARTIAL_MARKER).write_text("a dlpack export being written\n", encoding="utf-8")
+        try:
+            yield stage
+            write_json(stage / MARKER, {"dlpack_export": 1, **marker})
+            (stage / PARTIAL_MARKER).unlink()
+            if replace:
+                os.rename(out, old)
+                try:
+                    os.rename(stage, out)
+                except BaseException:
+                    os.rename(old, out)
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                if out.is_dir():
+                    out.rmdir()  # empty (checked above)
+                os.rename(stage, out)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    finally:
+        lock.release()
