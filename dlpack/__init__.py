@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .bench import BenchOptions, BenchReport, run_bench
     from .build import BuildResult, build
     from .dataset import Dataset, add_array, open
-    from .export import ExportResult, export
+    from .exports import ExportResult, export
     from .loader import BatchSource, Loader, LoaderOptions
 
 #: Public name -> the module that defines it, for the names loaded on first use.
@@ -36,8 +36,8 @@ _LAZY: dict[str, str] = {
     "open": "dataset",
     "Dataset": "dataset",
     "add_array": "dataset",
-    "export": "export",
-    "ExportResult": "export",
+    "export": "exports",
+    "ExportResult": "exports",
     "BatchSource": "loader",
     "Loader": "loader",
     "LoaderOptions": "loader",
@@ -85,7 +85,7 @@ class _Package(types.ModuleType):
     """The ``dlpack`` module object, guarding public names that are also submodule names."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # The import system binds ``dlpack.build`` (``dlpack.export``) to the submodule of that name
+        # The import system binds ``dlpack.build`` to the submodule of that name
         # the first time anything imports it; the public name is the function, so bind that instead.
         if isinstance(value, types.ModuleType) and _LAZY.get(name) == name and value.__name__ == f"{__name__}.{name}":
             value = getattr(value, name)

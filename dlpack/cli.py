@@ -543,7 +543,7 @@ def _add_export(sub: Any) -> None:
 
 
 def _run_export(a: argparse.Namespace) -> int:
-    from .export import export
+    from .exports import export
 
     _check_json_file(a)
     result = export(a.store, a.to, a.out, overwrite=a.overwrite)

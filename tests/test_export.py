@@ -18,8 +18,8 @@ from _dldataset_schema import problems
 import dlpack
 import dlpack.cli
 from dlpack.errors import OptionError, StoreExistsError, StoreNotFoundError
-from dlpack.export import _common, _hdict
-from dlpack.export._geometry import corners_to_coco, corners_to_halcon, degenerate_boxes, halcon_to_corners
+from dlpack.exports import _common, _hdict
+from dlpack.exports._geometry import corners_to_coco, corners_to_halcon, degenerate_boxes, halcon_to_corners
 
 # pycocotools' own decoder (annToMask) warns under NumPy 2; the warning is about pycocotools, not dlpack.
 pytestmark = pytest.mark.filterwarnings(
@@ -477,7 +477,7 @@ def test_a_failed_export_leaves_nothing_that_looks_complete(
             raise OSError(28, "No space left on device", str(path))
         real(path, pixels)
 
-    monkeypatch.setattr(importlib.import_module("dlpack.export.dldataset"), "write_png", failing)
+    monkeypatch.setattr(importlib.import_module("dlpack.exports.dldataset"), "write_png", failing)
     with pytest.raises(OSError, match="No space"):
         dlpack.export(cls_store, "dldataset", out, overwrite=True)
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before  # the old export, whole
@@ -523,7 +523,7 @@ def test_cli_export_bad_input_exits_2_naming_the_store(tmp_path: Path, capsys: p
 
 
 def test_export_is_the_function_after_its_modules_are_imported() -> None:
-    import dlpack.export.coco  # binds the submodule name on the package; the public name stays the function
+    import dlpack.exports.coco  # the formats live in dlpack.exports, so the public name stays the function
 
     assert callable(dlpack.export) and dlpack.export.__name__ == "export"
     assert dlpack.ExportResult.__name__ == "ExportResult"

@@ -1,4 +1,4 @@
-"""``dlpack.export``: write a store out as a HALCON DLDataset, COCO, or HALCON's reader folders.
+"""``dlpack.exports``: :func:`dlpack.export` writes a store out as a HALCON DLDataset, COCO, or HALCON's reader folders.
 
 The store is read through :func:`dlpack.open` only. The export is written into a folder beside
 ``out`` (``.OUT.dlpack-export-partial``) and renamed to ``out`` when complete, so a failed or
