@@ -2,7 +2,7 @@
 
 :class:`Source` is what a build reads; :class:`FolderSource` is the folder-tree implementation, and
 the label sources (:class:`CocoSource`, :class:`MaskFolderSource`, :class:`AnomalyFolderSource`,
-:class:`CsvSource`) read labels from annotation files and label folders; :func:`label_source` picks one
+:class:`CsvSource`, :class:`DLDatasetSource`) read labels from annotation files and label folders; :func:`label_source` picks one
 for a ``--labels KIND[:PATH]`` value.
 :func:`prepare_image` is the one decode -> orient -> resize -> convert function.
 """
@@ -12,7 +12,9 @@ from .base import Source, SourceItem, SourceScan
 from .coco import CocoSource
 from .csv import CsvSource
 from .decode import DecodeError, PreparedImage, TargetSpec, decode_image, prepare_image, read_source_file
+from .dldataset import DLDatasetSource
 from .folder import FolderSource, scan_folder
+from .labels import LabelOutputs, prepare_labels
 from .labels_kind import label_source, parse_labels
 from .masks import MaskFolderSource
 
@@ -26,6 +28,9 @@ __all__ = [
     "MaskFolderSource",
     "AnomalyFolderSource",
     "CsvSource",
+    "DLDatasetSource",
+    "LabelOutputs",
+    "prepare_labels",
     "label_source",
     "parse_labels",
     "TargetSpec",
