@@ -43,7 +43,7 @@ import pathlib
 import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cv2
 import numpy as np
@@ -279,7 +279,7 @@ def _write_one(
     for shape in shapes:
         found = _shape_region(shape, spec.height, spec.width)
         box = None if found is None else tight_box(found[0])
-        if found is None or box is None:  # entirely outside the image: nothing to label
+        if found is None or box is None:  # nothing of it in the image: nothing to label
             continue
         region, x0, y0 = found
         x, y, w, h = box
@@ -603,35 +603,35 @@ def _draw_defects(shapes: tuple[_Shape, ...], h: int, w: int) -> _Float:
 def _shape_region(shape: _Shape, h: int, w: int) -> tuple[npt.NDArray[np.bool_], int, int] | None:
     """Return the pixels one defect instance labels, as a crop and its ``(x, y)`` offset.
 
-    The pixels are the shape drawn without anti-aliasing: that keeps the pixels the defect
-    changes most (a spot's outline is where its blur is at half strength). Pixels the shape
-    encloses (a crack closing a loop) count as inside, since a COCO polygon has no holes.
-    None if the shape lies outside the image. Drawn in a crop around the shape: the full
-    image would cost more than the rest of the labels.
+    The pixels are those the instance, drawn alone exactly as in the image, changes by at
+    least half its strength (for a spot, after its blur). Pixels it encloses (a crack closing
+    a loop) count as inside, since a COCO polygon has no holes. None if it changes no pixel
+    that much. Drawn in a crop around the shape, which holds all of it (for a spot, the very
+    window the image blurs), so it costs a fraction of a full-image canvas.
     """
     if isinstance(shape, _Scratch):
-        points, margin = [shape.p1, shape.p2], shape.thick
+        points, margin = [shape.p1, shape.p2], shape.thick + 2
     elif isinstance(shape, _Spot):
-        points, margin = [shape.center], max(shape.axes)
+        points, margin = [shape.center], round(3 * shape.radius)
     else:
-        points, margin = [p for path in shape.paths for p in path], shape.thick
+        points, margin = [p for path in shape.paths for p in path], shape.thick + 2
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    margin += 2
     x0, y0 = max(0, min(xs) - margin), max(0, min(ys) - margin)
     x1, y1 = min(w, max(xs) + margin + 1), min(h, max(ys) + margin + 1)
     if x0 >= x1 or y0 >= y1:
         return None
-    region = np.zeros((y1 - y0, x1 - x0), np.uint8)
+    delta = _draw_defects((_moved(shape, -x0, -y0),), y1 - y0, x1 - x0)
+    region = fill_holes(np.abs(delta) >= 0.5 * abs(shape.value))
+    return (region, x0, y0) if region.any() else None
+
+
+def _moved(shape: _Shape, dx: int, dy: int) -> _Shape:
+    """Return `shape` shifted by ``(dx, dy)`` pixels."""
     if isinstance(shape, _Scratch):
-        p1, p2 = (shape.p1[0] - x0, shape.p1[1] - y0), (shape.p2[0] - x0, shape.p2[1] - y0)
-        cv2.line(region, p1, p2, 1, shape.thick, cv2.LINE_4)
-    elif isinstance(shape, _Spot):
-        center = (shape.center[0] - x0, shape.center[1] - y0)
-        cv2.ellipse(region, center, shape.axes, shape.angle, 0.0, 360.0, 1, -1, cv2.LINE_4)
-    else:
-        paths = [np.array(path, np.int32) - np.array([x0, y0], np.int32) for path in shape.paths]
-        cv2.polylines(region, paths, False, 1, shape.thick, cv2.LINE_4)
-    return fill_holes(region.astype(np.bool_)), x0, y0
+        return replace(shape, p1=(shape.p1[0] + dx, shape.p1[1] + dy), p2=(shape.p2[0] + dx, shape.p2[1] + dy))
+    if isinstance(shape, _Spot):
+        return replace(shape, center=(shape.center[0] + dx, shape.center[1] + dy))
+    return replace(shape, paths=tuple(tuple((x + dx, y + dy) for x, y in path) for path in shape.paths))
 
 
 if __name__ == "__main__":
