@@ -26,9 +26,10 @@ folder, so the two are kept apart::
 ``read_dl_dataset_anomaly``, MVTec AD), with ``ground_truth/`` as its ground-truth folder. COCO
 category ids equal the mask values (scratch 1, spot 2, crack 3); ``good`` images are in COCO
 with no annotations. Each drawn scratch, spot and crack (with its fork) is one annotation:
-its pixels are the shape drawn without anti-aliasing (a loop a crack closes counts as
-inside), its box is their tight box, its polygons trace their pixel edges (so they fill back
-to exactly those pixels), its area is their count, and the mask is their union.
+its pixels are those it changes by at least half its strength, drawn alone (a loop a crack
+closes counts as inside); its box is their tight box, its polygons trace their pixel edges
+(so they fill back to exactly those pixels), its area is their count, and the mask is their
+union. See docs/sample.md.
 """
 
 from __future__ import annotations
