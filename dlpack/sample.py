@@ -153,7 +153,7 @@ def make_sample(
         ``(count, size, seed)`` (and `labels`).
     labels : bool, default False
         Also write COCO boxes, label images, anomaly ground truth and a CSV of the defects.
-        Takes about twice as long; the images are the same bytes.
+        Adds up to about 10 % to the run time; the images are the same bytes.
 
     Returns
     -------
