@@ -111,7 +111,8 @@ _COCO_FILE = "annotations.json"
 _CSV_FILE = "labels.csv"
 # Pixel value k of a label image is class _MASK_CLASSES[k]; COCO category ids are the same.
 _MASK_CLASSES: tuple[str, ...] = ("background", *CLASSES[1:])
-# The split of labels.csv: train, val, test shares within each class, from its own stream.
+# The split of labels.csv: train, val, test shares within each class (train takes what val and
+# test leave), drawn from a stream of its own so the images do not depend on it.
 _SPLIT_SHARES = (0.8, 0.1, 0.1)
 _SPLIT_STREAM = 0x53504C54
 
@@ -279,22 +280,20 @@ def _write_one(
     instances: list[_Instance] = []
     for shape in shapes:
         found = _shape_region(shape, spec.height, spec.width)
-        box = None if found is None else tight_box(found[0])
-        if found is None or box is None:  # nothing of it in the image: nothing to label
+        if found is None:  # nothing of it in the image: nothing to label
             continue
         region, x0, y0 = found
-        x, y, w, h = box
-        crop = region[y : y + h, x : x + w]
-        box = (x + x0, y + y0, w, h)
-        instances.append(_Instance(box, int(np.count_nonzero(crop)), tuple(map(tuple, outline(crop, *box[:2])))))
         mask[y0 : y0 + region.shape[0], x0 : x0 + region.shape[1]][region] = class_id
+        x, y, w, h = tight_box(region) or (0, 0, 0, 0)  # never empty: _shape_region returns None then
+        crop = region[y : y + h, x : x + w]
+        polygons = tuple(tuple(p) for p in outline(crop, x0 + x, y0 + y))
+        instances.append(_Instance((x0 + x, y0 + y, w, h), int(np.count_nonzero(crop)), polygons))
     stem = spec.relpath.rsplit(".", 1)[0]
-    png = _LABEL_PNG
-    nbytes += _write_image(label_root / _MASKS_DIR / f"{stem}.png", mask, ".png", png)
+    nbytes += _write_image(label_root / _MASKS_DIR / f"{stem}.png", mask, ".png", _LABEL_PNG)
     if spec.cls != "good":
         # The defect folder is the class folder, so `stem` already starts with it.
         truth = np.where(mask > 0, np.uint8(255), np.uint8(0))
-        nbytes += _write_image(label_root / _GROUND_TRUTH_DIR / f"{stem}.png", truth, ".png", png)
+        nbytes += _write_image(label_root / _GROUND_TRUTH_DIR / f"{stem}.png", truth, ".png", _LABEL_PNG)
     return nbytes, tuple(instances)
 
 
