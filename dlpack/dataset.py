@@ -473,7 +473,7 @@ def add_array(
             lock.release()
             raise StoreError(f"cannot take the lock of {out} to add array {name!r}: {exc}") from exc
     try:
-        from .build import clear_leftovers
+        from .pack.publish import clear_leftovers
 
         clear_leftovers(out)  # a killed switch of an earlier add_array is finished or undone first
         reader = open_reader(out, check_labels=False)  # a store with bad labels can be repaired
@@ -617,7 +617,7 @@ def _add_beside(
     """Zarr: write the new store generation beside the store (every other file shared by a hard
     link), then publish it as a build publishes, so the store is the old one or the new one, whole."""
     from .backends._zarr import clear_beside, prepare_beside
-    from .build import publish_stage
+    from .pack.publish import publish_stage
 
     stage = beside_path(out)
     clear_beside(out, stage)

@@ -224,7 +224,7 @@ class Manifest:
     ``splits`` names the codes of the ``split`` array (present when the source assigns splits):
     code ``k`` means ``splits[k]``, ``-1`` no split.
 
-    ``plan`` is the build plan the store was written under (``dlpack.build.BuildPlan.to_dict()``),
+    ``plan`` is the build plan the store was written under (``dlpack.pack.BuildPlan.to_dict()``),
     so a later resume or update can check that it continues the same plan; empty for stores
     written before it was recorded.
     """

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import dlpack
-from dlpack.build import BuildPlan
 from dlpack.errors import StoreError
 from dlpack.manifest import ImageSpec, Manifest
+from dlpack.pack import BuildPlan
 from dlpack.sources import TargetSpec
 
 MakeTree = Callable[..., Path]

@@ -54,7 +54,8 @@ NOT_AT_IMPORT = {
     "dlpack.bench",
     "dlpack.bench.pagecache",
     "dlpack.bench.machine",
-    "dlpack.build",
+    "dlpack.pack",
+    "dlpack._parallel",
     "dlpack.backends",
 }
 
@@ -140,7 +141,10 @@ def test_first_use_loads_the_module_behind_a_name() -> None:
     assert _fresh_python(code).split() == ["True", "False"]
 
 
-def test_build_stays_the_function_when_its_module_is_imported_first() -> None:
-    # Importing dlpack/build.py binds the package attribute "build" to the module unless guarded.
-    code = "import dlpack.build, dlpack; from dlpack.build import BuildResult; print(callable(dlpack.build))"
-    assert _fresh_python(code).strip() == "True"
+def test_build_stays_the_function_when_its_package_is_imported_first() -> None:
+    # The build lives in dlpack.pack: importing it binds the attribute "pack", never "build".
+    code = (
+        "import dlpack.pack, dlpack; from dlpack.pack import BuildResult; "
+        "print(callable(dlpack.build), dlpack.build is dlpack.pack.build, dlpack.BuildResult is BuildResult)"
+    )
+    assert _fresh_python(code).split() == ["True", "True", "True"]

@@ -109,6 +109,17 @@ def _signed(path: Path, follow_symlinks: bool = True) -> bool:
         return f.read(8) == _SIGNATURE
 
 
+def _h5_readable(path: Path) -> bool:
+    """Whether HDF5 can open the file at ``path`` (a regular file, checked by the caller)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r"):
+            return True
+    except Exception:  # whatever h5py raises, the file is not readable
+        return False
+
+
 @contextlib.contextmanager
 def _damage(path: Path, what: str) -> Iterator[None]:
     """Turn what h5py raises on a damaged file into a StoreError naming the store and the object.
@@ -583,6 +594,22 @@ class Hdf5Backend(Backend):
         # Uncompressed fixed arrays are contiguous (raw blocks); others are written through h5py.
         raw = spec.compression == "none" and not spec.ragged and count > 0
         return _block_rows(spec.item_nbytes, raw, count, shard_bytes)
+
+    @classmethod
+    def foreign_reason(cls, path: Path) -> str | None:
+        """A build killed before its first byte leaves an empty file; one killed before HDF5 flushed
+        its metadata leaves a superblock pointing past the end of the file, which nobody can open."""
+        if not path.is_file():
+            return super().foreign_reason(path)
+        try:
+            fd = open_regular(path, follow_symlinks=False)
+        except OSError as exc:  # swapped for a named pipe since the check, or unreadable
+            return f"it cannot be read ({exc})"
+        with os.fdopen(fd, "rb") as f:
+            head = f.read(len(_SIGNATURE))
+        if not head or (head == _SIGNATURE and not _h5_readable(path)):
+            return None
+        return super().foreign_reason(path)
 
     @classmethod
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader:

@@ -21,6 +21,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -814,6 +815,25 @@ class Backend(ABC):
     @classmethod
     @abstractmethod
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader: ...
+
+    @classmethod
+    def remove(cls, path: Path) -> None:
+        """Remove a store of this backend at ``path``, complete or partial (or whatever is there):
+        a file or link is unlinked, a folder removed with everything in it."""
+        if not path.is_dir() or path.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return
+        shutil.rmtree(path, ignore_errors=True)
+
+    @classmethod
+    def foreign_reason(cls, path: Path) -> str | None:
+        """Why ``path`` (a folder, or a regular file with one name, without dlpack's marker) is not
+        what a build of this backend leaves when killed while creating its store; None when it is.
+
+        A build removes such a leftover of its own; anything else at its paths is someone else's.
+        """
+        return f"it is a {'folder' if path.is_dir() else 'file'} without dlpack's marker"
 
     @classmethod
     def carry_foreign(cls, store: Path, new: Path, manifest: Manifest) -> list[str]:
