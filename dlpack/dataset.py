@@ -396,7 +396,7 @@ class Dataset:
             "channels": m.image.channels,
             "dtype": m.image.dtype,
             "compression": m.compression,
-            "shard_images": m.shard_images,
+            "shard_images": m.shard_rows,
             "bytes_on_disk": nbytes,
             "arrays": {name: spec.to_dict() for name, spec in m.arrays.items()},
             "skipped": [{"path": e.path, "reason": e.reason} for e in m.skipped],
@@ -606,7 +606,7 @@ def _write_values(writer: Any, spec: ArraySpec, data: np.ndarray | list[np.ndarr
     if spec.ragged:
         writer.write_block(spec.name, 0, data)
         return
-    step = writer.block_len(spec.name)
+    step = writer.shard_rows(spec.name)
     for s in range(0, n, step):
         writer.write_block(spec.name, s, data[s : s + step])
 

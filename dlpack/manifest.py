@@ -237,7 +237,7 @@ class Manifest:
     splits: tuple[str, ...] = ()
     resize: dict[str, Any] = field(default_factory=dict)
     compression: str = "none"
-    shard_images: int = 0
+    shard_rows: int = 0
     arrays: dict[str, ArraySpec] = field(default_factory=dict)
     skipped: tuple[InputFileError, ...] = ()
     conversions: dict[str, int] = field(default_factory=dict)
@@ -254,6 +254,7 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         d = asdict(self)
+        d["shard_images"] = d.pop("shard_rows")  # the format's name for it
         d["classes"] = list(self.classes)
         d["splits"] = list(self.splits)
         d["arrays"] = {name: spec.to_dict() for name, spec in self.arrays.items()}
@@ -311,7 +312,7 @@ class Manifest:
 
 def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
     """Manifest constructor arguments from a parsed manifest, every known field type-checked."""
-    known = {f.name for f in fields(Manifest)}
+    known = {f.name for f in fields(Manifest)} - {"shard_rows"}
     kw = {k: v for k, v in d.items() if k in known}
     count = _typed(kw.get("count"), int, "count")
     if not 0 <= count < 2**63:
@@ -324,8 +325,9 @@ def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
         raise StoreError(f"generation must be 64 hex digits, got {kw['generation']!r}")
     if kw.get("compression", "none") not in _COMPRESSIONS:
         raise StoreError(f"compression must be none, lz4 or zstd, got {kw.get('compression')!r}")
-    if _typed(kw.get("shard_images", 0), int, "shard_images") < 0:
-        raise StoreError(f"shard_images must be >= 0, got {kw['shard_images']}")
+    kw["shard_rows"] = _typed(d.get("shard_images", 0), int, "shard_images")
+    if kw["shard_rows"] < 0:
+        raise StoreError(f"shard_images must be >= 0, got {kw['shard_rows']}")
     for name in ("resize", "plan", "conversions", "arrays"):
         _typed(kw.get(name, {}), dict, name)
     for k, v in kw.get("conversions", {}).items():

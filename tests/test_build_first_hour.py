@@ -350,7 +350,7 @@ def test_the_packing_bar_moves_within_a_block_of_many_small_images(
     assert sum(packing) == n
     assert len(packing) >= 20, packing  # per sub-block of 64 images, not once per block
     with dlpack.open(out) as ds:
-        assert ds.manifest.shard_images == (n if jobs == "1" else 2**16 // 48)
+        assert ds.manifest.shard_rows == (n if jobs == "1" else 2**16 // 48)
 
 
 def test_progress_does_not_change_the_bytes_written(

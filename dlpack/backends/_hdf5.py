@@ -94,7 +94,7 @@ def _load_plugins() -> None:
         pass
 
 
-def _block_rows(row_nbytes: int, raw: bool, rows: int, shard_bytes: int) -> int:
+def _shard_rows(row_nbytes: int, raw: bool, rows: int, shard_bytes: int) -> int:
     """Rows per write block: a shard's worth for raw (pwrite) arrays, a few MB for h5py-written ones."""
     return max(1, min(max(1, rows), (shard_bytes if raw else _PICKLED_BLOCK) // max(1, row_nbytes)))
 
@@ -217,7 +217,7 @@ class Hdf5Writer(StoreWriter):
                 self._raw[name] = (
                     None if offset is None else int(offset),
                     row,
-                    _block_rows(row, offset is not None, ds.shape[0], self.shard_bytes),
+                    _shard_rows(row, offset is not None, ds.shape[0], self.shard_bytes),
                 )
 
     def _stored_names(self) -> list[str]:
@@ -252,7 +252,7 @@ class Hdf5Writer(StoreWriter):
         self._raw[name] = (
             offset,
             spec.item_nbytes,
-            _block_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
+            _shard_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
         )
 
     def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:
@@ -278,7 +278,7 @@ class Hdf5Writer(StoreWriter):
         self._raw[name] = (
             offset,
             spec.item_nbytes,
-            _block_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
+            _shard_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
         )
 
     def _read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
@@ -590,10 +590,10 @@ class Hdf5Backend(Backend):
         return _has_marker(path)
 
     @classmethod
-    def block_rows(cls, spec: ArraySpec, count: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
+    def shard_rows(cls, spec: ArraySpec, count: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
         # Uncompressed fixed arrays are contiguous (raw blocks); others are written through h5py.
         raw = spec.compression == "none" and not spec.ragged and count > 0
-        return _block_rows(spec.item_nbytes, raw, count, shard_bytes)
+        return _shard_rows(spec.item_nbytes, raw, count, shard_bytes)
 
     @classmethod
     def foreign_reason(cls, path: Path) -> str | None:

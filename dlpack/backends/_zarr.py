@@ -325,7 +325,7 @@ class ZarrWriter(StoreWriter):
             theirs = ShardedArray(Path(other) / name)
         except (StoreError, KeyError, TypeError, ValueError):
             return False
-        if (theirs.rows_per_shard, theirs.chunk_len, tuple(theirs.shape[1:])) != (
+        if (theirs.shard_rows, theirs.chunk_len, tuple(theirs.shape[1:])) != (
             lay.shard_rows,
             lay.chunk,
             lay.trailing,

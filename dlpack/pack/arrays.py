@@ -82,7 +82,7 @@ def manifest_stage(
             "interpolation": "area (shrink), linear (enlarge)",
         },
         compression=plan.compression,
-        shard_images=0 if variable else plan.shard_images,
+        shard_rows=0 if variable else plan.shard_rows,
         skipped=tuple(sorted(sel.errors, key=lambda e: e.path)),
         conversions=dict(sorted(conversions.items())),
         plan=plan.to_dict(),

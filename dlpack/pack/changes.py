@@ -345,7 +345,7 @@ def carry_arrays(
             empty = np.empty((0, *spec.shape), dtype=spec.dtype)
             writer.write_block(name, 0, [reader.read(name, i) if i is not None else empty for i in olds])
             continue
-        step = writer.block_len(name)
+        step = writer.shard_rows(name)
         for s in range(0, count, step):
             e = min(s + step, count)
             same = min(s + step, n0) == e and all(olds[j] == j for j in range(s, e))

@@ -50,8 +50,9 @@ class BuildPlan:
         Store format and codec.
     shard_bytes : int
         The shard size asked for.
-    shard_images : int
-        Images per shard (fixed layout), or inner chunks per shard of the flat pixel array (variable).
+    shard_rows : int
+        Images per shard (fixed layout), or inner chunks per shard of the flat pixel array (variable);
+        recorded as ``shard_images``, the format's name for it.
     count : int
         Number of samples.
     order : str
@@ -74,7 +75,7 @@ class BuildPlan:
     backend: str
     compression: str
     shard_bytes: int
-    shard_images: int
+    shard_rows: int
     count: int
     order: str
     source: str
@@ -103,7 +104,7 @@ class BuildPlan:
             "backend": self.backend,
             "compression": self.compression,
             "shard_bytes": self.shard_bytes,
-            "shard_images": self.shard_images,
+            "shard_images": self.shard_rows,
             "count": self.count,
             "order": self.order,
             "source": self.source,
@@ -123,7 +124,7 @@ class BuildPlan:
             ``d`` is not a complete plan.
         """
         try:
-            fields = {k: d[k] for k in ("backend", "compression", "shard_bytes", "shard_images", "count")}
+            fields = {k: d[k] for k in ("backend", "compression", "shard_bytes", "count")}
             follow = d.get("follow_symlinks", False)
             if not isinstance(follow, bool):
                 raise TypeError(f"follow_symlinks must be true or false, got {follow!r}")
@@ -143,6 +144,7 @@ class BuildPlan:
                 split_seed=seed,
                 target=TargetSpec.from_dict(dict(d["target"])),
                 image=ImageSpec(**d["image"]),
+                shard_rows=d["shard_images"],
                 order=d["order"],
                 source=d["source"],
                 **fields,
@@ -204,7 +206,7 @@ def _check_block_bytes(backend: type[Backend], spec: ImageSpec, count: int, opts
     if images.ragged:
         return  # variable sizes are written in runs of a few images, each within max_pixels
     item = images.item_nbytes
-    block = backend.block_rows(images, count, opts.shard_bytes) * item
+    block = backend.shard_rows(images, count, opts.shard_bytes) * item
     if block > max(MAX_BLOCK_BYTES, item):
         raise OptionError(
             f"one write block would take {block / 2**30:.1f} GiB ({block // item} images of {item} bytes); "
@@ -268,7 +270,7 @@ def plan_stage(
         backend=backend,
         compression=opts.compression,
         shard_bytes=opts.shard_bytes,
-        shard_images=get_backend(backend).block_rows(image_array(spec, opts.compression), len(kept), opts.shard_bytes),
+        shard_rows=get_backend(backend).shard_rows(image_array(spec, opts.compression), len(kept), opts.shard_bytes),
         count=len(kept),
         order=order_digest(kept),
         source=source_digest(scan, probes),

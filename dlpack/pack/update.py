@@ -178,7 +178,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         plan = replace(
             plan0,
             count=count,
-            shard_images=backend.block_rows(images, count, plan0.shard_bytes),
+            shard_rows=backend.shard_rows(images, count, plan0.shard_bytes),
             order=order_digest(items),
             source=source_digest(scan, probes),
         )
@@ -321,8 +321,8 @@ def _update_blocks(
     (by scan position) and the counts of shared and written blocks."""
     from joblib import delayed
 
-    step = writer.block_len("images")
-    n0, step0 = plan0.count, plan0.shard_images
+    step = writer.shard_rows("images")
+    n0, step0 = plan0.count, plan0.shard_rows
     starts = list(range(0, len(origin), step))
     todo: list[int] = []
     shared = 0

@@ -41,10 +41,10 @@ from .plan import BuildPlan, image_array, plan_stage
 from .workers import Sample, decode_block, fixed_block, write_block_worker
 
 
-def _journal_header(plan: BuildPlan, block_len: int) -> dict[str, Any]:
+def _journal_header(plan: BuildPlan, shard_rows: int) -> dict[str, Any]:
     return {
         "fingerprint": plan.fingerprint(),
-        "block_len": block_len,
+        "block_len": shard_rows,  # the journal's name for it
         "plan": plan.to_dict(),
     }
 
@@ -68,7 +68,7 @@ def _verified_blocks(
 ) -> dict[int, list[Sample]]:
     """The journalled blocks still good: whole aligned blocks whose source files kept their size and
     mtime and whose stored samples read back with their recorded checksums."""
-    step = writer.block_len(images.name)
+    step = writer.shard_rows(images.name)
     done: dict[int, list[Sample]] = {}
     for start, samples in sorted(state.blocks.items()):
         stop = start + len(samples)
@@ -140,7 +140,7 @@ def _continue_partial(
         if (state.commit or writer.arrays) and not writer.undo_commit([images.name]):
             raise Restart(f"it was killed while the {backend.name} library wrote the store's metadata")
         writer.attach_array(images, plan.count)
-        if not _resumable(writer, images) or writer.block_len(images.name) != state.header.get("block_len"):
+        if not _resumable(writer, images) or writer.shard_rows(images.name) != state.header.get("block_len"):
             raise Restart(f"its {backend.name} image blocks cannot be continued")
         done = _verified_blocks(writer, images, state, root, pairs)
     except Restart:
@@ -154,7 +154,7 @@ def _continue_partial(
         raise
     # Rewritten without the lines that did not hold up, so it says exactly what the partial holds.
     journal = Journal.create(jpath, state.header, done)
-    n_blocks = -(-len(pairs) // writer.block_len(images.name))
+    n_blocks = -(-len(pairs) // writer.shard_rows(images.name))
     return Partial(writer, journal, done, f"resumed: {len(done)} of {n_blocks} blocks already written")
 
 
@@ -183,10 +183,10 @@ def _complete_partial(
     spec = writer.arrays.get(images.name)
     if spec is None or (spec.dtype, spec.shape, spec.ragged) != (images.dtype, images.shape, images.ragged):
         return None
-    if not _resumable(writer, spec) or writer.block_len(images.name) != state.header.get("block_len"):
+    if not _resumable(writer, spec) or writer.shard_rows(images.name) != state.header.get("block_len"):
         return None
     done = _verified_blocks(writer, spec, state, root, pairs)
-    step = writer.block_len(images.name)
+    step = writer.shard_rows(images.name)
     return done if len(done) == -(-len(pairs) // step) else None
 
 
@@ -222,7 +222,7 @@ def open_partial(
         journal: Journal[Sample] | None = None
         if _resumable(writer, images):
             # Created after the image array: a journal always describes a partial that holds it.
-            journal = Journal.create(jpath, _journal_header(plan, writer.block_len(images.name)))
+            journal = Journal.create(jpath, _journal_header(plan, writer.shard_rows(images.name)))
     except BaseException:
         abort_store(writer, tmp)
         remove_store(jpath)
@@ -270,7 +270,7 @@ def write_images(
         images = writer.arrays[image_array(plan.image, plan.compression).name]
         fixed = not images.ragged
         in_workers = fixed and writer.parallel_safe(images.name)
-        step = writer.block_len(images.name) if fixed else 16
+        step = writer.shard_rows(images.name) if fixed else 16
         appended = 0
         from joblib import delayed
 
