@@ -28,6 +28,7 @@ from .errors import (
 )
 from .loader import Loader, LoaderOptions
 from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
+from .options import with_keywords
 
 __all__ = ["Dataset", "open", "add_array"]
 
@@ -289,7 +290,7 @@ class Dataset:
         ``split="train"`` (see :meth:`indices`) or ``indices=[...]`` restricts every epoch to those
         samples; the shuffle, rank shards and resume then apply to the selection.
         """
-        opts = dataclasses.replace(options or LoaderOptions(), **kwargs) if kwargs else (options or LoaderOptions())
+        opts = with_keywords(options, LoaderOptions, kwargs, "loader", also=("transform", "split", "indices"))
         if split is not None and indices is not None:
             raise OptionError("pass split or indices, not both (ds.indices(split) gives a split's indices)")
         if split is not None:

@@ -21,7 +21,6 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +35,8 @@ from ..errors import (
     SourceError,
     StoreExistsError,
 )
-from ..options import BuildOptions
+from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
-from ..sources.folder import FolderSource
 from .arrays import manifest_stage
 from .inputs import (
     Probe,
@@ -50,6 +48,7 @@ from .inputs import (
     probe_stage,
     probed,
     scan_stage,
+    source_options,
     split_stage,
 )
 from .plan import BuildPlan, plan_stage
@@ -124,7 +123,7 @@ def build(
     StoreLockedError
         Another build into ``out`` is running (the message names it).
     """
-    opts = replace(options or BuildOptions(), **kwargs) if kwargs else (options or BuildOptions())
+    opts = with_keywords(options, BuildOptions, kwargs, "build")
     t0 = time.perf_counter()
     if isinstance(src, (str, os.PathLike)) and not os.fspath(src):
         raise SourceError("the source path is empty; give the folder of images (use '.' for the current folder)")
@@ -134,19 +133,7 @@ def build(
     check_out_suffix(out_path, opts)
     backend = backend_for_path(out_path, opts.format, write=True)
     source = as_source(src, opts)
-    if opts.exclude and not isinstance(source, FolderSource):
-        raise OptionError(
-            f"exclude applies to a folder source; a {type(source).__name__} lists its own items: leave them out there"
-        )
-    if isinstance(source, FolderSource) and source.exclude != opts.exclude:
-        if opts.exclude:
-            raise OptionError(
-                f"the FolderSource excludes {list(source.exclude)} but exclude={list(opts.exclude)} was given; "
-                "give the patterns in one place"
-            )
-        opts = replace(opts, exclude=source.exclude)  # the plan records the source's own patterns
-    if isinstance(source, FolderSource) and source.follow_symlinks != opts.follow_symlinks:
-        opts = replace(opts, follow_symlinks=source.follow_symlinks)  # the plan records the source's own rule
+    opts = source_options(source, opts)
     check_paths(source, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with BuildLock(out_path):

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -61,6 +61,45 @@ def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Sourc
     if isinstance(src, Source):
         return src
     raise OptionError(f"src must be a folder path or a dlpack.sources.Source, got {type(src).__name__}")
+
+
+def source_options(source: Source, opts: BuildOptions) -> BuildOptions:
+    """``opts`` as the build of ``source`` records them: a source object's own folder rules.
+
+    ``labels``, ``follow_symlinks`` and ``exclude`` shape what a folder path lists. A Source object
+    lists its items itself, so one of them given with another value than the source's (for any
+    source but a :class:`FolderSource`: than its default) would be ignored, and is refused.
+    """
+    defaults = BuildOptions()
+    own: dict[str, Any] = (
+        {"labels": source.labels, "follow_symlinks": source.follow_symlinks, "exclude": source.exclude}
+        if isinstance(source, FolderSource)
+        else {}
+    )
+    kind = type(source).__name__
+    for name in ("labels", "follow_symlinks", "exclude"):
+        given = getattr(opts, name)
+        if given == getattr(defaults, name) or (name in own and given == own[name]):
+            continue
+        if name == "exclude" and not own:
+            raise OptionError(f"exclude applies to a folder source; a {kind} lists its own items: leave them out there")
+        if name == "exclude":
+            raise OptionError(
+                f"the FolderSource excludes {list(own['exclude'])} but exclude={list(opts.exclude)} was given; "
+                "give the patterns in one place"
+            )
+        if own:
+            raise OptionError(
+                f"the FolderSource has {name}={own[name]!r} but {name}={given!r} was given; give it in one place"
+            )
+        raise OptionError(
+            f"{name}={given!r} applies to a folder path; a {kind} lists its own items and labels, "
+            f"so it would be ignored: drop {name}, or give it to the source"
+        )
+    if own:
+        # The plan records the source's own patterns and symlink rule.
+        opts = replace(opts, exclude=own["exclude"], follow_symlinks=own["follow_symlinks"])
+    return opts
 
 
 #: The ``split`` array is int8 with -1 for "no split".
