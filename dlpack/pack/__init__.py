@@ -25,16 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from .._lock import BuildLock, journal_path, partial_path
-from ..backends import (
-    Backend,
-    backend_for_path,
-    remove_store,
-)
-from ..errors import (
-    OptionError,
-    SourceError,
-    StoreExistsError,
-)
+from ..backends import Backend, backend_for_path, remove_store
+from ..errors import OptionError, SourceError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
 from .arrays import manifest_stage
@@ -101,13 +93,14 @@ def build(
     ----------
     src
         A folder tree of images (class sub-folders become labels with ``labels="auto"``), or any
-        :class:`~dlpack.sources.Source`; for a Source, the ``labels`` and ``follow_symlinks``
-        options do not apply (the source decides), and ``exclude`` is refused.
+        :class:`~dlpack.sources.Source`; a Source lists its own items, so ``labels``,
+        ``follow_symlinks`` and ``exclude`` given with another value than its own are refused.
     out
         Store path: a ``.zarr`` folder (default) or a ``.h5``/``.hdf5`` file.
     options
         A :class:`~dlpack.BuildOptions`; keyword arguments override its fields
-        (``build("raw", "train.zarr", size=(512, 512), jobs=2)``).
+        (``build("raw", "train.zarr", size=(512, 512), jobs=2)``); an unknown one is an
+        :class:`~dlpack.OptionError` naming the fields it may mean.
 
     Returns
     -------

@@ -9,9 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..backends import (
-    ArraySpec,
-)
+from ..backends import ArraySpec
 from ..manifest import Manifest
 from ..sources.base import SourceItem, SourceScan
 from .inputs import Selection, split_names

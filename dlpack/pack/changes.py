@@ -13,16 +13,8 @@ from typing import Any
 import numpy as np
 
 from .._names import shown as shown_name
-from ..backends import (
-    ArraySpec,
-    StoreWriter,
-)
-from ..errors import (
-    BadInputsError,
-    InputFileError,
-    OptionError,
-    SourceError,
-)
+from ..backends import ArraySpec, StoreWriter
+from ..errors import BadInputsError, InputFileError, OptionError, SourceError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import Source, SourceScan

@@ -15,24 +15,11 @@ import numpy as np
 from .. import _parallel
 from .._files import NotRegularFileError, open_regular
 from .._names import shown as shown_name
-from ..backends import (
-    BACKENDS,
-)
-from ..errors import (
-    BadInputsError,
-    InputFileError,
-    OptionError,
-    SourceError,
-)
+from ..backends import BACKENDS
+from ..errors import BadInputsError, InputFileError, OptionError, SourceError
 from ..options import SPLIT_PART_NAMES, BuildOptions
 from ..sources.base import Source, SourceItem, SourceScan
-from ..sources.decode import (
-    DecodeError,
-    check_header,
-    incomplete_reason,
-    no_header_reason,
-    normalise_header,
-)
+from ..sources.decode import DecodeError, check_header, incomplete_reason, no_header_reason, normalise_header
 from ..sources.folder import FolderSource
 from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
 

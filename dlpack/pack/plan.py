@@ -11,23 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import (
-    ArraySpec,
-    Backend,
-    get_backend,
-)
-from ..errors import (
-    InputFileError,
-    OptionError,
-    SourceError,
-    StoreError,
-)
+from ..backends import ArraySpec, Backend, get_backend
+from ..errors import InputFileError, OptionError, SourceError, StoreError
 from ..manifest import ImageSpec
 from ..options import SPLIT_PART_NAMES, BuildOptions, parse_split
 from ..sources.base import SourceItem, SourceScan
-from ..sources.decode import (
-    TargetSpec,
-)
+from ..sources.decode import TargetSpec
 from ..sources.probe import ImageHeader
 from ..transforms.functional import UpscaleError
 from .inputs import Probe, Selection

@@ -13,10 +13,7 @@ from typing import Any
 from .._files import file_kind, irregular_entries
 from .._lock import journal_path, old_path, partial_path
 from ..backends import Backend, foreign_reason, owned_store, remove_store
-from ..errors import (
-    StoreError,
-    StoreExistsError,
-)
+from ..errors import StoreError, StoreExistsError
 from .journal import Restart, is_journal, read_journal
 from .plan import BuildPlan
 from .workers import Sample

@@ -6,9 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._names import shown as shown_name
-from ..errors import (
-    InputFileError,
-)
+from ..errors import InputFileError
 from .plan import BuildPlan
 
 #: Class names the summary lists before "... and N more".

@@ -16,21 +16,8 @@ import numpy as np
 from .. import _parallel
 from .._lock import journal_path, partial_path
 from .._names import shown as shown_name
-from ..backends import (
-    ArraySpec,
-    Backend,
-    StoreWriter,
-    owned_store,
-    remove_store,
-)
-from ..errors import (
-    DlpackError,
-    InputFileError,
-    OptionError,
-    SourceError,
-    StoreError,
-    StoreNotFoundError,
-)
+from ..backends import ArraySpec, Backend, StoreWriter, owned_store, remove_store
+from ..errors import DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreNotFoundError
 from ..options import BuildOptions
 from ..sources.base import Source, SourceScan
 from ..sources.folder import FolderSource

@@ -14,17 +14,10 @@ import numpy as np
 
 from .. import _parallel
 from .._parallel import Ticks
-from ..backends import (
-    StoreWriter,
-)
-from ..errors import (
-    InputFileError,
-)
+from ..backends import StoreWriter
+from ..errors import InputFileError
 from ..options import BuildOptions
-from ..sources.decode import (
-    DecodeError,
-    prepare_image,
-)
+from ..sources.decode import DecodeError, prepare_image
 from ..sources.probe import ImageHeader
 from .inputs import open_input
 from .plan import BuildPlan

@@ -19,18 +19,8 @@ import numpy as np
 
 from .. import _parallel
 from .._lock import journal_path, partial_path
-from ..backends import (
-    ArraySpec,
-    Backend,
-    StoreWriter,
-    remove_store,
-)
-from ..errors import (
-    DlpackError,
-    InputFileError,
-    OptionError,
-    StoreError,
-)
+from ..backends import ArraySpec, Backend, StoreWriter, remove_store
+from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import SourceScan
