@@ -10,8 +10,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from . import errors as _errors
@@ -21,15 +19,15 @@ from .options import BuildOptions
 
 if TYPE_CHECKING:
     from .bench import BenchOptions, BenchReport, run_bench
-    from .build import BuildResult, build
     from .dataset import Dataset, add_array, open
     from .exports import ExportResult, export
     from .loader import BatchSource, Loader, LoaderOptions
+    from .pack import BuildResult, build
 
 #: Public name -> the module that defines it, for the names loaded on first use.
 _LAZY: dict[str, str] = {
-    "build": "build",
-    "BuildResult": "build",
+    "build": "pack",
+    "BuildResult": "pack",
     "run_bench": "bench",
     "BenchOptions": "bench",
     "BenchReport": "bench",
@@ -79,17 +77,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """The ``dlpack`` module object, guarding public names that are also submodule names."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # The import system binds ``dlpack.build`` to the submodule of that name
-        # the first time anything imports it; the public name is the function, so bind that instead.
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name and value.__name__ == f"{__name__}.{name}":
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

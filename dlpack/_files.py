@@ -8,11 +8,12 @@ store, is opened here: its kind is checked before the open and again on the open
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 
-__all__ = ["NotRegularFileError", "file_kind", "open_regular", "read_regular"]
+__all__ = ["NotRegularFileError", "file_kind", "irregular_entries", "open_regular", "read_regular"]
 
 _KINDS = {
     stat.S_IFIFO: "a named pipe",
@@ -74,3 +75,17 @@ def read_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None, fol
     fd = open_regular(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
     with os.fdopen(fd, "rb") as f:
         return f.read()
+
+
+def irregular_entries(path: str | os.PathLike[str], limit: int = 3) -> list[str]:
+    """Up to ``limit`` entries of folder ``path`` (not below it) that are neither regular files nor
+    folders, as "NAME is a named pipe": why a folder that may be a store is not recognised."""
+    found = []
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in entries:
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append(f"{entry.path} is {file_kind(mode)}")
+                if len(found) == limit:
+                    break
+    return sorted(found)

@@ -30,7 +30,7 @@ from typing import Any
 
 from .errors import StoreError, StoreLockedError
 
-__all__ = ["BuildLock", "lock_path", "partial_path", "old_path"]
+__all__ = ["BuildLock", "lock_path", "partial_path", "old_path", "journal_path"]
 
 # msvcrt locks byte ranges, mandatory on Windows: lock one byte far past the holder text so that
 # a second process can still read who holds it.
@@ -54,6 +54,12 @@ def partial_path(out: str | os.PathLike[str]) -> Path:
 def old_path(out: str | os.PathLike[str]) -> Path:
     """Where an overwritten store waits while the new one is moved into place: ``.NAME.dlpack-old``."""
     return _sibling(Path(out), "old")
+
+
+def journal_path(out: str | os.PathLike[str]) -> Path:
+    """The journal of builds into ``out``: ``.NAME.dlpack-journal``, beside the partial store."""
+    p = Path(out)
+    return p.parent / f".{p.name}.dlpack-journal"
 
 
 def _try_lock(fd: int) -> bool:

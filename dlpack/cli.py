@@ -337,9 +337,9 @@ _BUILD_FLAGS = {"overwrite=True": "--overwrite", "format=FORMAT": "--format FORM
 
 
 def _run_build(a: argparse.Namespace) -> int:
-    from .build import build
     from .errors import StoreExistsError
     from .options import BuildOptions
+    from .pack import build
 
     opts = options_from_args(BuildOptions, a)
     _check_json_file(a)
@@ -682,8 +682,7 @@ def _stdout_closed() -> bool:
 
 def _resume_kept(out: str) -> bool:
     """Whether the interrupted build of ``out`` left a partial store and its journal to resume from."""
-    from ._lock import partial_path
-    from .build import journal_path
+    from ._lock import journal_path, partial_path
 
     return journal_path(out).is_file() and os.path.lexists(partial_path(out))
 

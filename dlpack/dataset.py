@@ -29,6 +29,7 @@ from .errors import (
 )
 from .loader import Loader, LoaderOptions
 from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
+from .options import with_keywords
 
 if TYPE_CHECKING:
     from .dldataset import DLDatasetView
@@ -301,7 +302,7 @@ class Dataset:
         ``split="train"`` (see :meth:`indices`) or ``indices=[...]`` restricts every epoch to those
         samples; the shuffle, rank shards and resume then apply to the selection.
         """
-        opts = dataclasses.replace(options or LoaderOptions(), **kwargs) if kwargs else (options or LoaderOptions())
+        opts = with_keywords(options, LoaderOptions, kwargs, "loader", also=("transform", "split", "indices"))
         if split is not None and indices is not None:
             raise OptionError("pass split or indices, not both (ds.indices(split) gives a split's indices)")
         if split is not None:
@@ -410,7 +411,7 @@ class Dataset:
             "channels": m.image.channels,
             "dtype": m.image.dtype,
             "compression": m.compression,
-            "shard_images": m.shard_images,
+            "shard_images": m.shard_rows,
             "bytes_on_disk": nbytes,
             "arrays": {name: spec.to_dict() for name, spec in m.arrays.items()},
             "skipped": [{"path": e.path, "reason": e.reason} for e in m.skipped],
@@ -502,7 +503,7 @@ def add_array(
             lock.release()
             raise StoreError(f"cannot take the lock of {out} to add array {name!r}: {exc}") from exc
     try:
-        from .build import clear_leftovers
+        from .pack.publish import clear_leftovers
 
         clear_leftovers(out)  # a killed switch of an earlier add_array is finished or undone first
         reader = open_reader(out, check_labels=False)  # a store with bad labels can be repaired
@@ -661,7 +662,7 @@ def _write_values(writer: Any, spec: ArraySpec, data: np.ndarray | list[np.ndarr
     if spec.ragged:
         writer.write_block(spec.name, 0, data)
         return
-    step = writer.block_len(spec.name)
+    step = writer.shard_rows(spec.name)
     for s in range(0, n, step):
         writer.write_block(spec.name, s, data[s : s + step])
 
@@ -672,7 +673,7 @@ def _add_beside(
     """Zarr: write the new store generation beside the store (every other file shared by a hard
     link), then publish it as a build publishes, so the store is the old one or the new one, whole."""
     from .backends._zarr import clear_beside, prepare_beside
-    from .build import publish_stage
+    from .pack.publish import publish_stage
 
     stage = beside_path(out)
     clear_beside(out, stage)

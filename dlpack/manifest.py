@@ -226,7 +226,7 @@ class Manifest:
     ``splits`` names the codes of the ``split`` array (present when the source assigns splits):
     code ``k`` means ``splits[k]``, ``-1`` no split.
 
-    ``plan`` is the build plan the store was written under (``dlpack.build.BuildPlan.to_dict()``),
+    ``plan`` is the build plan the store was written under (``dlpack.pack.BuildPlan.to_dict()``),
     so a later resume or update can check that it continues the same plan; empty for stores
     written before it was recorded.
     """
@@ -239,7 +239,7 @@ class Manifest:
     splits: tuple[str, ...] = ()
     resize: dict[str, Any] = field(default_factory=dict)
     compression: str = "none"
-    shard_images: int = 0
+    shard_rows: int = 0
     arrays: dict[str, ArraySpec] = field(default_factory=dict)
     skipped: tuple[InputFileError, ...] = ()
     conversions: dict[str, int] = field(default_factory=dict)
@@ -317,6 +317,7 @@ class Manifest:
         """A JSON-ready dict; the optional label fields appear only when set, so a store without
         them has the bytes it had before they existed."""
         d = asdict(self)
+        d["shard_images"] = d.pop("shard_rows")  # the format's name for it
         for name, absent in _OPTIONAL.items():
             if d[name] == absent:
                 del d[name]
@@ -387,7 +388,7 @@ _OPTIONAL: dict[str, Any] = {"class_ids": (), "task": None, "mask_ignore": None,
 
 def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
     """Manifest constructor arguments from a parsed manifest, every known field type-checked."""
-    known = {f.name for f in fields(Manifest)}
+    known = {f.name for f in fields(Manifest)} - {"shard_rows"}
     kw = {k: v for k, v in d.items() if k in known}
     count = _typed(kw.get("count"), int, "count")
     if not 0 <= count < 2**63:
@@ -400,8 +401,9 @@ def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
         raise StoreError(f"generation must be 64 hex digits, got {kw['generation']!r}")
     if kw.get("compression", "none") not in _COMPRESSIONS:
         raise StoreError(f"compression must be none, lz4 or zstd, got {kw.get('compression')!r}")
-    if _typed(kw.get("shard_images", 0), int, "shard_images") < 0:
-        raise StoreError(f"shard_images must be >= 0, got {kw['shard_images']}")
+    kw["shard_rows"] = _typed(d.get("shard_images", 0), int, "shard_images")
+    if kw["shard_rows"] < 0:
+        raise StoreError(f"shard_images must be >= 0, got {kw['shard_rows']}")
     for name in ("resize", "plan", "conversions", "arrays"):
         _typed(kw.get(name, {}), dict, name)
     for k, v in kw.get("conversions", {}).items():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from .errors import OptionError
 
@@ -24,6 +27,29 @@ __all__ = [
 IMAGE_SUFFIXES: frozenset[str] = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".pnm"}
 )
+
+_O = TypeVar("_O")
+
+
+def with_keywords(
+    options: _O | None, cls: type[_O], kwargs: Mapping[str, Any], call: str, also: Iterable[str] = ()
+) -> _O:
+    """``options`` (or the defaults of ``cls``) with ``kwargs`` replacing fields.
+
+    An unknown keyword is an :class:`OptionError` naming it and the close matches among the
+    fields and the call's other keywords ``also`` (a typo is then one look away, not a dataclass
+    TypeError about ``__init__``).
+    """
+    base = options if options is not None else cls()
+    if not kwargs:
+        return base
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    for key in kwargs:
+        if key not in names:
+            close = difflib.get_close_matches(key, [*names, *also], n=3)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise OptionError(f"{call}() got an unknown keyword {key!r}{hint} (its keywords are {cls.__name__} fields)")
+    return dataclasses.replace(base, **kwargs)  # type: ignore[type-var]
 
 
 def _format_names() -> tuple[str, ...]:

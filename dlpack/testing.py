@@ -113,7 +113,7 @@ class BackendTests:
                 for s in range(0, len(value), 5):  # ragged: appended in order, a few at a time
                     writer.write_block(name, s, value[s : s + 5])
             else:
-                step = writer.block_len(name)
+                step = writer.shard_rows(name)
                 for s in range(0, len(value), step):
                     writer.write_block(name, s, value[s : s + step])
 
@@ -357,7 +357,7 @@ class BackendTests:
         for name, value in fixed.items():
             writer.create_array(_spec(name, value), N)
         for name, value in fixed.items():
-            step = writer.block_len(name)
+            step = writer.shard_rows(name)
             for s in range(0, N, step):
                 # Each block through its own pickled copy, as joblib sends it to a worker process.
                 target = pickle.loads(pickle.dumps(writer)) if writer.parallel_safe(name) else writer

@@ -337,7 +337,7 @@ def _killed_after(k: int, backend: str, action: Callable[[], Any]) -> bool:
 
             import dlpack.backends._hdf5 as h5
 
-            build = importlib.import_module("dlpack.build")  # the module, not dlpack.build the function
+            publish = importlib.import_module("dlpack.pack.publish")
 
             calls = [0]
 
@@ -354,7 +354,7 @@ def _killed_after(k: int, backend: str, action: Callable[[], Any]) -> bool:
             if backend.endswith(".zarr"):
                 os.replace = then_kill(os.replace)  # type: ignore[assignment]
                 os.rename = then_kill(os.rename)  # type: ignore[assignment]
-                build._renameat2 = then_kill(build._renameat2)  # type: ignore[assignment]
+                publish._renameat2 = then_kill(publish._renameat2)  # type: ignore[assignment]
             else:
                 h5.Hdf5Writer._close = then_kill(h5.Hdf5Writer._close)  # type: ignore[method-assign]
             action()
@@ -385,7 +385,7 @@ def test_a_kill_at_any_step_leaves_the_old_or_the_new_store_and_the_rerun_succee
             ACTIONS[action](store)  # the rerun of the killed call
         else:  # killed after its switch: the next build or add_array clears what is left
             from dlpack._lock import BuildLock
-            from dlpack.build import clear_leftovers
+            from dlpack.pack.publish import clear_leftovers
 
             with BuildLock(store):
                 clear_leftovers(store)
@@ -421,9 +421,9 @@ def _full_disk_at(monkeypatch: pytest.MonkeyPatch, backend: str, k: int) -> None
         return wrapped
 
     if backend.endswith(".zarr"):
-        build = importlib.import_module("dlpack.build")
+        publish = importlib.import_module("dlpack.pack.publish")
         for owner, attr in [(os, "replace"), (os, "rename"), (os, "link"), (os, "mkdir"), (shutil, "copyfile"),
-                            (Path, "write_text"), (build, "_renameat2")]:  # fmt: skip
+                            (Path, "write_text"), (publish, "_renameat2")]:  # fmt: skip
             monkeypatch.setattr(owner, attr, failing(getattr(owner, attr)))
         monkeypatch.setattr(zarr_backend, "open", failing(open), raising=False)  # shard files
     else:

@@ -94,7 +94,9 @@ def test_import_graph_has_no_cycle() -> None:
 def test_lower_layers_do_not_import_higher_ones() -> None:
     graph = _graph()
     low = {"dlpack.errors", "dlpack.schema", "dlpack.manifest", "dlpack.transforms.functional", "dlpack.loader"}
-    high = {"dlpack.build", "dlpack.dataset", "dlpack.cli", "dlpack.bench", "dlpack.torch"}
+    pack = {name for name in graph if name == "dlpack.pack" or name.startswith("dlpack.pack.")}
+    assert {"dlpack.pack", "dlpack.pack.write", "dlpack.pack.publish"} <= pack
+    high = {"dlpack.dataset", "dlpack.cli", "dlpack.bench", "dlpack.torch"} | pack
 
     def reach(start: str) -> set[str]:
         seen, todo = set(), [start]
@@ -107,7 +109,9 @@ def test_lower_layers_do_not_import_higher_ones() -> None:
 
     for module in low:
         assert not (reach(module) & high), f"{module} reaches {sorted(reach(module) & high)}"
-    assert not (reach("dlpack.backends") & {"dlpack.build", "dlpack.dataset", "dlpack.loader"})
+    assert not (reach("dlpack.backends") & (pack | {"dlpack.dataset", "dlpack.loader"}))
+    # The worker pool and progress helpers serve every stage, and know nothing of the build.
+    assert not (reach("dlpack._parallel") & high)
 
 
 def test_the_schema_imports_nothing_of_dlpack() -> None:

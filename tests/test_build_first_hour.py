@@ -90,7 +90,7 @@ def test_split_seed_without_split_is_refused() -> None:
 
 
 def test_update_keeps_every_split_and_gives_new_files_theirs_by_the_seed(make_tree: MakeTree, tmp_path: Path) -> None:
-    from dlpack.build import _split_draw
+    from dlpack.pack.inputs import _split_draw
 
     src = make_tree(_classes())
     out = tmp_path / "o.zarr"
@@ -321,13 +321,13 @@ class _Bar:
         self.updates.append(n)
 
 
-def _build_module() -> Any:
-    return importlib.import_module("dlpack.build")  # the attribute `dlpack.build` is the function
+def _parallel_module() -> Any:
+    return importlib.import_module("dlpack._parallel")  # every stage's bar comes from its progress()
 
 
 def _bars(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
     log: dict[str, list[int]] = {}
-    monkeypatch.setattr(_build_module(), "_progress", lambda total, desc, quiet: _Bar(log, desc))
+    monkeypatch.setattr(_parallel_module(), "progress", lambda total, desc, quiet: _Bar(log, desc))
     return log
 
 
@@ -338,8 +338,9 @@ def test_the_packing_bar_moves_within_a_block_of_many_small_images(
     n = 3000
     src = make_tree({f"a/{i:04d}.png": ("rgb", 4, 4) for i in range(n)})
     log = _bars(monkeypatch)
-    if hasattr(_build_module(), "_BlockProgress"):  # poll the workers' counts often: a short build
-        monkeypatch.setattr(_build_module()._BlockProgress, "INTERVAL", 0.002)
+    monkeypatch.setattr(
+        _parallel_module().BlockProgress, "INTERVAL", 0.002
+    )  # poll the workers' counts often: a short build
     # --jobs 2 with three blocks (of 65536 // 48 images) runs them in worker processes; --jobs 1
     # decodes the one block in this process.
     shard = ["--shard-bytes", str(2**16)] if jobs == "2" else []
@@ -349,7 +350,7 @@ def test_the_packing_bar_moves_within_a_block_of_many_small_images(
     assert sum(packing) == n
     assert len(packing) >= 20, packing  # per sub-block of 64 images, not once per block
     with dlpack.open(out) as ds:
-        assert ds.manifest.shard_images == (n if jobs == "1" else 2**16 // 48)
+        assert ds.manifest.shard_rows == (n if jobs == "1" else 2**16 // 48)
 
 
 def test_progress_does_not_change_the_bytes_written(

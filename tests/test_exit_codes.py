@@ -134,15 +134,15 @@ def test_exit_141_or_0_when_stdout_is_closed_early(store: Path) -> None:
 #: ``python -c PAUSED K ARGS``: the build pauses for good once its journal records K blocks.
 PAUSED = r"""
 import importlib, runpy, sys, threading
-b = importlib.import_module("dlpack.build")
+b = importlib.import_module("dlpack.pack.journal")
 k = int(sys.argv[1])
 del sys.argv[1:2]
-append = b._Journal.append_block
+append = b.Journal.append_block
 def paused(self, *args, **kwargs):
     append(self, *args, **kwargs)
     if self.blocks >= k:
         threading.Event().wait()
-b._Journal.append_block = paused
+b.Journal.append_block = paused
 runpy.run_module("dlpack", run_name="__main__", alter_sys=True)
 """
 
@@ -277,7 +277,7 @@ def test_ctrl_c_before_a_build_kept_a_partial_does_not_promise_a_resume(
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(importlib.import_module("dlpack.build"), "scan_stage", interrupted)
+    monkeypatch.setattr(importlib.import_module("dlpack.pack"), "scan_stage", interrupted)
     assert main(["build", str(make_tree(TREE)), str(tmp_path / "o.zarr"), "--quiet", "--jobs", "1"]) == 130
     assert capsys.readouterr().err == "dlpack: interrupted\n"
 

@@ -183,7 +183,7 @@ def sharded_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         spec = ArraySpec(name, "|u1", (60, 80, 3), compression=compression)
         w.create_array(spec, 7)
         values = rng.integers(0, 256, (7, 60, 80, 3), dtype=np.uint8)
-        step = w.block_len(name)
+        step = w.shard_rows(name)
         for s in range(0, 7, step):
             w.write_block(name, s, values[s : s + step])
     w.commit(Manifest(count=7, image=ImageSpec("fixed", 3, "|u1", 60, 80), backend="zarr", classes=CLASSES))

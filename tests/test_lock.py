@@ -236,7 +236,7 @@ def test_store_overwritten_by_a_killed_build_comes_back(
 def test_a_link_at_a_build_path_is_refused_and_its_target_untouched(
     make_tree: MakeTree, tmp_path: Path, link: str, where: str
 ) -> None:
-    from dlpack.build import journal_path
+    from dlpack._lock import journal_path
 
     src = make_tree({"a/0.png": "rgb"})
     out = tmp_path / "o.zarr"

@@ -39,7 +39,7 @@ manifests = st.builds(
     labels=st.sampled_from(["folders", "none"]),
     resize=st.dictionaries(text, json_value, max_size=4),
     compression=st.sampled_from(["none", "lz4", "zstd"]),
-    shard_images=st.integers(0, 10**6),
+    shard_rows=st.integers(0, 10**6),
     arrays=st.lists(
         st.builds(
             ArraySpec,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import dlpack
-from dlpack.build import BuildPlan
 from dlpack.errors import StoreError
 from dlpack.manifest import ImageSpec, Manifest
+from dlpack.pack import BuildPlan
 from dlpack.sources import TargetSpec
 
 MakeTree = Callable[..., Path]
@@ -25,7 +25,7 @@ PLAN = BuildPlan(
     backend="zarr",
     compression="lz4",
     shard_bytes=2**16,
-    shard_images=7,
+    shard_rows=7,
     count=20,
     order="ab" * 32,
     source="cd" * 32,
@@ -46,7 +46,7 @@ def test_plan_round_trips_through_the_manifest_json() -> None:
         {"count": 21},
         {"order": "ef" * 32},
         {"source": "ef" * 32},
-        {"shard_images": 8},
+        {"shard_rows": 8},
         {"compression": "none"},
         {"target": replace(PLAN.target, allow_upscale=True)},
     ],
@@ -91,10 +91,10 @@ def test_recorded_plan_is_the_plan_the_build_used(make_tree: MakeTree, tmp_path:
     assert recorded.order == hashlib.sha256(order.encode()).hexdigest()
     assert recorded.backend == ("zarr" if backend.endswith(".zarr") else "hdf5")
     # 64 KiB shards of 20x16x3 bytes hold 68 images: every image fits in one.
-    assert recorded.shard_images == 9
+    assert recorded.shard_rows == 9
     if backend.endswith(".zarr"):
         meta = json.loads((out / "images" / "zarr.json").read_text())
-        assert meta["chunk_grid"]["configuration"]["chunk_shape"][0] == recorded.shard_images
+        assert meta["chunk_grid"]["configuration"]["chunk_shape"][0] == recorded.shard_rows
 
 
 def test_plan_after_skipping_damaged_data_is_the_clean_builds(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import is_dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,8 @@ NOT_AT_IMPORT = {
     "dlpack.bench",
     "dlpack.bench.pagecache",
     "dlpack.bench.machine",
-    "dlpack.build",
+    "dlpack.pack",
+    "dlpack._parallel",
     "dlpack.backends",
     "dlpack.export",
 }
@@ -143,7 +145,35 @@ def test_first_use_loads_the_module_behind_a_name() -> None:
     assert _fresh_python(code).split() == ["True", "False"]
 
 
-def test_build_stays_the_function_when_its_module_is_imported_first() -> None:
-    # Importing dlpack/build.py binds the package attribute "build" to the module unless guarded.
-    code = "import dlpack.build, dlpack; from dlpack.build import BuildResult; print(callable(dlpack.build))"
-    assert _fresh_python(code).strip() == "True"
+def test_build_stays_the_function_when_its_package_is_imported_first() -> None:
+    # The build lives in dlpack.pack: importing it binds the attribute "pack", never "build".
+    code = (
+        "import dlpack.pack, dlpack; from dlpack.pack import BuildResult; "
+        "print(callable(dlpack.build), dlpack.build is dlpack.pack.build, dlpack.BuildResult is BuildResult)"
+    )
+    assert _fresh_python(code).split() == ["True", "True", "True"]
+
+
+def test_an_unknown_keyword_is_an_option_error_with_close_matches(make_tree: Any, tmp_path: Path) -> None:
+    """A misspelt option names itself and what it may have meant, not a dataclass TypeError."""
+    src = make_tree({"a/0.png": "rgb", "a/1.png": "rgb"})
+    with pytest.raises(
+        dlpack.OptionError, match=r"build\(\) got an unknown keyword 'shard_byte'; did you mean 'shard_bytes'"
+    ):
+        dlpack.build(src, tmp_path / "o.zarr", shard_byte=2**16, quiet=True, jobs=1)
+    assert not (tmp_path / "o.zarr").exists()
+    store = dlpack.build(src, tmp_path / "o.zarr", quiet=True, jobs=1).path
+    ds = dlpack.open(store)
+    with pytest.raises(
+        dlpack.OptionError, match=r"loader\(\) got an unknown keyword 'batch_sise'; did you mean 'batch_size'"
+    ):
+        ds.loader(batch_sise=2)
+    with pytest.raises(dlpack.OptionError, match=r"did you mean 'split'"):
+        ds.loader(splits="train")
+    with pytest.raises(
+        dlpack.OptionError, match=r"run_bench\(\) got an unknown keyword 'repaet'; did you mean 'repeat'"
+    ):
+        dlpack.run_bench([store], repaet=1)
+    with pytest.raises(dlpack.OptionError, match=r"unknown keyword 'zzz' \(its keywords are BuildOptions fields\)$"):
+        dlpack.build(src, tmp_path / "p.zarr", zzz=1)
+    assert len(ds.loader(batch_size=2)) == 1  # a known keyword still works

@@ -24,26 +24,26 @@ import pytest
 
 import dlpack
 
-build_module = importlib.import_module("dlpack.build")
+journal_module = importlib.import_module("dlpack.pack.journal")
 
 MakeTree = Callable[..., Path]
 
 #: Runs ``python -m dlpack ...`` with the build paused for good at one point, for the test to kill it there.
 PAUSED = r"""
 import importlib, runpy, sys, threading
-b = importlib.import_module("dlpack.build")
+b = importlib.import_module("dlpack.pack.journal")
 from dlpack.backends.base import StoreWriter
 where, k = sys.argv[1], int(sys.argv[2])
 del sys.argv[1:3]
 def hang(*args, **kwargs):
     threading.Event().wait()
 if where == "blocks":
-    append = b._Journal.append_block
+    append = b.Journal.append_block
     def paused(self, *args, **kwargs):
         append(self, *args, **kwargs)
         if self.blocks >= k:
             hang()
-    b._Journal.append_block = paused
+    b.Journal.append_block = paused
 else:
     StoreWriter.commit = hang
 runpy.run_module("dlpack", run_name="__main__", alter_sys=True)
@@ -280,14 +280,14 @@ def test_interrupted_build_keeps_its_partial_and_resumes(
 ) -> None:
     src = tree(make_tree)
     out = tmp_path / backend
-    append = build_module._Journal.append_block
+    append = journal_module.Journal.append_block
 
     def interrupted(self: Any, *args: Any, **kwargs: Any) -> None:
         append(self, *args, **kwargs)
         if self.blocks >= 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(build_module._Journal, "append_block", interrupted)
+    monkeypatch.setattr(journal_module.Journal, "append_block", interrupted)
     with pytest.raises(KeyboardInterrupt):
         dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
     monkeypatch.undo()

@@ -23,7 +23,8 @@ from dlpack.options import BuildOptions
 
 MakeTree = Callable[..., Path]
 Capsys = pytest.CaptureFixture[str]
-build_module = importlib.import_module("dlpack.build")
+build_module = importlib.import_module("dlpack.pack")
+publish_module = importlib.import_module("dlpack.pack.publish")
 
 
 def files_of(root: Path) -> dict[str, bytes]:
@@ -212,8 +213,9 @@ def test_a_planned_size_above_max_pixels_is_refused_before_anything_is_written(
     def no_allocation(*args: Any) -> Any:
         raise AssertionError("a block was allocated")
 
-    monkeypatch.setattr(build_module, "_fixed_block", no_allocation)
-    monkeypatch.setattr(build_module, "write_images", no_allocation)
+    monkeypatch.setattr(importlib.import_module("dlpack.pack.workers"), "fixed_block", no_allocation)
+    monkeypatch.setattr(importlib.import_module("dlpack.pack.write"), "fixed_block", no_allocation)
+    monkeypatch.setattr(importlib.import_module("dlpack.pack.write"), "write_images", no_allocation)
     with pytest.raises(OptionError, match="max_pixels"):
         dlpack.build(src, tmp_path / "o.zarr", size=(100, 100), allow_upscale=True, max_pixels=1000, quiet=True, jobs=1)
     assert siblings(tmp_path) == ["src"]
@@ -244,8 +246,12 @@ def test_a_write_block_above_the_bound_is_refused_before_it_is_allocated(
     make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = make_tree({f"a/{i}.png": "rgb" for i in range(30)})
-    monkeypatch.setattr(build_module, "MAX_BLOCK_BYTES", 10_000)  # a block of 18 images of 3600 bytes is more
-    monkeypatch.setattr(build_module, "write_images", lambda *args: pytest.fail("the store was written"))
+    monkeypatch.setattr(
+        importlib.import_module("dlpack.pack.plan"), "MAX_BLOCK_BYTES", 10_000
+    )  # a block of 18 images of 3600 bytes is more
+    monkeypatch.setattr(
+        importlib.import_module("dlpack.pack.write"), "write_images", lambda *args: pytest.fail("the store was written")
+    )
     with pytest.raises(OptionError, match="write block"):
         dlpack.build(src, tmp_path / "o.zarr", shard_bytes=2**16, quiet=True, jobs=1)
     assert siblings(tmp_path) == ["src"]
@@ -298,7 +304,7 @@ def test_opening_a_fifo_fails_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "x.png"
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
-        build_module._open_regular(fifo)
+        importlib.import_module("dlpack.pack.inputs").open_input(fifo)
 
 
 # ---------------------------------------------------------------- finding 10b: publishing never leaves OUT missing
@@ -310,7 +316,7 @@ def watch_out(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], list[tuple[st
     seen: list[tuple[str, bool]] = []
 
     def start(out: Path) -> list[tuple[str, bool]]:
-        real_replace, real_exchange = os.replace, build_module._exchange
+        real_replace, real_exchange = os.replace, publish_module._exchange
 
         def replace(a: Any, b: Any) -> None:
             real_replace(a, b)
@@ -321,8 +327,8 @@ def watch_out(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], list[tuple[st
             seen.append((f"exchange {a.name} <-> {b.name} ({done})", out.exists()))
             return done
 
-        monkeypatch.setattr(build_module.os, "replace", replace)
-        monkeypatch.setattr(build_module, "_exchange", exchange)
+        monkeypatch.setattr(publish_module.os, "replace", replace)
+        monkeypatch.setattr(publish_module, "_exchange", exchange)
         return seen
 
     return start
@@ -359,9 +365,11 @@ def test_a_foreign_out_swapped_in_after_the_check_is_put_back(
             path.mkdir()
             (path / "mine.txt").write_text("keep me")
 
+    # Checked once by the build before it starts, once more by publishing.
     monkeypatch.setattr(build_module, "check_replaceable", check_then_swap)
+    monkeypatch.setattr(publish_module, "check_replaceable", check_then_swap)
     if not exchange:
-        monkeypatch.setattr(build_module, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(publish_module, "_exchange", lambda a, b: False)
     with pytest.raises(StoreExistsError, match="not a dlpack store"):
         dlpack.build(make_tree({"b/0.png": "rgb"}, "b"), out, overwrite=True, quiet=True, jobs=1)
     assert (out / "mine.txt").read_text() == "keep me"
@@ -373,7 +381,7 @@ def test_publishing_a_new_out_never_replaces_one_that_appeared(tmp_path: Path) -
     new.write_bytes(b"new store")
     out.write_bytes(b"someone else's file")
     try:
-        moved = build_module._rename_noreplace(new, out)
+        moved = publish_module._rename_noreplace(new, out)
     except StoreExistsError:
         moved = None
     if moved is False:
@@ -385,7 +393,7 @@ def test_publishing_a_new_out_never_replaces_one_that_appeared(tmp_path: Path) -
 def test_publish_without_exchange_still_replaces(
     make_tree: MakeTree, tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(build_module, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(publish_module, "_exchange", lambda a, b: False)
     out = tmp_path / backend
     dlpack.build(make_tree({"a/0.png": "rgb"}), out, quiet=True, jobs=1)
     dlpack.build(make_tree({"b/0.png": "gray", "b/1.png": "gray"}, "new"), out, overwrite=True, quiet=True, jobs=1)
@@ -446,7 +454,7 @@ def test_remove_takes_the_zarr_marker_last(
         real_unlink(self, missing_ok=missing_ok)
 
     monkeypatch.setattr(Path, "unlink", unlink)
-    build_module._remove(store)
+    importlib.import_module("dlpack.backends").remove_store(store)
     assert not store.exists()
     assert removed[0] == "manifest.json" and removed[-1] == "zarr.json"
 
@@ -523,8 +531,9 @@ def test_workers_die_with_a_killed_build(make_tree: MakeTree, tmp_path: Path, ki
 
 
 def test_worker_watchdog_is_not_started_in_the_main_process() -> None:
-    build_module._start_watchdog(os.getpid())
-    assert not build_module._WATCHDOG_STARTED
+    parallel = importlib.import_module("dlpack._parallel")
+    parallel.start_watchdog(os.getpid())
+    assert not parallel._WATCHDOG_STARTED
 
 
 # ---------------------------------------------------------------- finding 10d: --jobs is capped

@@ -363,7 +363,7 @@ def test_a_kept_sample_keeps_its_stored_label(make_tree: MakeTree, tmp_path: Pat
 def test_every_build_option_has_an_update_rule() -> None:
     from dataclasses import fields
 
-    from dlpack.build import UPDATE_OPTIONS
+    from dlpack.pack.changes import UPDATE_OPTIONS
 
     assert {f.name for f in fields(dlpack.BuildOptions)} == set(UPDATE_OPTIONS)
 

@@ -32,6 +32,8 @@ __all__ = [
     "open_reader",
     "open_writer",
     "owned_store",
+    "remove_store",
+    "foreign_reason",
     "BACKENDS",
     "DEFAULT_FORMAT",
 ]
@@ -136,3 +138,22 @@ def open_writer(
     writer = backend.open_writer(p, mode, shard_bytes)
     writer.open()
     return writer
+
+
+def remove_store(path: str | os.PathLike[str]) -> None:
+    """Remove the store or partial store at ``path`` (or whatever is there) the way its backend
+    removes its stores, so that a removal cut short leaves what readers call incomplete."""
+    p = Path(path)
+    backend = next((b for b in BACKENDS.values() if not p.is_symlink() and b.detect(p)), Backend)
+    backend.remove(p)
+
+
+def foreign_reason(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` (a folder, or a regular file with one name, without dlpack's marker) cannot be
+    proven to be a store that a killed build left half-created; None when some backend recognises it."""
+    p = Path(path)
+    reasons = [b.foreign_reason(p) for b in BACKENDS.values()]
+    if None in reasons:
+        return None
+    plain = Backend.foreign_reason(p)
+    return next((r for r in reasons if r != plain), plain)

@@ -94,7 +94,7 @@ def _load_plugins() -> None:
         pass
 
 
-def _block_rows(row_nbytes: int, raw: bool, rows: int, shard_bytes: int) -> int:
+def _shard_rows(row_nbytes: int, raw: bool, rows: int, shard_bytes: int) -> int:
     """Rows per write block: a shard's worth for raw (pwrite) arrays, a few MB for h5py-written ones."""
     return max(1, min(max(1, rows), (shard_bytes if raw else _PICKLED_BLOCK) // max(1, row_nbytes)))
 
@@ -107,6 +107,17 @@ def _signed(path: Path, follow_symlinks: bool = True) -> bool:
         return False
     with os.fdopen(fd, "rb") as f:
         return f.read(8) == _SIGNATURE
+
+
+def _h5_readable(path: Path) -> bool:
+    """Whether HDF5 can open the file at ``path`` (a regular file, checked by the caller)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r"):
+            return True
+    except Exception:  # whatever h5py raises, the file is not readable
+        return False
 
 
 @contextlib.contextmanager
@@ -206,7 +217,7 @@ class Hdf5Writer(StoreWriter):
                 self._raw[name] = (
                     None if offset is None else int(offset),
                     row,
-                    _block_rows(row, offset is not None, ds.shape[0], self.shard_bytes),
+                    _shard_rows(row, offset is not None, ds.shape[0], self.shard_bytes),
                 )
 
     def _stored_names(self) -> list[str]:
@@ -241,7 +252,7 @@ class Hdf5Writer(StoreWriter):
         self._raw[name] = (
             offset,
             spec.item_nbytes,
-            _block_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
+            _shard_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
         )
 
     def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:
@@ -267,7 +278,7 @@ class Hdf5Writer(StoreWriter):
         self._raw[name] = (
             offset,
             spec.item_nbytes,
-            _block_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
+            _shard_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
         )
 
     def _read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
@@ -579,10 +590,26 @@ class Hdf5Backend(Backend):
         return _has_marker(path)
 
     @classmethod
-    def block_rows(cls, spec: ArraySpec, count: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
+    def shard_rows(cls, spec: ArraySpec, count: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
         # Uncompressed fixed arrays are contiguous (raw blocks); others are written through h5py.
         raw = spec.compression == "none" and not spec.ragged and count > 0
-        return _block_rows(spec.item_nbytes, raw, count, shard_bytes)
+        return _shard_rows(spec.item_nbytes, raw, count, shard_bytes)
+
+    @classmethod
+    def foreign_reason(cls, path: Path) -> str | None:
+        """A build killed before its first byte leaves an empty file; one killed before HDF5 flushed
+        its metadata leaves a superblock pointing past the end of the file, which nobody can open."""
+        if not path.is_file():
+            return super().foreign_reason(path)
+        try:
+            fd = open_regular(path, follow_symlinks=False)
+        except OSError as exc:  # swapped for a named pipe since the check, or unreadable
+            return f"it cannot be read ({exc})"
+        with os.fdopen(fd, "rb") as f:
+            head = f.read(len(_SIGNATURE))
+        if not head or (head == _SIGNATURE and not _h5_readable(path)):
+            return None
+        return super().foreign_reason(path)
 
     @classmethod
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader:

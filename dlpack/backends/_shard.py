@@ -163,7 +163,7 @@ class ShardedArray:
         self.chunks_per_shard: int = facts["chunks_per_shard"]
         self.chunk_shape = (self.chunk_len, *self.shape[1:])
         self.chunk_nbytes: int = facts["chunk_nbytes"]
-        self.rows_per_shard = self.chunk_len * self.chunks_per_shard
+        self.shard_rows = self.chunk_len * self.chunks_per_shard
         self.n_chunks = -(-self.shape[0] // self.chunk_len) if self.shape[0] else 0
         self.n_shards = -(-self.n_chunks // self.chunks_per_shard) if self.n_chunks else 0
         self.decoder = _decoder(facts["codecs"], path)
@@ -320,7 +320,7 @@ class ShardedArray:
             raise StoreError(
                 f"rows {start}:{stop} are outside {self.path} of {self.shape[0]} rows; the store is damaged"
             )
-        views, rps = self.shard_views(), self.rows_per_shard
+        views, rps = self.shard_views(), self.shard_rows
         if self.decoder is not None and stop > start:  # bound the allocation by what the chunks can hold
             self._check_ratio(self.index[start // self.chunk_len : -(-stop // self.chunk_len), 1])
         out = np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
@@ -343,7 +343,7 @@ class ShardedArray:
 
     def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
         """Gather rows ``positions`` into ``out[:len(positions)]``; rows must exist (caller-checked)."""
-        views, rps = self.shard_views(), self.rows_per_shard
+        views, rps = self.shard_views(), self.shard_rows
         # Sorted reads are sequential within shards when the page cache is cold, and cost nothing warm.
         for k in sorted(range(len(positions)), key=positions.__getitem__):
             i = positions[k]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._files import file_kind, open_regular
+from .._files import NotRegularFileError, file_kind, irregular_entries, open_regular, read_regular
 from ..errors import IncompleteStoreError, StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import ArraySpec, Manifest, sha256_hex
 from ._shard import ShardedArray, crc32c
@@ -325,7 +325,7 @@ class ZarrWriter(StoreWriter):
             theirs = ShardedArray(Path(other) / name)
         except (StoreError, KeyError, TypeError, ValueError):
             return False
-        if (theirs.rows_per_shard, theirs.chunk_len, tuple(theirs.shape[1:])) != (
+        if (theirs.shard_rows, theirs.chunk_len, tuple(theirs.shape[1:])) != (
             lay.shard_rows,
             lay.chunk,
             lay.trailing,
@@ -722,6 +722,39 @@ class ZarrBackend(Backend):
         return _marker(meta) is not None
 
     @classmethod
+    def remove(cls, path: Path) -> None:
+        """Remove the store folder so that a removal cut short by a kill leaves a folder that readers
+        call incomplete and that the next build still recognises as dlpack's (and removes): the
+        manifest goes first, the group's zarr.json (the marker) last."""
+        if not path.is_dir() or path.is_symlink():
+            super().remove(path)
+            return
+        with contextlib.suppress(OSError):
+            (path / MANIFEST).unlink()
+        for child in sorted(path.iterdir()):
+            if child.name == "zarr.json":
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    child.unlink()
+        with contextlib.suppress(OSError):
+            (path / "zarr.json").unlink()
+        shutil.rmtree(path, ignore_errors=True)
+
+    @classmethod
+    def foreign_reason(cls, path: Path) -> str | None:
+        """A build killed while creating its group leaves an empty folder or a bare zarr.json."""
+        if not path.is_dir():
+            return super().foreign_reason(path)
+        entries = [p.name for p in path.iterdir()]
+        if not entries or (entries == ["zarr.json"] and _bare_group(path / "zarr.json")):
+            return None
+        odd = irregular_entries(path)
+        return "it is a folder without dlpack's marker" + (f" ({', '.join(odd)})" if odd else "")
+
+    @classmethod
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader:
         check_mode(mode, ("r",))
         return ZarrReader(path, mode)
@@ -757,6 +790,22 @@ class ZarrBackend(Backend):
             _carry_entry(store / entry, new / entry)
             carried.append(entry)
         return carried
+
+
+def _bare_group(meta_path: Path) -> bool:
+    """Whether ``meta_path`` is the zarr.json a build killed while creating its group leaves: cut
+    short, or a group without attributes; never a named pipe or a link (not dlpack's)."""
+    try:
+        text = read_regular(meta_path, follow_symlinks=False)
+    except NotRegularFileError:
+        return False
+    except OSError:
+        return True
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError):
+        return True
+    return isinstance(meta, dict) and meta.get("node_type") == "group" and not meta.get("attributes")
 
 
 def _carry_entry(src: Path, dst: Path) -> None:

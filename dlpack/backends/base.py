@@ -21,6 +21,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -97,7 +98,7 @@ def check_mode(mode: str, allowed: Sequence[str]) -> None:
         raise OptionError(f"mode must be one of {', '.join(allowed)} (as in h5py), got {mode!r}")
 
 
-def rows_per_shard(item_nbytes: int, count: int, shard_bytes: int, chunk: int = 1) -> int:
+def shard_rows_for(item_nbytes: int, count: int, shard_bytes: int, chunk: int = 1) -> int:
     """Rows per shard: about ``shard_bytes``, a whole number of ``chunk``-row inner chunks, at most the array."""
     rows = max(1, shard_bytes // max(1, item_nbytes))
     rows = min(rows, max(1, count))
@@ -117,7 +118,7 @@ def chunk_rows(spec: ArraySpec, count: int) -> int:
 def shard_rows(spec: ArraySpec, count: int, shard_bytes: int) -> int:
     """Rows per shard of an array (of its data, for a ragged one): a whole number of inner chunks."""
     rows = 2**62 if spec.ragged else count
-    return rows_per_shard(spec.item_nbytes, rows, shard_bytes, chunk_rows(spec, count))
+    return shard_rows_for(spec.item_nbytes, rows, shard_bytes, chunk_rows(spec, count))
 
 
 class ArrayAccess(Protocol):
@@ -393,7 +394,7 @@ class StoreReader(ABC):
     def shard_len(self, name: str) -> int | None:
         """Rows per shard of fixed array ``name`` as stored, or None where the backend has no shards
         (how ``build --update`` writes a carried array with its layout, so it can share its shards)."""
-        rows = getattr(self._stored(self._fixed(name).name), "rows_per_shard", None)
+        rows = getattr(self._stored(self._fixed(name).name), "shard_rows", None)
         return int(rows) if isinstance(rows, int) else None
 
     def verify_arrays(self, skip: Sequence[str] = ()) -> list[str]:
@@ -491,7 +492,7 @@ class StoreWriter(ABC):
 
     Fixed arrays are written at their final sample index by ``write_block(name, start, values)``.
     When ``parallel_safe(name)`` is true, worker processes may write disjoint ranges aligned to
-    ``block_len(name)`` samples concurrently (a block is a whole Zarr shard, so no two processes
+    ``shard_rows(name)`` samples concurrently (a block is a whole Zarr shard, so no two processes
     touch one file); send them the pickled writer after every ``create_array``. Ragged arrays are
     appended in sample order by one process (``start`` must be the next sample), buffered and
     written in whole shards. ``commit`` writes everything still buffered, then the manifest.
@@ -631,7 +632,7 @@ class StoreWriter(ABC):
         return 0
 
     def share_block(self, name: str, start: int, other: Path) -> bool:
-        """Make block ``start`` (a ``block_len`` multiple) of fixed array ``name`` the same block of the
+        """Make block ``start`` (a ``shard_rows`` multiple) of fixed array ``name`` the same block of the
         complete store ``other``, whose array has the same layout, by sharing its file (a hard link).
 
         False when the backend cannot share blocks or the two layouts differ; the caller then writes
@@ -689,12 +690,12 @@ class StoreWriter(ABC):
         committed manifest (stored arrays still marked "being written"); returns their names."""
         return []
 
-    def block_len(self, name: str) -> int:
+    def shard_rows(self, name: str) -> int:
         """Samples per aligned write block of fixed array ``name`` (a whole shard)."""
         return self._stored_layout(name)[1]
 
     def parallel_safe(self, name: str) -> bool:
-        """Whether worker processes may write disjoint ``block_len`` blocks of ``name`` concurrently."""
+        """Whether worker processes may write disjoint ``shard_rows`` blocks of ``name`` concurrently."""
         return False
 
     def write_block(self, name: str, start: int, values: np.ndarray | Sequence[np.ndarray]) -> None:
@@ -793,7 +794,7 @@ def partial_rows(writer: StoreWriter, stored: str) -> Any:
 
 def _offsets_layout(count: int, shard_bytes: int) -> tuple[int, int]:
     chunk = min(2**17, count + 1)
-    return chunk, rows_per_shard(8, count + 1, shard_bytes, chunk)
+    return chunk, shard_rows_for(8, count + 1, shard_bytes, chunk)
 
 
 class _RaggedBuffer:
@@ -846,14 +847,33 @@ class Backend(ABC):
         """True when ``path`` carries dlpack's marker (a complete or partial dlpack store of this backend)."""
 
     @classmethod
-    def block_rows(cls, spec: ArraySpec, count: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
+    def shard_rows(cls, spec: ArraySpec, count: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
         """Samples per aligned write block of a fixed array (rows of data per shard for a ragged
-        one): what its writer's ``block_len`` will be, known before any store exists (for plans)."""
+        one): what its writer's ``shard_rows`` will be, known before any store exists (for plans)."""
         return shard_rows(spec, count, shard_bytes)
 
     @classmethod
     @abstractmethod
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader: ...
+
+    @classmethod
+    def remove(cls, path: Path) -> None:
+        """Remove a store of this backend at ``path``, complete or partial (or whatever is there):
+        a file or link is unlinked, a folder removed with everything in it."""
+        if not path.is_dir() or path.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return
+        shutil.rmtree(path, ignore_errors=True)
+
+    @classmethod
+    def foreign_reason(cls, path: Path) -> str | None:
+        """Why ``path`` (a folder, or a regular file with one name, without dlpack's marker) is not
+        what a build of this backend leaves when killed while creating its store; None when it is.
+
+        A build removes such a leftover of its own; anything else at its paths is someone else's.
+        """
+        return f"it is a {'folder' if path.is_dir() else 'file'} without dlpack's marker"
 
     @classmethod
     def carry_foreign(cls, store: Path, new: Path, manifest: Manifest) -> list[str]:

@@ -6,11 +6,11 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import OptionError, StoreError
+from ..options import with_keywords
 from .machine import load_average, machine_info
 from .measure import measure_cell, reset_peak_rss
 from .options import BenchOptions
@@ -49,7 +49,7 @@ def run_bench(
     OptionError
         Bad options, or a folder target with no resolution to resize to.
     """
-    opts = replace(options or BenchOptions(), **kwargs) if kwargs else (options or BenchOptions())
+    opts = with_keywords(options, BenchOptions, kwargs, "run_bench")
     if not targets:
         raise OptionError("give at least one bench target (a dlpack store or a folder of images)")
     resolved = [resolve_target(t) for t in targets]

@@ -3,7 +3,7 @@
 A source turns the user's input (a folder tree, later a COCO file, a CSV, a mask folder or a
 DLDataset) into an ordered list of :class:`SourceItem`. The build decodes each item's file at
 ``source.root / item.rel`` and stores the samples in the order the source gives; it knows nothing
-else about where the items came from, so a new source plugs in without touching ``build.py``.
+else about where the items came from, so a new source plugs in without touching the build (:mod:`dlpack.pack`).
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def test_many_shards_round_trip(make_tree: Callable[..., Path], tmp_path: Path, 
     # 3600-byte images, 64 KiB shards: 18 images per shard, the last shard partly filled.
     spec = {f"a/{k:02d}.png": "rgb" for k in range(25)}
     ds = build_open(make_tree(spec), tmp_path / backend, shard_bytes=2**16)
-    assert ds.manifest.shard_images == 18
+    assert ds.manifest.shard_rows == 18
     expected = [images.reference(tmp_path / "src" / rel) for rel in sorted(spec)]
     for i in range(25):
         assert np.array_equal(ds[i]["image"], expected[i]), i

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import dlpack
-from dlpack.build import BuildResult
 from dlpack.errors import BadInputsError, SourceError
+from dlpack.pack import BuildResult
 from dlpack.sample import make_sample
 from dlpack.sources import FolderSource
 

@@ -113,3 +113,36 @@ def test_unsupported_src_type_is_an_option_error(tmp_path: Path) -> None:
     bad: Any = 42
     with pytest.raises(OptionError, match="src must be a folder path or a dlpack.sources.Source, got int"):
         dlpack.build(bad, tmp_path / "o.zarr", quiet=True, jobs=1)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("labels", "folders"), ("labels", "none"), ("follow_symlinks", True), ("exclude", ("b",))]
+)
+def test_folder_options_with_a_source_object_are_refused_not_ignored(
+    make_tree: MakeTree, tmp_path: Path, option: str, value: Any
+) -> None:
+    """A Source object lists its own items: a folder option given with it would be silently ignored."""
+    root = make_tree({"a/0.png": "rgb"})
+    source = ListSource(root, (SourceItem("a/0.png", "x"),), ("x",))
+    with (
+        pytest.raises(OptionError, match=f"^{option}=")
+        if option != "exclude"
+        else pytest.raises(OptionError, match="exclude applies to a folder source")
+    ):
+        dlpack.build(source, tmp_path / "o.zarr", quiet=True, jobs=1, **{option: value})
+    assert not (tmp_path / "o.zarr").exists()
+    # The defaults are no request: the same source builds with them spelled out.
+    dlpack.build(source, tmp_path / "o.zarr", quiet=True, jobs=1, labels="auto", follow_symlinks=False, exclude=())
+
+
+@pytest.mark.parametrize(("option", "value"), [("labels", "none"), ("follow_symlinks", True)])
+def test_a_folder_source_refuses_another_folder_rule_than_its_own(
+    make_tree: MakeTree, tmp_path: Path, option: str, value: Any
+) -> None:
+    root = make_tree({"a/0.png": "rgb"})
+    with pytest.raises(OptionError, match=f"the FolderSource has {option}=.* but {option}=.* was given"):
+        dlpack.build(FolderSource(root), tmp_path / "o.zarr", quiet=True, jobs=1, **{option: value})
+    # The source's own value, given again, is no conflict.
+    own = FolderSource(root, **{option: value})
+    result = dlpack.build(own, tmp_path / "o.zarr", quiet=True, jobs=1, **{option: value})
+    assert result.classes == (() if value == "none" else ("a",))

@@ -1,0 +1,203 @@
+"""Running calls in worker processes, and telling a progress bar how far they are.
+
+Shared by every stage that fans out over files (the build's probe, decode and write, ``--update``):
+workers get a watchdog, so a killed parent leaves none behind, and loky's resource tracker stays
+quiet about the clean-up it does after a kill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BlockProgress", "Ticks", "parallel", "pooled", "progress", "quiet_resource_tracker", "start_watchdog"]
+
+
+def pooled(n_jobs: int, n_calls: int) -> bool:
+    """Whether :func:`parallel` runs ``n_calls`` calls in worker processes (else in this process)."""
+    return not (n_jobs == 1 or n_calls <= 1)
+
+
+def parallel(n_jobs: int, calls: list[Any]) -> Iterator[Any]:
+    """Run delayed calls in order; in-process for one job (no pickling, honest --jobs 1 figures)."""
+    if not pooled(n_jobs, len(calls)):
+        for fn, args, kwargs in calls:
+            yield fn(*args, **kwargs)
+        return
+    from joblib import Parallel, parallel_config
+
+    quiet_resource_tracker()
+    # Every worker watches this process from its start, so a killed build leaves no workers.
+    with parallel_config(backend="loky", initializer=start_watchdog, initargs=(os.getpid(),)):
+        runner = Parallel(n_jobs=n_jobs, return_as="generator", pre_dispatch="2*n_jobs")
+    yield from runner(calls)
+
+
+#: How loky's resource tracker is told not to print its own clean-up (a ``-W`` option it inherits).
+_TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
+
+
+def quiet_resource_tracker() -> None:
+    """Keep the warnings of loky's resource tracker off the terminal.
+
+    When a build is killed (a SIGTERM to its process group, say), the tracker process outlives it,
+    removes the semaphores and memory-mapping folders the pool had registered, and warns about each
+    as "leaked": the clean-up is right, the warnings only alarm. The tracker is started with this
+    process's ``-W`` options (``sys.warnoptions``), so the filter is set before the first pool.
+    """
+    if _TRACKER_QUIET not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_QUIET)
+
+
+_WATCHDOG_STARTED = False
+
+
+#: Seconds between a worker's checks that the build process is still there.
+_WATCHDOG_INTERVAL = 0.5
+
+
+def start_watchdog(parent: int) -> None:
+    """In a worker process of the build process ``parent``: exit as soon as that process is gone.
+
+    Idle pool workers otherwise outlive a killed build for minutes (until the pool's idle timeout).
+    A dead parent's children are re-parented, so a changed parent pid is the signal; a worker that
+    was not started by ``parent`` itself checks that ``parent`` still exists. Nothing is started in
+    ``parent`` itself, whose own parent (a shell, a scheduler) may come and go.
+    """
+    global _WATCHDOG_STARTED
+    if _WATCHDOG_STARTED or os.getpid() == parent or sys.platform == "win32":
+        return
+    _WATCHDOG_STARTED = True
+    child = os.getppid() == parent
+
+    def gone() -> bool:
+        if child:
+            return os.getppid() != parent
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(_WATCHDOG_INTERVAL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dlpack-parent-watchdog", daemon=True).start()
+
+
+class Ticks:
+    """How far one block's decoding is, told to the build's progress bar.
+
+    In the build process it calls the bar's owner directly; pickled into a worker process, it writes
+    the count into the block's slot of a small counter file that the build process polls. Either way
+    the bytes written do not change: only the bar hears more often.
+    """
+
+    #: Files between two ticks: often enough for a smooth bar, rare enough to cost nothing.
+    EVERY = 64
+
+    def __init__(self, slot: int, path: str | None, local: Any = None) -> None:
+        self.slot, self.path, self.local = slot, path, local
+        self._counts: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"slot": self.slot, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["slot"], state["path"])  # type: ignore[misc]
+
+    def __call__(self, done: int) -> None:
+        if self.local is not None:
+            self.local(self.slot, done)
+        elif self.path is not None:
+            if self._counts is None:
+                self._counts = np.memmap(self.path, dtype="<i8", mode="r+")
+            self._counts[self.slot] = done
+
+
+class BlockProgress:
+    """Advances ``bar`` as the files of each block are decoded, not only when a block lands.
+
+    ``pooled``: the blocks run in worker processes, which write their counts into a counter file
+    (a memory map) that a thread of this process reads every :attr:`INTERVAL` seconds.
+    """
+
+    INTERVAL = 0.1
+
+    def __init__(self, bar: Any, blocks: int, pooled: bool) -> None:
+        self.bar = bar
+        self.off = bool(getattr(bar, "disable", False))  # --quiet, or no terminal: nobody to tell
+        pooled = pooled and not self.off
+        self.done = np.zeros(max(1, blocks), dtype=np.int64)
+        self.shown = 0
+        self.lock = threading.Lock()
+        self.path: str | None = None
+        self.counts: np.ndarray | None = None
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        if pooled and blocks:
+            import tempfile
+
+            fd, self.path = tempfile.mkstemp(prefix="dlpack-progress-")
+            os.close(fd)
+            self.counts = np.memmap(self.path, dtype="<i8", mode="w+", shape=(blocks,))
+            self.thread = threading.Thread(target=self._poll, name="dlpack-progress", daemon=True)
+
+    def __enter__(self) -> BlockProgress:
+        if self.thread is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+        self.counts = None
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    def ticks(self, slot: int) -> Ticks | None:
+        if self.off:
+            return None
+        return Ticks(slot, self.path, None if self.path is not None else self._local)
+
+    def _local(self, slot: int, done: int) -> None:
+        with self.lock:
+            self.done[slot] = done
+            self._sync()
+
+    def finished(self, slot: int, n: int) -> None:
+        """Block ``slot`` landed with ``n`` samples."""
+        with self.lock:
+            self.done[slot] = n
+            self._sync()
+
+    def _poll(self) -> None:
+        while not self.stop.wait(self.INTERVAL):
+            with self.lock:
+                self._sync()
+
+    def _sync(self) -> None:
+        done = self.done if self.counts is None else np.maximum(self.done, self.counts)
+        total = int(done.sum())
+        if total > self.shown:
+            self.bar.update(total - self.shown)
+            self.shown = total
+
+
+def progress(total: int, desc: str, quiet: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="img", disable=quiet or not sys.stderr.isatty(), leave=False)

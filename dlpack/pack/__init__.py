@@ -1,0 +1,189 @@
+"""The build pipeline: scan (-> split) -> probe -> plan -> decode/resize -> write -> manifest -> publish.
+
+Each stage is a module-level function of its inputs that returns new values; nothing is shared
+between stages but what one returns and the next takes. The plan is a frozen :class:`BuildPlan`,
+recorded in the manifest. Workers receive paths, indices and frozen plans, never open handles; they
+open what they need themselves. Every call into the store writer lives in the write stage.
+
+A build holds the lock on its output path (:mod:`dlpack._lock`) from before it looks at any earlier
+partial until the store is published, so two builds never write the same partial, and a partial
+found while holding the lock is a dead build's.
+
+The stages live in this package's modules, in the order they run: :mod:`.inputs` (scan, split,
+probe, path checks), :mod:`.plan`, :mod:`.workers` (decoding, in worker processes), :mod:`.write`
+(with :mod:`.journal`, which makes a killed build resumable), :mod:`.arrays` (metadata arrays and
+the manifest), :mod:`.publish`, and :mod:`.update` (``build --update``, with :mod:`.changes`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._lock import BuildLock, journal_path, partial_path
+from ..backends import Backend, backend_for_path, remove_store
+from ..errors import OptionError, SourceError, StoreExistsError
+from ..options import BuildOptions, with_keywords
+from ..sources.base import Source, SourceScan
+from .arrays import manifest_stage
+from .inputs import (
+    Probe,
+    Selection,
+    as_source,
+    bad_inputs,
+    check_out_suffix,
+    check_paths,
+    probe_stage,
+    probed,
+    scan_stage,
+    source_options,
+    split_stage,
+)
+from .plan import BuildPlan, plan_stage
+from .publish import PublishedInterrupt, check_replaceable, clear_leftovers, publish, published_by_killed_build
+from .result import BuildResult
+from .update import update_stage
+from .workers import validate_stage
+from .write import commit_store, discard_partial, pack_stage
+
+__all__ = ["build", "BuildResult", "BuildPlan", "PublishedInterrupt"]
+
+
+def _existing_result(
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    scan: SourceScan,
+    sel: Selection,
+    probes: Sequence[Probe],
+    t0: float,
+) -> BuildResult:
+    """The result of a build whose store a killed run of the same build had already published."""
+    with backend.open_reader(out) as reader:
+        m = reader.manifest
+        nbytes = reader.nbytes_on_disk()
+    return BuildResult(
+        path=out,
+        count=m.count,
+        skipped=m.skipped,
+        seconds=time.perf_counter() - t0,
+        input_bytes=0,
+        output_bytes=nbytes,
+        conversions=dict(m.conversions),
+        plan=plan,
+        resume="published already: the stopped build had finished it",
+        classes=m.classes,
+        splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
+    )
+
+
+def build(
+    src: Source | str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    options: BuildOptions | None = None,
+    **kwargs: Any,
+) -> BuildResult:
+    """Pack the images a source lists into one store at ``out``.
+
+    Parameters
+    ----------
+    src
+        A folder tree of images (class sub-folders become labels with ``labels="auto"``), or any
+        :class:`~dlpack.sources.Source`; a Source lists its own items, so ``labels``,
+        ``follow_symlinks`` and ``exclude`` given with another value than its own are refused.
+    out
+        Store path: a ``.zarr`` folder (default) or a ``.h5``/``.hdf5`` file.
+    options
+        A :class:`~dlpack.BuildOptions`; keyword arguments override its fields
+        (``build("raw", "train.zarr", size=(512, 512), jobs=2)``); an unknown one is an
+        :class:`~dlpack.OptionError` naming the fields it may mean.
+
+    Returns
+    -------
+    BuildResult
+        With ``skipped`` listing inputs left out under ``on_error="skip"``, and the ``plan``.
+
+    Raises
+    ------
+    BadInputsError
+        Unreadable inputs under ``on_error="fail"`` (every one found is listed).
+    StoreExistsError
+        ``out`` exists and ``overwrite`` is false.
+    StoreLockedError
+        Another build into ``out`` is running (the message names it).
+    """
+    opts = with_keywords(options, BuildOptions, kwargs, "build")
+    t0 = time.perf_counter()
+    if isinstance(src, (str, os.PathLike)) and not os.fspath(src):
+        raise SourceError("the source path is empty; give the folder of images (use '.' for the current folder)")
+    if not os.fspath(out):
+        raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
+    out_path = Path(out)
+    check_out_suffix(out_path, opts)
+    backend = backend_for_path(out_path, opts.format, write=True)
+    source = as_source(src, opts)
+    opts = source_options(source, opts)
+    check_paths(source, out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with BuildLock(out_path):
+        published = clear_leftovers(out_path)
+        if opts.update:
+            return update_stage(source, out_path, backend, opts, t0)
+        # The CLI names its flag instead (dlpack.cli): the keyword is the library's word for it.
+        exists = f"{out_path} already exists; pass overwrite=True to replace it"
+        if out_path.exists() or out_path.is_symlink():
+            if opts.overwrite:
+                check_replaceable(out_path)
+                published = None
+            elif published is None:
+                raise StoreExistsError(exists)
+        root = source.root
+        scan = scan_stage(source)
+        if opts.split:
+            scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
+        probes = probe_stage(root, scan.items, opts)
+        plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name)
+        if published is not None:
+            # The same build was killed just after it published OUT: it is done.
+            if not published_by_killed_build(backend, out_path, plan, published):
+                raise StoreExistsError(exists)
+            return _existing_result(backend, out_path, plan, scan, sel, probes, t0)
+        if sel.errors and opts.on_error == "fail":
+            pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
+            found = validate_stage(os.fspath(root), plan, pairs, opts)
+            raise bad_inputs([*sel.errors, *found], root, nothing_left=len(found) == len(pairs))
+        tmp = partial_path(out_path)
+        plan, sel, samples, partial, resume = pack_stage(backend, out_path, root, scan, probes, plan, sel, opts)
+        try:
+            arrays, manifest = manifest_stage(plan, scan, sel, samples)
+        except BaseException as exc:
+            discard_partial(partial, out_path, exc)
+            raise
+        commit_store(partial, out_path, arrays, manifest)
+        try:
+            publish(tmp, out_path, opts.overwrite)
+        finally:
+            remove_store(journal_path(out_path))
+        try:
+            return BuildResult(
+                path=out_path,
+                count=plan.count,
+                skipped=manifest.skipped,
+                seconds=time.perf_counter() - t0,
+                input_bytes=sum(probes[k].nbytes for k in sel.keep),
+                output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
+                conversions=dict(manifest.conversions),
+                plan=plan,
+                resume=resume,
+                classes=manifest.classes,
+                splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
+                excluded=scan.excluded,
+                ignored=scan.ignored,
+                distinct_sizes=len({s.shape[:2] for s in samples}) if plan.image.layout == "variable" else 0,
+            )
+        except KeyboardInterrupt:
+            raise PublishedInterrupt(out_path) from None

@@ -1,0 +1,89 @@
+"""Stage 6: the per-sample metadata arrays and the manifest of the written samples."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..backends import ArraySpec
+from ..manifest import Manifest
+from ..sources.base import SourceItem, SourceScan
+from .inputs import Selection, split_names
+from .plan import BuildPlan
+from .workers import Sample
+
+
+def _meta_arrays(
+    items: Sequence[SourceItem],
+    samples: Sequence[Sample],
+    classes: Sequence[str],
+    shapes: Sequence[tuple[int, ...]] | None,
+    splits: Sequence[str] = (),
+) -> dict[str, tuple[ArraySpec, Any]]:
+    """The per-sample metadata arrays, by name: their specs and values (``split`` only when ``splits``)."""
+    class_id = {c: i for i, c in enumerate(classes)}
+    fixed: dict[str, tuple[np.ndarray, str | None]] = {
+        "labels": (
+            np.array([class_id[it.label] if it.label is not None else -1 for it in items], dtype="<i4"),
+            "label",
+        ),
+        "original_size": (np.array([s.original_size for s in samples], dtype="<i4").reshape(-1, 2), None),
+        "transform": (np.array([s.transform for s in samples], dtype="<f8").reshape(-1, 4), None),
+        "checksum": (np.array([s.checksum for s in samples], dtype="<u4"), None),
+        # What --update compares the source files with: (size, mtime_ns), then the content hash.
+        "source_stat": (np.array([s.stat for s in samples], dtype="<i8").reshape(-1, 2), None),
+        "source_sha256": (
+            np.frombuffer(b"".join(bytes.fromhex(s.sha256) for s in samples), dtype=np.uint8).reshape(-1, 32),
+            None,
+        ),
+    }
+    if shapes is not None:
+        fixed["image_shapes"] = (np.array(shapes, dtype="<i4").reshape(-1, 3), None)
+    if splits:
+        split_id = {name: i for i, name in enumerate(splits)}
+        codes = [split_id[it.split] if it.split is not None else -1 for it in items]
+        fixed["split"] = (np.array(codes, dtype="|i1"), "split")
+    arrays: dict[str, tuple[ArraySpec, Any]] = {
+        name: (ArraySpec(name, arr.dtype.str, arr.shape[1:], key=key), arr) for name, (arr, key) in fixed.items()
+    }
+    sources = [np.frombuffer(it.rel.encode("utf-8"), dtype=np.uint8) for it in items]
+    arrays["source"] = (ArraySpec("source", "|u1", (), ragged=True), sources)
+    return arrays
+
+
+def manifest_stage(
+    plan: BuildPlan, scan: SourceScan, sel: Selection, samples: Sequence[Sample]
+) -> tuple[dict[str, tuple[ArraySpec, Any]], Manifest]:
+    """6. The per-sample arrays and the manifest of the written samples (the writer lists the arrays)."""
+    items = [scan.items[k] for k in sel.keep]
+    variable = plan.image.layout == "variable"
+    splits = plan.split_names or split_names(scan.items)
+    arrays = _meta_arrays(items, samples, scan.classes, [s.shape for s in samples] if variable else None, splits)
+    conversions = Counter(c for s in samples for c in s.conversions)
+    target = plan.target
+    manifest = Manifest(
+        count=plan.count,
+        image=plan.image,
+        backend=plan.backend,
+        classes=scan.classes,
+        labels=scan.labels,
+        splits=splits,
+        resize={
+            "mode": target.mode,
+            "size": list(target.size) if target.size else None,
+            "max_side": target.max_side,
+            "allow_upscale": target.allow_upscale,
+            "interpolation": "area (shrink), linear (enlarge)",
+        },
+        compression=plan.compression,
+        shard_rows=0 if variable else plan.shard_rows,
+        skipped=tuple(sorted(sel.errors, key=lambda e: e.path)),
+        conversions=dict(sorted(conversions.items())),
+        plan=plan.to_dict(),
+        dlpack_version=__version__,
+    )
+    return arrays, manifest

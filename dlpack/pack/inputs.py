@@ -1,0 +1,346 @@
+"""Stages 1-2: what the build reads: the source (scan, ``--split``), every file's header (probe), and OUT and SRC checked against each other."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from .. import _parallel
+from .._files import NotRegularFileError, open_regular
+from .._names import shown as shown_name
+from ..backends import BACKENDS
+from ..errors import BadInputsError, InputFileError, OptionError, SourceError
+from ..options import SPLIT_PART_NAMES, BuildOptions
+from ..sources.base import Source, SourceItem, SourceScan
+from ..sources.decode import DecodeError, check_header, incomplete_reason, no_header_reason, normalise_header
+from ..sources.folder import FolderSource
+from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which scanned items are still in (positions in ``SourceScan.items``, in order), and every input error so far."""
+
+    keep: tuple[int, ...]
+    errors: tuple[InputFileError, ...]
+
+    def drop(self, failed: Mapping[int, InputFileError]) -> Selection:
+        """A selection without the positions in ``failed``, whose errors are added."""
+        return Selection(tuple(k for k in self.keep if k not in failed), self.errors + tuple(failed.values()))
+
+
+def bad_inputs(errors: Sequence[InputFileError], root: Path, nothing_left: bool = False) -> BadInputsError:
+    """The error listing every bad input; ``nothing_left`` when no input is good (then skipping cannot help)."""
+    return BadInputsError(sorted(errors, key=lambda e: e.path), os.fspath(root), nothing_left)
+
+
+def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Source:
+    """The source a build reads: a path means a :class:`FolderSource` with the options' labels and symlink rule."""
+    if isinstance(src, (str, os.PathLike)):
+        return FolderSource(src, opts.labels, opts.follow_symlinks, opts.exclude)
+    if isinstance(src, Source):
+        return src
+    raise OptionError(f"src must be a folder path or a dlpack.sources.Source, got {type(src).__name__}")
+
+
+def source_options(source: Source, opts: BuildOptions) -> BuildOptions:
+    """``opts`` as the build of ``source`` records them: a source object's own folder rules.
+
+    ``labels``, ``follow_symlinks`` and ``exclude`` shape what a folder path lists. A Source object
+    lists its items itself, so one of them given with another value than the source's (for any
+    source but a :class:`FolderSource`: than its default) would be ignored, and is refused.
+    """
+    defaults = BuildOptions()
+    own: dict[str, Any] = (
+        {"labels": source.labels, "follow_symlinks": source.follow_symlinks, "exclude": source.exclude}
+        if isinstance(source, FolderSource)
+        else {}
+    )
+    kind = type(source).__name__
+    for name in ("labels", "follow_symlinks", "exclude"):
+        given = getattr(opts, name)
+        if given == getattr(defaults, name) or (name in own and given == own[name]):
+            continue
+        if name == "exclude" and not own:
+            raise OptionError(f"exclude applies to a folder source; a {kind} lists its own items: leave them out there")
+        if name == "exclude":
+            raise OptionError(
+                f"the FolderSource excludes {list(own['exclude'])} but exclude={list(opts.exclude)} was given; "
+                "give the patterns in one place"
+            )
+        if own:
+            raise OptionError(
+                f"the FolderSource has {name}={own[name]!r} but {name}={given!r} was given; give it in one place"
+            )
+        raise OptionError(
+            f"{name}={given!r} applies to a folder path; a {kind} lists its own items and labels, "
+            f"so it would be ignored: drop {name}, or give it to the source"
+        )
+    if own:
+        # The plan records the source's own patterns and symlink rule.
+        opts = replace(opts, exclude=own["exclude"], follow_symlinks=own["follow_symlinks"])
+    return opts
+
+
+#: The ``split`` array is int8 with -1 for "no split".
+_MAX_SPLITS = 127
+
+
+def split_names(items: Sequence[SourceItem]) -> tuple[str, ...]:
+    """The sorted split names the items use; the ``split`` array stores an index into them."""
+    return tuple(sorted({it.split for it in items if it.split is not None}))
+
+
+def scan_stage(source: Source) -> SourceScan:
+    """1. List the source's items, and refuse a listing a store cannot hold."""
+    scan = source.scan()
+    where = os.fspath(source.root)
+    if not scan.items and not scan.errors:
+        raise SourceError(f"the source {where!r} lists no items")
+    classes = set(scan.classes)
+    if len(classes) != len(scan.classes):
+        raise SourceError(f"the source {where!r} lists a class name twice: {list(scan.classes)}")
+    seen: set[str] = set()
+    for item in scan.items:
+        rel = item.rel
+        if not rel or rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+            raise SourceError(
+                f"the source {where!r} lists {rel!r}; item paths are relative to the source root, "
+                "with '/' separators and no empty, '.' or '..' parts"
+            )
+        if rel in seen:
+            raise SourceError(f"the source {where!r} lists {rel!r} twice")
+        seen.add(rel)
+        if item.label is not None and item.label not in classes:
+            raise SourceError(
+                f"the source {where!r} labels {rel!r} {item.label!r}, which is not one of its classes {list(scan.classes)}"
+            )
+    splits = split_names(scan.items)
+    if len(splits) > _MAX_SPLITS:
+        raise SourceError(f"the source {where!r} lists {len(splits)} split names; a store holds at most {_MAX_SPLITS}")
+    return scan
+
+
+def _split_draw(seed: int, rel: str) -> float:
+    """A number in [0, 1) fixed by the seed and the file's path: where the file falls in a ``--split``."""
+    digest = hashlib.sha256(f"{seed}\0{rel}".encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _split_counts_of(n: int, percent: Sequence[int]) -> list[int]:
+    """``n`` samples shared by ``percent`` in whole samples (largest remainder; ties to the earlier part)."""
+    counts = [n * p // 100 for p in percent]  # whole numbers only: the same on every machine
+    order = sorted(range(len(percent)), key=lambda j: (-(n * percent[j] % 100), j))
+    for j in order[: n - sum(counts)]:
+        counts[j] += 1
+    return counts
+
+
+def _source_splits_error(scan: SourceScan, where: str, what: str) -> OptionError:
+    tops = sorted({it.rel.split("/")[0] + "/" for it in scan.items if it.split is not None})
+    return OptionError(
+        f"{where!r} already gives splits by its folders ({', '.join(shown_name(t) for t in tops[:10])}); {what}"
+    )
+
+
+def split_stage(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
+    """1b. Give every item a split (``--split``): by class, each class shared by ``percent``.
+
+    Within a class, items are ordered by a draw fixed by the seed and their path (never by the
+    order of the workers), and the first ones go to train, then val, then test, so every class is
+    split in the same proportions (in whole samples). A split the source gives is never overridden.
+    """
+    if any(it.split is not None for it in scan.items):
+        raise _source_splits_error(scan, where, "drop --split (split=...) to keep them, or move the images out of them")
+    names = SPLIT_PART_NAMES[len(percent)]
+    by_class: dict[str | None, list[int]] = {}
+    for k, it in enumerate(scan.items):
+        by_class.setdefault(it.label, []).append(k)
+    assigned: list[str | None] = [None] * len(scan.items)
+    for ks in by_class.values():
+        ks.sort(key=lambda k: (_split_draw(seed, scan.items[k].rel), scan.items[k].rel))
+        pos = 0
+        for name, n in zip(names, _split_counts_of(len(ks), percent), strict=True):
+            for k in ks[pos : pos + n]:
+                assigned[k] = name
+            pos += n
+    items = tuple(replace(it, split=name) for it, name in zip(scan.items, assigned, strict=True))
+    return replace(scan, items=items)
+
+
+def split_per_file(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
+    """Every item's split by its own draw (the rule for samples an update appends to a ``--split`` store)."""
+    if any(it.split is not None for it in scan.items):
+        raise _source_splits_error(
+            scan,
+            where,
+            "the store's splits were made with --split; move the images out of those folders, "
+            "or rebuild with --overwrite",
+        )
+    names = SPLIT_PART_NAMES[len(percent)]
+    bounds = np.cumsum(percent) / 100
+    items = tuple(
+        replace(
+            it, split=names[min(int(np.searchsorted(bounds, _split_draw(seed, it.rel), side="right")), len(names) - 1)]
+        )
+        for it in scan.items
+    )
+    return replace(scan, items=items)
+
+
+@dataclass(frozen=True)
+class Probe:
+    header: ImageHeader | None
+    nbytes: int
+    error: str | None
+
+
+def open_input(path: Path) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file; anything else raises OSError saying what it is.
+
+    A named pipe blocks its reader until a writer comes (forever, in a build) and opening a device
+    can have side effects: see :func:`dlpack._files.open_regular`.
+    """
+    try:
+        fd = open_regular(path)
+    except NotRegularFileError as exc:
+        raise OSError(errno.EINVAL, f"{exc.strerror}; only regular files are packed", os.fspath(path)) from None
+    return os.fdopen(fd, "rb")
+
+
+def _tail_ok(path: Path, header: ImageHeader) -> str | None:
+    """Truncation check from the file's last bytes; the whole file is read only when they are unusual."""
+    if header.format not in ("jpeg", "png"):
+        return None
+    with open_input(path) as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
+        if incomplete_reason(f.read(), header.format, whole=False) is None:
+            return None
+        f.seek(0)
+        return incomplete_reason(f.read(), header.format)
+
+
+def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[Probe]:
+    out = []
+    for rel in rels:
+        path = Path(root, rel)
+        try:
+            with open_input(path) as f:
+                head = f.read(HEADER_BYTES)
+                size = os.fstat(f.fileno()).st_size
+        except OSError as exc:
+            out.append(Probe(None, 0, f"cannot read: {exc.strerror or exc}"))
+            continue
+        if not head:
+            out.append(Probe(None, 0, "empty file (0 bytes)"))
+            continue
+        header = probe_header(head)
+        if header is None and size > len(head):
+            # TIFF keeps its first IFD after the pixels, JPEG metadata can exceed the head, and a
+            # WebP's EXIF chunk follows its image data.
+            try:
+                with open_input(path) as f:
+                    head = f.read()
+                header = probe_header(head)
+            except OSError as exc:
+                out.append(Probe(None, size, f"cannot read: {exc.strerror or exc}"))
+                continue
+        if header is not None:
+            header = normalise_header(header, head)
+        if header is None:
+            out.append(Probe(None, size, no_header_reason(head)))
+            continue
+        try:
+            check_header(header, max_pixels)
+        except DecodeError as exc:
+            out.append(Probe(header, size, str(exc)))
+            continue
+        try:
+            out.append(Probe(header, size, _tail_ok(path, header)))
+        except OSError as exc:
+            out.append(Probe(header, size, f"cannot read: {exc.strerror or exc}"))
+    return out
+
+
+def probe_stage(root: Path, items: Sequence[SourceItem], opts: BuildOptions) -> tuple[Probe, ...]:
+    """2. Read every file's header (in workers): size, channels, depth, and why a file is unusable."""
+    from joblib import delayed
+
+    rels = [it.rel for it in items]
+    step = 256
+    calls = [
+        delayed(_probe_files)(os.fspath(root), rels[s : s + step], opts.max_pixels) for s in range(0, len(rels), step)
+    ]
+    probes: list[Probe] = []
+    with _parallel.progress(len(rels), "checking", opts.quiet) as bar:
+        for block in _parallel.parallel(min(opts.n_jobs, max(1, len(calls))), calls):
+            probes.extend(block)
+            bar.update(len(block))
+    return tuple(probes)
+
+
+def probed(scan: SourceScan, probes: Sequence[Probe]) -> Selection:
+    """The first selection: every item whose probe passed; the scan's and the probe's errors."""
+    bad = [InputFileError(scan.items[k].rel, p.error) for k, p in enumerate(probes) if p.error is not None]
+    keep = tuple(k for k, p in enumerate(probes) if p.error is None)
+    return Selection(keep, scan.errors + tuple(bad))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_paths(source: Source, out: Path) -> None:
+    """Refuse an ``out`` that is the source's root or contains it, or (for a folder) lies inside it.
+
+    Replacing OUT would delete the source images in the first two cases. A folder source walks its
+    whole tree, so a store inside it would become input of the next build of that folder.
+
+    Raises
+    ------
+    OptionError
+        With both paths, as given and resolved.
+    """
+    src = Path(source.root)
+    src_real, out_real = src.resolve(), out.resolve()
+    both = f"OUT {os.fspath(out)!r} and SRC {os.fspath(src)!r}"
+    if (os.fspath(out), os.fspath(src)) != (str(out_real), str(src_real)):
+        both += f" (resolved: {out_real} and {src_real})"
+    if out_real == src_real or _same_file(out, src):
+        raise OptionError(f"OUT is SRC: {both}; writing the store there would delete the source images")
+    if out_real in src_real.parents or any(_same_file(out, p) for p in src_real.parents):
+        raise OptionError(
+            f"OUT contains SRC: {both}; replacing OUT would delete the source images; choose an OUT outside SRC"
+        )
+    if isinstance(source, FolderSource) and src_real in out_real.parents:
+        raise OptionError(
+            f"OUT is inside SRC: {both}; the next build of SRC would read the store as input; choose an OUT outside SRC"
+        )
+
+
+def check_out_suffix(out: Path, opts: BuildOptions) -> None:
+    """Refuse an OUT whose suffix names no format (``x.txt``): it would silently become a Zarr folder of that name.
+
+    A suffix-less OUT gets the default format; ``format`` names the format whatever the suffix, and
+    an update keeps the format of the store already there.
+    """
+    if opts.format is not None or opts.update:
+        return
+    suffix = os.path.splitext(os.fspath(out).rstrip("/\\"))[1].lower()
+    known = {s: b.name for b in BACKENDS.values() for s in b.suffixes}
+    if suffix and suffix not in known:
+        shown = ", ".join(f"{s} ({name})" for s, name in sorted(known.items()))
+        raise OptionError(
+            f"OUT {shown_name(os.fspath(out))!r} ends in {shown_name(suffix)!r}, which names no store format; "
+            f"use one of the suffixes {shown}, or name the format with format=FORMAT"
+        )

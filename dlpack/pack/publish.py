@@ -1,0 +1,268 @@
+"""Stage 7: move the finished store into place, and undo what a killed build left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .._files import file_kind, irregular_entries
+from .._lock import journal_path, old_path, partial_path
+from ..backends import Backend, foreign_reason, owned_store, remove_store
+from ..errors import StoreError, StoreExistsError
+from .journal import Restart, is_journal, read_journal
+from .plan import BuildPlan
+from .workers import Sample
+
+
+def _not_ours(path: Path) -> str | None:
+    """Why ``path`` cannot be proven to be a dlpack partial store, or None when it is one."""
+    if path.is_symlink():
+        return "it is a symbolic link"
+    if owned_store(path) is not None:
+        return None
+    if path.is_dir():
+        return foreign_reason(path)
+    if path.is_file():
+        links = path.lstat().st_nlink
+        if links != 1:
+            return f"it is a file with {links} hard links"
+        return foreign_reason(path)
+    return "it is neither a file nor a folder"
+
+
+def unmarked(path: Path) -> str:
+    """What ``path``, found without dlpack's marker, is: "a folder without dlpack's marker", naming
+    a named pipe or link inside it that kept its marker from being read."""
+    if path.is_dir():
+        odd = irregular_entries(path)
+        return "a folder without dlpack's marker" + (f"; {', '.join(odd)}, which no dlpack store holds" if odd else "")
+    kind = "a file" if path.is_file() else file_kind(path.lstat().st_mode)
+    return f"{kind} without dlpack's marker"
+
+
+def clear_leftovers(out: Path) -> str | None:
+    """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
+
+    An overwritten store that was waiting for its replacement comes back to ``out`` (or is removed
+    when the replacement made it). A stale partial proven to be dlpack's is kept when it has a
+    journal (the build then continues it or starts over, see :func:`open_partial`), else removed;
+    a journal whose partial is gone is removed. Returns the plan fingerprint of a journal whose
+    build had committed and then published its store (killed before it removed its journal), so
+    that the same build run again can say it is done; else None.
+    """
+    old = old_path(out)
+    if old.exists() or old.is_symlink():
+        reason = _not_ours(old)
+        if reason is not None:
+            raise StoreError(
+                f"{old} is where a build keeps the store it replaces, but it is not a dlpack store ({reason}); "
+                "remove or rename it, then build again"
+            )
+        if out.exists() or out.is_symlink() or owned_store(old) is None:
+            remove_store(old)
+        else:
+            os.replace(old, out)  # killed after OUT was moved aside: the old store comes back
+    tmp, journal = partial_path(out), journal_path(out)
+    for path in (journal, journal.with_name(journal.name + ".tmp")):
+        if (path.exists() or path.is_symlink()) and not is_journal(path):
+            why = (
+                "it is a symbolic link" if path.is_symlink()
+                else "it is not a regular file" if not path.is_file()
+                else f"it is a file with {path.lstat().st_nlink} hard links" if path.lstat().st_nlink != 1
+                else "it does not start with a journal header"
+            )  # fmt: skip
+            raise StoreError(
+                f"{path} is where this build keeps its journal, but it is not a dlpack journal ({why}); "
+                "it was left untouched: remove or rename it, then build again"
+            )
+    remove_store(journal.with_name(journal.name + ".tmp"))
+    if tmp.exists() or tmp.is_symlink():
+        reason = _not_ours(tmp)
+        if reason is not None:
+            raise StoreError(
+                f"{tmp} is where this build writes, but it is not a dlpack partial store ({reason}); "
+                "remove or rename it, then build again"
+            )
+        if journal.exists():
+            return None  # a killed build's blocks: open_partial continues them or starts over
+        remove_store(tmp)
+    published = None
+    if journal.exists() and owned_store(out) is not None:
+        with contextlib.suppress(Restart):
+            state = read_journal(journal, Sample.from_record)
+            fingerprint = state.header.get("fingerprint")
+            if state.commit and isinstance(fingerprint, str):
+                published = fingerprint
+    remove_store(journal)  # its partial is gone (published or removed): nothing to continue
+    return published
+
+
+def published_by_killed_build(backend: type[Backend], out: Path, plan: BuildPlan, published: str | None) -> bool:
+    """Whether ``out`` is the store a killed build of this very ``plan`` committed and published
+    (``published``: its journal's fingerprint, from :func:`clear_leftovers`)."""
+    if published != plan.fingerprint():
+        return False
+    try:
+        with backend.open_reader(out) as reader:
+            recorded = reader.manifest.plan
+        return bool(recorded) and BuildPlan.from_dict(recorded).fingerprint() == published
+    except StoreError:
+        return False
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace ``out`` unless it is a complete or partial dlpack store (its marker says so).
+
+    Raises
+    ------
+    StoreExistsError
+        ``out`` is a symbolic link, or anything without dlpack's marker (a folder, a file, a
+        plain Zarr group, an HDF5 file of someone else's).
+    """
+    if out.is_symlink():
+        raise StoreExistsError(
+            f"{out} is a symbolic link, not a dlpack store; --overwrite replaces only dlpack stores: "
+            "remove the link or choose another OUT"
+        )
+    if owned_store(out) is None:
+        raise StoreExistsError(
+            f"{out} exists and is not a dlpack store ({unmarked(out)}); --overwrite replaces "
+            "only dlpack stores: move it away yourself or choose another OUT"
+        )
+
+
+def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
+    """7. Move the finished store into place; an old store is replaced only after the new one is complete.
+
+    Where the platform offers an atomic exchange (Linux ``renameat2``), OUT always holds a complete
+    store: the new one waits under the old name, then trades places with OUT in one step. Elsewhere
+    OUT is moved aside and the new store moved in, and a build killed in between leaves the old
+    store under the old name, where the next build's :func:`clear_leftovers` brings it back.
+    """
+    if not (out.exists() or out.is_symlink()):
+        if not _rename_noreplace(tmp, out):
+            os.replace(tmp, out)
+        return
+    if not overwrite:
+        raise StoreExistsError(f"{out} appeared while building; pass --overwrite to replace it")
+    check_replaceable(out)
+    old = old_path(out)
+    os.replace(tmp, old)
+    try:
+        exchanged = _exchange(old, out)
+    except BaseException:
+        os.replace(old, tmp)
+        raise
+    if exchanged:
+        if owned_store(old) is None:  # something else was put at OUT since the check: put it back
+            _exchange(old, out)
+            os.replace(old, tmp)
+            check_replaceable(out)
+    else:
+        os.replace(old, tmp)
+        os.replace(out, old)
+        if owned_store(old) is None:
+            os.replace(old, out)
+            check_replaceable(out)
+        os.replace(tmp, out)
+    remove_store(old)
+
+
+class PublishedInterrupt(KeyboardInterrupt):
+    """Ctrl-C arrived once the new store was already published: the build or update is complete.
+
+    Still a KeyboardInterrupt, so a script stops as its user asked; ``published`` is the complete
+    store (the CLI says so and exits 0).
+    """
+
+    def __init__(self, published: Path) -> None:
+        self.published = published
+        super().__init__(f"interrupted after {published} was published; the store is complete")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def publish(tmp: Path, out: Path, overwrite: bool) -> None:
+    """:func:`publish_stage`, removing the partial ``tmp`` when it fails.
+
+    Raises :class:`PublishedInterrupt` when Ctrl-C arrives once ``tmp`` is at ``out``
+    (the very file or folder, whatever step of publishing the interrupt cut short): the store is
+    complete, and the caller says so instead of "interrupted".
+    """
+    new = _identity(tmp)
+    try:
+        publish_stage(tmp, out, overwrite)
+    except BaseException as exc:
+        done = isinstance(exc, KeyboardInterrupt) and new is not None and _identity(out) == new
+        # After a cut-short exchange, the partial's name may hold the store that was replaced.
+        remove_store(tmp)
+        if done:
+            old = old_path(out)
+            if (old.exists() or old.is_symlink()) and _not_ours(old) is None:
+                remove_store(old)  # the replaced store, as publishing would have removed it
+            raise PublishedInterrupt(out) from None
+        raise
+
+
+_AT_FDCWD = -100
+
+
+_RENAME_NOREPLACE = 1
+
+
+_RENAME_EXCHANGE = 2
+
+
+@functools.cache
+def _renameat2_function() -> Any:
+    """libc's ``renameat2`` (Linux, glibc 2.28+ or musl), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """``renameat2(src, dst, flags)``; False when this system or file system does not offer it."""
+    fn = _renameat2_function()
+    if fn is None:
+        return False
+    import ctypes
+
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(src), None, os.fspath(dst))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically; False (nothing done) where the platform cannot."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def _rename_noreplace(src: Path, dst: Path) -> bool:
+    """Move ``src`` to ``dst`` unless ``dst`` exists, atomically; False (nothing done) where the platform cannot."""
+    try:
+        return _renameat2(src, dst, _RENAME_NOREPLACE)
+    except FileExistsError:
+        raise StoreExistsError(f"{dst} appeared while building; pass --overwrite to replace it") from None

@@ -1,0 +1,349 @@
+"""``build --update``: a new generation of a store, writing only the blocks that change."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import _parallel
+from .._lock import journal_path, partial_path
+from .._names import shown as shown_name
+from ..backends import ArraySpec, Backend, StoreWriter, owned_store, remove_store
+from ..errors import DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreNotFoundError
+from ..options import BuildOptions
+from ..sources.base import Source, SourceScan
+from ..sources.folder import FolderSource
+from .arrays import manifest_stage
+from .changes import (
+    carry_arrays,
+    check_folder_rules,
+    check_update_options,
+    class_aliases,
+    codes_outside,
+    gone_error,
+    new_label_paths,
+    replaced_error,
+    source_changes,
+    source_with_rules,
+    split_counts,
+    unfilled_error,
+    update_reason,
+    user_arrays,
+)
+from .inputs import Probe, Selection, bad_inputs, probe_stage, scan_stage, split_names, split_per_file
+from .plan import BuildPlan, image_array, order_digest, source_digest
+from .publish import publish, unmarked
+from .result import BuildResult
+from .workers import Sample, decode_block, fixed_block, validate_stage
+from .write import Partial, commit_store, discard_partial
+
+
+def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildOptions, t0: float) -> BuildResult:
+    """Update the store at ``out`` from ``source`` (``build --update``); call while holding the build lock.
+
+    The rule (docs/format.md, "Updates"): every sample keeps its index, class and split; files new
+    in the source are appended after the last sample, in source order, and new classes get the next
+    ids; a file whose size or mtime changed is decoded again in place when its SHA-256 changed too.
+    Files gone from the source are refused unless ``compact``, which drops them and renumbers the
+    samples after them. Every array added with ``add_array`` is carried over (appended and replaced
+    samples get its ``fill``, or the update refuses), and files in a Zarr store folder that are not
+    dlpack's are carried over unchanged. Only blocks that change are written: Zarr shares every
+    other shard file with the current store (hard links); HDF5 cannot share, so its file is
+    rewritten, unchanged rows copied without decoding. The new generation is published as a
+    build's is; an update that changes nothing publishes nothing.
+    """
+    if not (out.exists() or out.is_symlink()):
+        raise StoreNotFoundError(f"{out} does not exist; build it first (without --update)")
+    own = owned_store(out)
+    if own is not None and own is not backend:
+        raise OptionError(
+            f"{out} is a dlpack {own.name} store; --update keeps its format: drop --format {backend.name}"
+        )
+    if own is not backend:
+        raise StoreError(
+            f"{out} is not a dlpack {backend.name} store ({unmarked(out)}); --update only updates dlpack's own stores"
+        )
+    reader = backend.open_reader(out)
+    reader.check_labels = False  # a store whose labels are damaged is repaired by the update (below)
+    try:
+        m = reader.manifest
+        missing = [n for n in ("source_stat", "source_sha256") if n not in m.arrays]
+        why = (
+            "it holds variable-size images" if m.image.layout != "fixed"
+            else "it records no build plan" if not m.plan
+            else f"it has no {' or '.join(missing)} (written before updates existed)" if missing
+            else None
+        )  # fmt: skip
+        if why is not None:
+            raise StoreError(f"{out} cannot be updated: {why}; rebuild it with --overwrite")
+        plan0 = check_update_options(BuildPlan.from_dict(m.plan), opts, out)
+        source = source_with_rules(source, plan0)
+        root = source.root
+        try:
+            scan = scan_stage(source)
+        except SourceError as exc:
+            if m.labels == "folders" and "--labels none" in str(exc):
+                raise SourceError(
+                    f"{exc}. Under --update the store's labels are kept ({out} is labelled by class folders), "
+                    "so --labels none would be refused: move them into class folders"
+                ) from exc
+            raise
+        if plan0.split:
+            # Kept samples keep their split; an appended one gets its split by its own draw under the seed.
+            scan = split_per_file(scan, plan0.split, plan0.split_seed, os.fspath(root))
+        check_folder_rules(m, scan, out, root)
+        user = user_arrays(m, opts, out)
+        probes = probe_stage(root, scan.items, opts)
+        n0 = m.count
+        rels0 = [reader.source(i) for i in range(n0)]
+        ch = source_changes(root, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
+        if isinstance(source, FolderSource):
+            new_label_paths(scan, ch.added, root)
+        if ch.removed and not opts.compact:
+            raise gone_error(ch, rels0, scan, root)
+        # Inputs to decode: replaced files in place, then added ones; bad ones follow --on-error,
+        # except replaced files, which cannot be dropped without renumbering.
+        todo = [ch.match[i] for i in sorted(ch.replaced)] + list(ch.added)
+        bad = {k: InputFileError(scan.items[k].rel, probes[k].error or "") for k in todo if probes[k].error}
+        pairs = [(scan.items[k].rel, probes[k].header) for k in todo if k not in bad]
+        found = validate_stage(os.fspath(root), plan0, pairs, opts)
+        now = {it.rel: k for k, it in enumerate(scan.items)}
+        bad.update({now[e.path]: e for e in found})
+        bad = {k: InputFileError(e.path, update_reason(e.reason, plan0)) for k, e in bad.items()}
+        replaced_bad = [bad[ch.match[i]] for i in sorted(ch.replaced) if ch.match[i] in bad]
+        errors = [*scan.errors, *bad.values()]
+        if replaced_bad:
+            raise replaced_error(replaced_bad, len(errors) - len(replaced_bad), root, opts.on_error == "skip")
+        if errors and opts.on_error == "fail":
+            raise bad_inputs(errors, root)
+        added = [k for k in ch.added if k not in bad]
+        # Where each sample of the new generation comes from: an old index, or a scan position to
+        # decode; and the old index it had (None for appended samples).
+        origin: list[tuple[str, int]] = [("new", ch.match[i]) if i in ch.replaced else ("old", i) for i in ch.kept]
+        origin += [("new", k) for k in added]
+        olds: list[int | None] = [*ch.kept, *([None] * len(added))]
+        # A carried array's row stays with its sample only while its image does: a replaced image gets the fill.
+        rows: list[int | None] = [None if i in ch.replaced else i for i in ch.kept] + [None] * len(added)
+        items = [scan.items[ch.match[v]] if src == "old" else scan.items[v] for src, v in origin]
+        if not items:
+            raise SourceError(f"the update would leave {out} without samples")
+        fills = opts.fill_values
+        unfilled = [s for s in user if s.name not in fills]
+        if unfilled and (added or ch.replaced):
+            raise unfilled_error(unfilled, len(added), len(ch.replaced), out)
+        skipped = tuple(sorted(errors, key=lambda e: e.path))
+        split0 = reader.meta("split") if m.splits else None
+        labels0 = reader.meta("labels")
+        damaged = codes_outside(labels0, m.classes) or (split0 is not None and codes_outside(split0, m.splits))
+        changed = added or ch.replaced or ch.removed or ch.restat or ch.renamed or opts.drop_array or damaged
+        if not changed and skipped == m.skipped:
+            return BuildResult(
+                path=out,
+                count=n0,
+                skipped=m.skipped,
+                seconds=time.perf_counter() - t0,
+                input_bytes=0,
+                output_bytes=reader.nbytes_on_disk(),
+                conversions=dict(m.conversions),
+                plan=BuildPlan.from_dict(m.plan),
+                update="up to date: nothing to do",
+                classes=m.classes,
+                splits=split_counts(m.splits, split0),
+                excluded=scan.excluded,
+                ignored=scan.ignored,
+            )
+        images = image_array(plan0.image, plan0.compression)
+        count = len(items)
+        plan = replace(
+            plan0,
+            count=count,
+            shard_rows=backend.shard_rows(images, count, plan0.shard_bytes),
+            order=order_digest(items),
+            source=source_digest(scan, probes),
+        )
+        alias = class_aliases(m.classes, scan.classes)
+        if alias:
+            items = [replace(it, label=alias[it.label]) if it.label in alias else it for it in items]
+        classes = (*m.classes, *(c for c in scan.classes if c not in m.classes and c not in alias))
+        splits = (*m.splits, *(s for s in split_names(scan.items) if s not in m.splits))
+        class_id = {c: i for i, c in enumerate(classes)}
+        split_id = {s: i for i, s in enumerate(splits)}
+
+        # Kept and replaced samples keep their stored class and split; appended ones get the scan's,
+        # and so does a stored code outside the store's classes or splits (a damaged store is repaired).
+        def kept(codes: np.ndarray | None, i: int | None, names: Sequence[str]) -> int | None:
+            code = None if codes is None or i is None else int(codes[i])
+            return code if code is not None and -1 <= code < len(names) else None
+
+        labels = np.array(
+            [
+                code if (code := kept(labels0, i, m.classes)) is not None
+                else class_id[it.label] if it.label is not None else -1
+                for i, it in zip(olds, items, strict=True)
+            ],
+            dtype="<i4",
+        )  # fmt: skip
+        split_codes = (
+            np.array(
+                [
+                    code if (code := kept(split0, i, m.splits)) is not None else split_id[it.split] if it.split else -1
+                    for i, it in zip(olds, items, strict=True)
+                ],
+                dtype="|i1",
+            )  # fmt: skip
+            if splits
+            else None
+        )
+        tmp = partial_path(out)
+        remove_store(journal_path(out))
+        remove_store(tmp)
+        writer = backend.open_writer(tmp, "w-", plan.shard_bytes)
+        partial = Partial(writer, None, {}, "")
+        try:
+            writer.open()
+            writer.create_array(images, count)
+            decoded, shared, written = _update_blocks(
+                writer, reader, out, plan0, plan, origin, scan, probes, root, opts
+            )
+            carry_arrays(writer, reader, out, user, rows, fills)
+            osz, tr, crc = reader.meta("original_size"), reader.meta("transform"), reader.meta("checksum")
+            stat0, sha0 = reader.meta("source_stat"), reader.meta("source_sha256")
+            samples = [
+                Sample(
+                    (int(osz[v][0]), int(osz[v][1])),
+                    (plan.image.height or 0, plan.image.width or 0, plan.image.channels),
+                    (float(tr[v][0]), float(tr[v][1]), float(tr[v][2]), float(tr[v][3])),
+                    int(crc[v]),
+                    (),
+                    None,
+                    ch.restat.get(v, (int(stat0[v][0]), int(stat0[v][1]))),
+                    bytes(sha0[v]).hex(),
+                )
+                if src == "old"
+                else decoded[v]
+                for src, v in origin
+            ]
+            view = SourceScan(tuple(items), classes, (), scan.labels)
+            arrays, manifest = manifest_stage(plan, view, Selection(tuple(range(count)), tuple(errors)), samples)
+            arrays["labels"] = (arrays["labels"][0], labels)
+            arrays.pop("split", None)
+            if split_codes is not None:
+                arrays["split"] = (ArraySpec("split", "|i1", (), key="split"), split_codes)
+            conversions = Counter(m.conversions)
+            conversions.update(c for s in decoded.values() for c in s.conversions)
+            entry = {
+                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "added": len(added),
+                "replaced": len(ch.replaced),
+                "removed": len(ch.removed),
+            }
+            manifest = replace(
+                manifest,
+                splits=splits,
+                conversions=dict(sorted(conversions.items())),
+                history=(*m.history, entry),
+            )
+        except BaseException as exc:
+            discard_partial(partial, out, exc)
+            raise
+        commit_store(partial, out, arrays, manifest)
+        try:
+            carried = backend.carry_foreign(out, tmp, m)
+        except BaseException:
+            remove_store(tmp)
+            raise
+    finally:
+        reader.close()
+    publish(tmp, out, True)
+    n_blocks = shared + written
+    note = (
+        f"updated: {len(added)} added, {len(ch.replaced)} replaced, {len(ch.removed)} removed; "
+        f"{written} of {n_blocks} blocks written"
+    )
+    if opts.drop_array:
+        note += f"; dropped array(s) {', '.join(opts.drop_array)}"
+    if carried:
+        what = "1 entry that is" if len(carried) == 1 else f"{len(carried)} entries that are"
+        note += f"; kept {what} not dlpack's ({', '.join(shown_name(c) for c in carried[:5])})"
+    return BuildResult(
+        path=out,
+        count=count,
+        skipped=manifest.skipped,
+        seconds=time.perf_counter() - t0,
+        input_bytes=sum(probes[k].nbytes for k in decoded),
+        output_bytes=backend.open_reader(out).nbytes_on_disk(),
+        conversions=dict(manifest.conversions),
+        plan=plan,
+        update=note,
+        classes=manifest.classes,
+        splits=split_counts(splits, split_codes),
+        excluded=scan.excluded,
+        ignored=scan.ignored,
+    )
+
+
+def _update_blocks(
+    writer: StoreWriter,
+    reader: Any,
+    out: Path,
+    plan0: BuildPlan,
+    plan: BuildPlan,
+    origin: Sequence[tuple[str, int]],
+    scan: SourceScan,
+    probes: Sequence[Probe],
+    root: Path,
+    opts: BuildOptions,
+) -> tuple[dict[int, Sample], int, int]:
+    """Write the image blocks of an update: a block whose samples are all the old store's, at the
+    same indices, in a block of the same extent, is shared with it when the backend can; every
+    other block is assembled from old pixels and newly decoded files. Returns the decoded samples
+    (by scan position) and the counts of shared and written blocks."""
+    from joblib import delayed
+
+    step = writer.shard_rows("images")
+    n0, step0 = plan0.count, plan0.shard_rows
+    starts = list(range(0, len(origin), step))
+    todo: list[int] = []
+    shared = 0
+    for s in starts:
+        e = min(s + step, len(origin))
+        same = step == step0 and min(s + step0, n0) == e and all(origin[j] == ("old", j) for j in range(s, e))
+        if same and writer.share_block("images", s, out):
+            shared += 1
+        else:
+            todo.append(s)
+    rel = [it.rel for it in scan.items]
+    decoded: dict[int, Sample] = {}
+    with (
+        _parallel.progress(sum(min(step, len(origin) - s) for s in todo), "updating", opts.quiet) as bar,
+        _parallel.BlockProgress(bar, len(todo), _parallel.pooled(opts.n_jobs, len(todo))) as progress,
+    ):
+        calls = []
+        for j, s in enumerate(todo):
+            ks = [v for src, v in origin[s : s + step] if src == "new"]
+            pairs = [(rel[k], probes[k].header) for k in ks]
+            calls.append(delayed(decode_block)(os.fspath(root), plan, pairs, None, True, progress.ticks(j)))
+        for slot, (s, results) in enumerate(zip(todo, _parallel.parallel(opts.n_jobs, calls), strict=True)):
+            block = fixed_block(plan, min(step, len(origin) - s))
+            olds = [(j, v) for j, (src, v) in enumerate(origin[s : s + step]) if src == "old"]
+            if olds:
+                got = np.empty((len(olds), *block.shape[1:]), dtype=block.dtype)
+                reader.read_into("images", [v for _, v in olds], got)
+                block[[j for j, _ in olds]] = got
+            news = [j for j, (src, _) in enumerate(origin[s : s + step]) if src == "new"]
+            for j, r in zip(news, results, strict=True):
+                if not isinstance(r, Sample) or r.pixels is None:
+                    raise DlpackError(f"{r} failed to decode on the second pass")  # pragma: no cover - checked before
+                block[j] = r.pixels
+                decoded[origin[s + j][1]] = replace(r, pixels=None)
+            writer.write_block("images", s, block)
+            progress.finished(slot, len(block))
+    return decoded, shared, len(todo)

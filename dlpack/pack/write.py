@@ -1,0 +1,376 @@
+"""Stage 5: write the images into the partial store (every call into the store writer is here).
+
+Only blocks written by worker-safe writers (Zarr shards, HDF5 contiguous raw blocks) are
+journalled: ragged (variable-size) images are one stream, and compressed HDF5 blocks pass through
+the HDF5 library, whose file a kill can leave inconsistent; those builds start over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import _parallel
+from .._lock import journal_path, partial_path
+from ..backends import ArraySpec, Backend, StoreWriter, remove_store
+from ..errors import DlpackError, InputFileError, OptionError, StoreError
+from ..manifest import Manifest
+from ..options import BuildOptions
+from ..sources.base import SourceScan
+from ..sources.probe import ImageHeader
+from .inputs import Probe, Selection, bad_inputs
+from .journal import Journal, JournalState, Restart, read_journal
+from .plan import BuildPlan, image_array, plan_stage
+from .workers import Sample, decode_block, fixed_block, write_block_worker
+
+
+def _journal_header(plan: BuildPlan, shard_rows: int) -> dict[str, Any]:
+    return {
+        "fingerprint": plan.fingerprint(),
+        "block_len": shard_rows,  # the journal's name for it
+        "plan": plan.to_dict(),
+    }
+
+
+def _changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    return ", ".join(keys) or "fingerprint"
+
+
+def _resumable(writer: StoreWriter, images: ArraySpec) -> bool:
+    """Whether blocks of ``images`` are written as independent units that survive a kill of the build."""
+    return not images.ragged and writer.parallel_safe(images.name)
+
+
+def _verified_blocks(
+    writer: StoreWriter,
+    images: ArraySpec,
+    state: JournalState[Sample],
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+) -> dict[int, list[Sample]]:
+    """The journalled blocks still good: whole aligned blocks whose source files kept their size and
+    mtime and whose stored samples read back with their recorded checksums."""
+    step = writer.shard_rows(images.name)
+    done: dict[int, list[Sample]] = {}
+    for start, samples in sorted(state.blocks.items()):
+        stop = start + len(samples)
+        if start % step or start >= len(pairs) or stop != min(start + step, len(pairs)):
+            continue
+        try:
+            stats = [os.stat(Path(root, rel)) for rel, _ in pairs[start:stop]]
+        except OSError:
+            continue
+        if any((st.st_size, st.st_mtime_ns) != s.stat for st, s in zip(stats, samples, strict=True)):
+            continue
+        try:
+            stored = writer.read_block(images.name, start, stop)
+        except StoreError:
+            continue
+        if all(
+            zlib.crc32(np.ascontiguousarray(row).data) == s.checksum for row, s in zip(stored, samples, strict=True)
+        ):
+            done[start] = samples
+    return done
+
+
+@dataclass
+class Partial:
+    """The partial store a build writes: its open writer, its journal (None when not resumable), the
+    blocks already written (first sample -> samples), and what became of a killed build's partial."""
+
+    writer: StoreWriter
+    journal: Journal[Sample] | None
+    done: dict[int, list[Sample]]
+    note: str
+    #: Whether the store is already complete (a killed build's committed partial): publish it as it is.
+    committed: bool = False
+
+
+def _continue_partial(
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    images: ArraySpec,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    opts: BuildOptions,
+) -> Partial:
+    """Reopen a killed build's partial store to continue it, or raise :class:`Restart` saying why not."""
+    if opts.no_resume:
+        raise Restart("--no-resume")
+    jpath = journal_path(out)
+    state = read_journal(jpath, Sample.from_record)
+    if state.header.get("fingerprint") != plan.fingerprint():
+        old = state.header.get("plan")
+        changed = _changed_fields(old, plan.to_dict()) if isinstance(old, dict) else "fingerprint"
+        raise Restart(f"the plan changed ({changed})")
+    if images.ragged:
+        raise Restart("variable-size images are written as one stream")
+    writer = backend.open_writer(partial_path(out), "r+", plan.shard_bytes)
+    try:
+        writer.open()
+        # Temporary files of writes the kill cut short are not part of any block.
+        writer.remove_temp_files()
+        n_blocks = -(-len(pairs) // max(1, int(state.header.get("block_len") or 1)))
+        if writer.arrays:  # its manifest was written: the killed build had finished the store
+            complete = _complete_partial(writer, backend, out, plan, images, state, root, pairs)
+            if complete is not None:
+                journal = Journal.create(jpath, state.header, complete)
+                journal.mark_commit()
+                note = f"resumed: {n_blocks} of {n_blocks} blocks already written (the store was complete)"
+                return Partial(writer, journal, complete, note, committed=True)
+        if (state.commit or writer.arrays) and not writer.undo_commit([images.name]):
+            raise Restart(f"it was killed while the {backend.name} library wrote the store's metadata")
+        writer.attach_array(images, plan.count)
+        if not _resumable(writer, images) or writer.shard_rows(images.name) != state.header.get("block_len"):
+            raise Restart(f"its {backend.name} image blocks cannot be continued")
+        done = _verified_blocks(writer, images, state, root, pairs)
+    except Restart:
+        writer.abort()
+        raise
+    except (StoreError, OptionError) as exc:
+        writer.abort()
+        raise Restart(f"its partial store cannot be reopened ({exc})") from exc
+    except BaseException:
+        writer.abort()
+        raise
+    # Rewritten without the lines that did not hold up, so it says exactly what the partial holds.
+    journal = Journal.create(jpath, state.header, done)
+    n_blocks = -(-len(pairs) // writer.shard_rows(images.name))
+    return Partial(writer, journal, done, f"resumed: {len(done)} of {n_blocks} blocks already written")
+
+
+def _complete_partial(
+    writer: StoreWriter,
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    images: ArraySpec,
+    state: JournalState[Sample],
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+) -> dict[int, list[Sample]] | None:
+    """The blocks of a partial store that a killed build had committed, when it is exactly what this
+    build would publish: its manifest records this plan, every array matches its checksum, and every
+    journalled block's source files are unchanged. None when it is not (it is then taken back or
+    started over)."""
+    try:
+        with backend.open_reader(partial_path(out)) as reader:
+            manifest = reader.manifest
+            recorded = BuildPlan.from_dict(manifest.plan).fingerprint() if manifest.plan else None
+            if recorded != plan.fingerprint() or set(manifest.arrays) != set(writer.arrays) or reader.verify_arrays():
+                return None
+    except StoreError:
+        return None
+    spec = writer.arrays.get(images.name)
+    if spec is None or (spec.dtype, spec.shape, spec.ragged) != (images.dtype, images.shape, images.ragged):
+        return None
+    if not _resumable(writer, spec) or writer.shard_rows(images.name) != state.header.get("block_len"):
+        return None
+    done = _verified_blocks(writer, spec, state, root, pairs)
+    step = writer.shard_rows(images.name)
+    return done if len(done) == -(-len(pairs) // step) else None
+
+
+def open_partial(
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    opts: BuildOptions,
+) -> Partial:
+    """5a. The partial store to write ``plan`` into, with the image array created or reopened.
+
+    A partial left by a killed build of ``out`` (kept by :func:`clear_leftovers` because it has a
+    journal) is continued when its journal records this very plan (same fingerprint) and
+    ``no_resume`` is off: its journalled blocks that still check out are kept. Otherwise it is
+    removed and a new partial created, with a journal when its blocks can be continued later.
+    """
+    tmp, jpath = partial_path(out), journal_path(out)
+    images = image_array(plan.image, plan.compression)
+    note = ""
+    if tmp.exists() or tmp.is_symlink():
+        try:
+            return _continue_partial(backend, out, plan, images, root, pairs, opts)
+        except Restart as exc:
+            note = f"started over: {exc}"
+    remove_store(jpath)
+    remove_store(tmp)
+    writer = backend.open_writer(tmp, "w-", plan.shard_bytes)
+    try:
+        writer.open()
+        writer.create_array(images, plan.count)
+        journal: Journal[Sample] | None = None
+        if _resumable(writer, images):
+            # Created after the image array: a journal always describes a partial that holds it.
+            journal = Journal.create(jpath, _journal_header(plan, writer.shard_rows(images.name)))
+    except BaseException:
+        abort_store(writer, tmp)
+        remove_store(jpath)
+        raise
+    return Partial(writer, journal, {}, note)
+
+
+def _keep_for_resume(exc: BaseException, partial: Partial) -> bool:
+    """Whether a build stopped by ``exc`` keeps its partial store to continue later: when it was
+    interrupted (Ctrl-C) and has a journal; a build that failed on its own removes it."""
+    return isinstance(exc, KeyboardInterrupt) and partial.journal is not None
+
+
+def discard_partial(partial: Partial, out: Path, exc: BaseException | None = None) -> None:
+    """Close the partial's writer and journal after ``exc``, and remove both unless they are kept for a resume."""
+    keep = exc is not None and _keep_for_resume(exc, partial)
+    if partial.journal is not None:
+        partial.journal.close()
+    if keep:
+        with contextlib.suppress(Exception):
+            partial.writer.abort()
+        return
+    abort_store(partial.writer, partial_path(out))
+    remove_store(journal_path(out))
+
+
+def write_images(
+    backend: type[Backend],
+    out: Path,
+    plan: BuildPlan,
+    root: str,
+    pairs: Sequence[tuple[str, ImageHeader | None]],
+    opts: BuildOptions,
+) -> tuple[list[Sample | InputFileError], Partial | None, str]:
+    """5. Write every image into the partial store of ``out``, decoded by workers.
+
+    Blocks a killed build already wrote are kept (see :func:`open_partial`); every other block is
+    decoded and written, and journalled once written. Returns the per-sample results, the open
+    partial, and what became of an earlier partial (for the summary). When any file failed to
+    decode, the partial is removed and None returned in its place.
+    """
+    partial = open_partial(backend, out, plan, root, pairs, opts)
+    writer, journal = partial.writer, partial.journal
+    try:
+        images = writer.arrays[image_array(plan.image, plan.compression).name]
+        fixed = not images.ragged
+        in_workers = fixed and writer.parallel_safe(images.name)
+        step = writer.shard_rows(images.name) if fixed else 16
+        appended = 0
+        from joblib import delayed
+
+        starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
+        results: list[Sample | InputFileError] = []
+        slots: dict[int, list[Sample | InputFileError]] = {s: list(v) for s, v in partial.done.items()}
+        failed = False
+        with (
+            _parallel.progress(len(pairs), "packing", opts.quiet) as bar,
+            _parallel.BlockProgress(bar, len(starts), _parallel.pooled(opts.n_jobs, len(starts))) as progress,
+        ):
+            if in_workers:
+                calls = [
+                    delayed(write_block_worker)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
+                    for j, s in enumerate(starts)
+                ]
+            else:
+                calls = [
+                    delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
+                    for j, s in enumerate(starts)
+                ]
+            bar.update(sum(len(v) for v in slots.values()))
+            for slot, (s, block) in enumerate(zip(starts, _parallel.parallel(opts.n_jobs, calls), strict=True)):
+                bad = any(isinstance(r, InputFileError) for r in block)
+                failed = failed or bad
+                if not in_workers:
+                    if not failed and fixed:
+                        arr = fixed_block(plan, len(block))
+                        for k, r in enumerate(block):
+                            if isinstance(r, Sample) and r.pixels is not None:
+                                arr[k] = r.pixels
+                        writer.write_block(images.name, s, arr)
+                    elif not failed:
+                        pixels = [r.pixels for r in block if isinstance(r, Sample) and r.pixels is not None]
+                        writer.write_block(images.name, appended, pixels)
+                        appended += len(pixels)
+                    block = [replace(r, pixels=None) if isinstance(r, Sample) else r for r in block]
+                if journal is not None and not bad:
+                    journal.append_block(s, [r for r in block if isinstance(r, Sample)])
+                slots[s] = block
+                progress.finished(slot, len(block))
+        for s in sorted(slots):
+            results.extend(slots[s])
+    except BaseException as exc:
+        discard_partial(partial, out, exc)
+        raise
+    if failed:
+        discard_partial(partial, out)
+        return results, None, partial.note
+    return results, partial, partial.note
+
+
+def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
+    """Write the per-sample arrays, then the manifest: the partial store is complete after this."""
+    writer = partial.writer
+    if partial.committed:
+        if partial.journal is not None:
+            partial.journal.close()
+        writer.abort()
+        return
+    try:
+        if partial.journal is not None:
+            partial.journal.mark_commit()
+        for spec, values in arrays.values():
+            writer.create_array(spec, manifest.count)
+            writer.write_block(spec.name, 0, values)
+        writer.commit(manifest)
+    except BaseException as exc:
+        discard_partial(partial, out, exc)
+        raise
+    if partial.journal is not None:
+        partial.journal.close()
+
+
+def abort_store(writer: StoreWriter, tmp: Path) -> None:
+    """Close the writer after a failure and remove its partial store."""
+    with contextlib.suppress(Exception):
+        writer.abort()
+    remove_store(tmp)
+
+
+def pack_stage(
+    backend: type[Backend],
+    out: Path,
+    root: Path,
+    scan: SourceScan,
+    probes: Sequence[Probe],
+    plan: BuildPlan,
+    sel: Selection,
+    opts: BuildOptions,
+) -> tuple[BuildPlan, Selection, list[Sample], Partial, str]:
+    """4-5. Decode and write the selected items under ``plan`` into the partial store of ``out``.
+
+    Files that pass the probe but fail to decode (damage inside the compressed data) are rare:
+    under ``on_error="skip"`` they leave the selection and the store is planned and written again
+    without them, so the result is byte-identical to a build of the good files alone. Also returns
+    what became of a killed build's partial store ("" when there was none).
+    """
+    note = ""
+    for _attempt in range(3):
+        if not sel.keep:
+            raise bad_inputs(sel.errors, root, nothing_left=True)
+        pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
+        results, partial, found = write_images(backend, out, plan, os.fspath(root), pairs, opts)
+        note = note or found
+        if partial is not None:
+            return plan, sel, [r for r in results if isinstance(r, Sample)], partial, note
+        sel = sel.drop({k: r for k, r in zip(sel.keep, results, strict=True) if isinstance(r, InputFileError)})
+        if opts.on_error == "fail":
+            raise bad_inputs(sel.errors, root, nothing_left=not sel.keep)
+        plan, sel = plan_stage(scan, probes, sel, opts, backend.name)
+    # Decoding is deterministic: a second pass finds nothing new.
+    raise DlpackError("files kept failing to decode; rerun with --on-error fail to see them")  # pragma: no cover
