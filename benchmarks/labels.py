@@ -203,7 +203,7 @@ def memmap_epoch(mms: tuple[np.ndarray, ...], batch: int, seed: int = 0) -> Call
         for s in range(0, n, batch):
             idx = np.sort(order[s : s + batch])
             for m, o in zip(mms, outs, strict=True):
-                np.take(m, idx, axis=0, out=o[: len(idx)])
+                np.take(m, idx, axis=0, out=o[: len(idx)], mode="clip")  # "raise" would buffer out
         return n
 
     return run

@@ -259,11 +259,11 @@ class Dataset:
             "image": images,
             "label": r.read_all(schema.LABELS)[idx],
             "index": idx,
-            "source": [r.source(j) for j in positions],
+            "source": r.sources(positions),
         }
         for key, spec, _ in self._keyed:
             if spec.ragged:
-                batch[key] = [r.read(spec.name, j) for j in positions]
+                batch[key] = r.read_ragged(spec.name, idx)
             else:
                 batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch
