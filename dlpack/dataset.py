@@ -261,9 +261,10 @@ class Dataset:
             "index": idx,
             "source": r.sources(positions),
         }
+        ragged = r.read_ragged_batch([spec.name for _, spec, _ in self._keyed if spec.ragged], idx)
         for key, spec, _ in self._keyed:
             if spec.ragged:
-                batch[key] = r.read_ragged(spec.name, idx)
+                batch[key] = ragged[spec.name]
             else:
                 batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch

@@ -193,6 +193,15 @@ class BackendTests:
                     assert np.array_equal(reader.read_ragged(name, [9])[0], arrays[name][9]), name
                     assert np.array_equal(reader.read(name, 9), arrays[name][9]), name
                 assert ("boxes_data" in reader._whole) is whole
+                both = reader.read_ragged_batch(["boxes", "box_labels", "box_crowd"], order)
+                for name, got in both.items():  # one offsets lookup for all three, the same samples
+                    assert all(np.array_equal(g, arrays[name][i]) for g, i in zip(got, order, strict=True)), name
+        other = sample_arrays(seed=3)  # boxes and blob: ragged arrays with different offsets
+        with open_reader(self.build_store(tmp_path / "other", other)) as reader:
+            both = reader.read_ragged_batch(["boxes", "blob"], order)
+            for name, got in both.items():
+                assert [g.shape for g in got] == [other[name][i].shape for i in order], name
+                assert all(np.array_equal(g, other[name][i]) for g, i in zip(got, order, strict=True)), name
 
     def test_empty_ragged_array_round_trips(self, tmp_path: Path) -> None:
         arrays = {"boxes": [np.zeros((0, 4), np.float32) for _ in range(N)]}

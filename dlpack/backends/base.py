@@ -150,6 +150,7 @@ class StoreReader(ABC):
         self._offsets: dict[str, list[int]] = {}
         #: The same offsets as int64 arrays, for gathering a batch's rows in one step.
         self._offsets_np: dict[str, np.ndarray] = {}
+        self._offsets_twin: dict[str, str] = {}
         self._sources: tuple[bytes, list[int]] | None = None
         #: SHA-256 of the manifest text this reader opened: every later (re)open must find the same.
         self._pin: str | None = None
@@ -355,7 +356,10 @@ class StoreReader(ABC):
                     f"{self._stored(name + '_data').shape[0]} rows; the store is damaged, rebuild it"
                 )
             self._check_digest(name + "_offsets", raw)
-            self._offsets_np[name] = np.asarray(raw, dtype=np.int64)
+            arr = np.asarray(raw, dtype=np.int64)
+            # The first array read with the same offsets: batches of both share one offsets lookup.
+            self._offsets_twin[name] = next((k for k, v in self._offsets_np.items() if np.array_equal(v, arr)), name)
+            self._offsets_np[name] = arr
             off = self._offsets[name] = raw.tolist()  # plain ints: indexing NumPy per item costs microseconds
         return off
 
@@ -379,28 +383,44 @@ class StoreReader(ABC):
 
     def read_ragged(self, name: str, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Samples ``indices`` of ragged array ``name``: one array of rows per sample, as :meth:`read`
-        gives them (each its own, so changing one changes nothing else).
+        gives them (each its own, so changing one changes nothing else). See :meth:`read_ragged_batch`."""
+        return self.read_ragged_batch((name,), indices)[name]
+
+    def read_ragged_batch(
+        self, names: Sequence[str], indices: Sequence[int] | np.ndarray
+    ) -> dict[str, list[np.ndarray]]:
+        """:meth:`read_ragged` of several ragged arrays for one batch.
 
         A small array (:meth:`_ragged_whole`) is gathered for the whole batch at once: one offsets
-        lookup, one take of the rows, then cut at the samples' bounds. Reading sample by sample costs
-        a few microseconds each, which at 64x64 was most of a batch's time (docs/benchmarks.md, "Labels")."""
-        self.spec(name)
-        off = self._ragged_offsets(name)
-        data = self._ragged_whole(name)
-        if data is None:
-            acc = self._stored(name + "_data")
-            return [acc.read_rows(off[j], off[j + 1]) for j in np.asarray(indices, dtype=np.int64).tolist()]
-        offsets = self._offsets_np[name]
+        lookup, one take of the rows, then cut at the samples' bounds; arrays with the same offsets
+        (``boxes`` and ``box_labels``) share the lookup. Reading sample by sample cost a few
+        microseconds each, most of a batch's time at 64x64 (docs/benchmarks.md, "Labels")."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        starts = offsets.take(idx)
-        counts = offsets.take(idx + 1) - starts
-        bounds = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(counts, out=bounds[1:])
-        rows = np.repeat(starts - bounds[:-1], counts)  # each row's shift from its place in the batch
-        rows += np.arange(len(rows), dtype=np.int64)
-        gathered = data.take(rows, axis=0)
-        b = bounds.tolist()
-        return list(map(gathered.__getitem__, map(slice, b[:-1], b[1:])))  # views: the cheapest array objects
+        plans: dict[str, tuple[np.ndarray, list[int]]] = {}
+        got: dict[str, list[np.ndarray]] = {}
+        for name in names:
+            self.spec(name)
+            off = self._ragged_offsets(name)
+            data = self._ragged_whole(name)
+            if data is None:
+                acc = self._stored(name + "_data")
+                got[name] = [acc.read_rows(off[j], off[j + 1]) for j in idx.tolist()]
+                continue
+            twin = self._offsets_twin.get(name, name)
+            plan = plans.get(twin)
+            if plan is None:
+                offsets = self._offsets_np[name]
+                starts = offsets.take(idx)
+                counts = offsets.take(idx + 1) - starts
+                bounds = np.zeros(len(idx) + 1, dtype=np.int64)
+                np.cumsum(counts, out=bounds[1:])
+                rows = np.repeat(starts - bounds[:-1], counts)  # each row's shift from its place in the batch
+                rows += np.arange(len(rows), dtype=np.int64)
+                plan = plans[twin] = (rows, bounds.tolist())
+            rows, b = plan
+            gathered = data.take(rows, axis=0)
+            got[name] = list(map(gathered.__getitem__, map(slice, b[:-1], b[1:])))  # views: the cheapest arrays
+        return got
 
     def read(self, name: str, index: int) -> np.ndarray:
         """Sample ``index`` of any array: its trailing shape (fixed) or its rows (ragged)."""
@@ -525,6 +545,7 @@ class StoreReader(ABC):
         self._whole.clear()
         self._offsets.clear()
         self._offsets_np.clear()
+        self._offsets_twin.clear()
         self._sources = None
 
     def __getstate__(self) -> dict[str, Any]:
