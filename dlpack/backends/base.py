@@ -396,7 +396,7 @@ class StoreReader(ABC):
         (``boxes`` and ``box_labels``) share the lookup. Reading sample by sample cost a few
         microseconds each, most of a batch's time at 64x64 (docs/benchmarks.md, "Labels")."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        plans: dict[str, tuple[np.ndarray, list[int]]] = {}
+        plans: dict[str, tuple[np.ndarray, list[slice]]] = {}
         got: dict[str, list[np.ndarray]] = {}
         for name in names:
             self.spec(name)
@@ -416,10 +416,11 @@ class StoreReader(ABC):
                 np.cumsum(counts, out=bounds[1:])
                 rows = np.repeat(starts - bounds[:-1], counts)  # each row's shift from its place in the batch
                 rows += np.arange(len(rows), dtype=np.int64)
-                plan = plans[twin] = (rows, bounds.tolist())
-            rows, b = plan
+                b = bounds.tolist()
+                plan = plans[twin] = (rows, list(map(slice, b[:-1], b[1:])))
+            rows, cuts = plan
             gathered = data.take(rows, axis=0)
-            got[name] = list(map(gathered.__getitem__, map(slice, b[:-1], b[1:])))  # views: the cheapest arrays
+            got[name] = list(map(gathered.__getitem__, cuts))  # views of one copy: the cheapest arrays
         return got
 
     def read(self, name: str, index: int) -> np.ndarray:
