@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .exports import ExportResult, export
     from .loader import BatchSource, Loader, LoaderOptions
     from .pack import BuildResult, build
+    from .ragged import RaggedBatch
 
 #: Public name -> the module that defines it, for the names loaded on first use.
 _LAZY: dict[str, str] = {
@@ -39,6 +40,7 @@ _LAZY: dict[str, str] = {
     "BatchSource": "loader",
     "Loader": "loader",
     "LoaderOptions": "loader",
+    "RaggedBatch": "ragged",
 }
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "BatchSource",
     "Loader",
     "LoaderOptions",
+    "RaggedBatch",
     "Manifest",
     "ImageSpec",
     "ArraySpec",

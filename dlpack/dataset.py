@@ -234,7 +234,7 @@ class Dataset:
         self, indices: Sequence[int] | np.ndarray, epoch: int = 0, out: np.ndarray | None = None
     ) -> dict[str, Any]:
         """Samples ``indices`` stacked: ``image`` is B x H x W x C (a list for variable-size stores);
-        ragged arrays come as lists. A store's samples do not depend on ``epoch``."""
+        ragged arrays as a :class:`~dlpack.ragged.RaggedBatch` (a sequence of B arrays). A store's samples do not depend on ``epoch``."""
         n = len(self)
         idx = np.asarray(indices).reshape(-1)
         if idx.dtype.kind not in "iu" and idx.size:

@@ -27,6 +27,7 @@ from . import schema
 from .dataset import Dataset
 from .errors import MissingExtraError, OptionError, SampleIndexError
 from .loader import BatchSource, Loader, LoaderOptions, check_selection
+from .ragged import RaggedBatch
 
 try:
     import torch
@@ -89,6 +90,9 @@ def _keyed_tensors(sample: dict[str, Any], skip: Iterable[str]) -> dict[str, Any
             continue
         if isinstance(value, np.ndarray):
             out[key] = array_tensor(key, value)
+        elif isinstance(value, RaggedBatch):
+            # One tensor of the batch's rows, split into per-sample views: no copy per sample.
+            out[key] = list(torch.split(array_tensor(key, value.data), value.counts().tolist()))
         elif isinstance(value, list) and all(isinstance(v, np.ndarray) for v in value):
             out[key] = [array_tensor(key, v) for v in value]
         else:

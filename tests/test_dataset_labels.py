@@ -72,8 +72,8 @@ def test_label_arrays_in_samples_batches_and_the_loader(store: Path) -> None:
 
         batch = ds.get_batch([5, 0, 5])
         assert batch["mask"].shape == (3, H, W) and batch["mask"][:, 0, 0].tolist() == [5, 0, 5]
-        for key in ("boxes", "box_labels", "box_crowd"):  # every ragged keyed array: a list of B arrays
-            assert isinstance(batch[key], list) and len(batch[key]) == 3
+        for key in ("boxes", "box_labels", "box_crowd"):  # every ragged keyed array: a sequence of B arrays
+            assert isinstance(batch[key], dlpack.RaggedBatch) and len(batch[key]) == 3
             for got, i in zip(batch[key], [5, 0, 5], strict=True):
                 assert np.array_equal(got, arrays[key][i]) and got.dtype == STORED[key]
 

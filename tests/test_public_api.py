@@ -33,6 +33,7 @@ PUBLIC = {
     "BatchSource",
     "Loader",
     "LoaderOptions",
+    "RaggedBatch",
     "Manifest",
     "ImageSpec",
     "ArraySpec",

@@ -332,7 +332,9 @@ def test_torch_loader_passes_every_keyed_array(label_store: Path) -> None:
         b = len(t["index"])
         assert set(t) == {"image", "label", "index", "boxes", "box_labels", "mask"}
         assert t["mask"].shape == (b, 6, 8) and t["mask"].dtype == (torch.uint8 if stored == "|u1" else torch.int32)
-        assert isinstance(t["boxes"], list) and isinstance(t["box_labels"], list) and len(t["boxes"]) == b
+        assert isinstance(t["boxes"], list) and isinstance(t["box_labels"], list)
+        assert all(isinstance(x, torch.Tensor) for x in t["boxes"])
+        assert len(t["boxes"]) == b
         for k, i in enumerate(t["index"].tolist()):
             seen.add(i)
             assert t["boxes"][k].dtype == torch.float32 and torch.equal(t["boxes"][k], torch.from_numpy(boxes[i]))

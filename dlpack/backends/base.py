@@ -33,6 +33,7 @@ import numpy as np
 from .. import schema
 from ..errors import OptionError, StoreError
 from ..manifest import ArraySpec, Manifest, sha256_hex, store_generation
+from ..ragged import RaggedBatch
 
 __all__ = ["ArrayAccess", "ArraySpec", "Backend", "Mode", "StoreReader", "StoreWriter", "DEFAULT_SHARD_BYTES"]
 
@@ -382,14 +383,14 @@ class StoreReader(ABC):
             self._whole[stored] = arr
         return arr
 
-    def read_ragged(self, name: str, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+    def read_ragged(self, name: str, indices: Sequence[int] | np.ndarray) -> Sequence[np.ndarray]:
         """Samples ``indices`` of ragged array ``name``: one array of rows per sample, as :meth:`read`
-        gives them (each its own, so changing one changes nothing else). See :meth:`read_ragged_batch`."""
+        gives them (views of one copy, so changing one changes no other sample). See :meth:`read_ragged_batch`."""
         return self.read_ragged_batch((name,), indices)[name]
 
     def read_ragged_batch(
         self, names: Sequence[str], indices: Sequence[int] | np.ndarray
-    ) -> dict[str, list[np.ndarray]]:
+    ) -> dict[str, Sequence[np.ndarray]]:
         """:meth:`read_ragged` of several ragged arrays for one batch.
 
         A small array (:meth:`_ragged_whole`) is gathered for the whole batch at once: one offsets
@@ -397,8 +398,8 @@ class StoreReader(ABC):
         (``boxes`` and ``box_labels``) share the lookup. Reading sample by sample cost a few
         microseconds each, most of a batch's time at 64x64 (docs/benchmarks.md, "Labels")."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        plans: dict[str, tuple[np.ndarray, list[slice]]] = {}
-        got: dict[str, list[np.ndarray]] = {}
+        plans: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        got: dict[str, Sequence[np.ndarray]] = {}
         for name in names:
             self.spec(name)
             off = self._ragged_offsets(name)
@@ -417,11 +418,10 @@ class StoreReader(ABC):
                 np.cumsum(counts, out=bounds[1:])
                 rows = np.repeat(starts - bounds[:-1], counts)  # each row's shift from its place in the batch
                 rows += np.arange(len(rows), dtype=np.int64)
-                b = bounds.tolist()
-                plan = plans[twin] = (rows, list(map(slice, b[:-1], b[1:])))
-            rows, cuts = plan
-            gathered = data.take(rows, axis=0)
-            got[name] = list(map(gathered.__getitem__, cuts))  # views of one copy: the cheapest arrays
+                plan = plans[twin] = (rows, bounds)
+            rows, bounds = plan
+            # One copy of the batch's rows; a sample's rows are cut out only when asked for.
+            got[name] = RaggedBatch(data.take(rows, axis=0), bounds)
         return got
 
     def read(self, name: str, index: int) -> np.ndarray:
