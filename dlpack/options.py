@@ -55,7 +55,8 @@ def with_keywords(
 def _format_names() -> tuple[str, ...]:
     from .backends import format_names  # the registry is the one list of formats
 
-    return format_names()
+    # dldataset is no store: the build packs a hidden store and exports it (dlpack.pack).
+    return (*format_names(), "dldataset")
 
 
 ResizeMode = Literal["stretch", "fit", "none"]
