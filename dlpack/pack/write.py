@@ -145,8 +145,6 @@ def _continue_partial(
         writer.attach_array(images, plan.count)
         if masks is not None:
             writer.attach_array(masks, plan.count)
-            if writer.shard_rows(masks.name) != writer.shard_rows(images.name):
-                raise Restart("its mask blocks are not its image blocks")
         if not _resumable(writer, images) or writer.shard_rows(images.name) != state.header.get("block_len"):
             raise Restart(f"its {backend.name} image blocks cannot be continued")
         done = _verified_blocks(writer, images, state, root, pairs)
