@@ -191,7 +191,8 @@ class BuildOptions:
         default=None,
         metadata={
             "help": "store format; without it, from OUT's suffix (.zarr or none: zarr; .h5, .hdf5: hdf5; "
-            "any other suffix is refused)",
+            "any other suffix is refused); dldataset writes a HALCON DLDataset folder (packed through a hidden "
+            "store beside OUT, then exported)",
             "choices": _format_names,
         },
     )
