@@ -284,6 +284,7 @@ def test_update_replaces_a_sample_whose_label_image_changed_and_shares_the_rest(
     assert "1 replaced" in result.update and "1 of 4 blocks written" in result.update
     assert (out / "mask" / "c" / "0" / "0" / "0").stat().st_ino == before  # an unchanged mask shard is shared
     with dlpack.open(out) as ds:
+        assert ds.manifest.mask_classes == ((0, "background"), (1, "x"), (2, "y"))
         np.testing.assert_array_equal(ds[12]["mask"], m)
         np.testing.assert_array_equal(ds[11]["mask"], cv2.imread(str(masks / "011.png"), cv2.IMREAD_UNCHANGED))
 

@@ -93,7 +93,7 @@ def label_arrays(
 
 def label_fields(scan: SourceScan, plan: BuildPlan) -> dict[str, Any]:
     """The manifest's label fields: ``class_ids`` (when not ``0 .. C-1``), ``task`` (for label
-    sources), ``mask_ignore`` and ``defects``."""
+    sources), ``mask_ignore``, ``defects`` and ``mask_classes`` (a mask folder's class list)."""
     out: dict[str, Any] = {}
     if scan.class_ids and tuple(scan.class_ids) != tuple(range(len(scan.classes))):
         out["class_ids"] = tuple(scan.class_ids)
@@ -106,6 +106,10 @@ def label_fields(scan: SourceScan, plan: BuildPlan) -> dict[str, Any]:
             out["mask_ignore"] = lp.mask_ignore
         if lp.defects:
             out["defects"] = lp.defects
+    if scan.labels == "masks" and scan.classes:
+        # The label images' ids named by the source's class list.
+        ids = scan.class_ids or tuple(range(len(scan.classes)))
+        out["mask_classes"] = tuple(zip(ids, scan.classes, strict=True))
     return out
 
 
