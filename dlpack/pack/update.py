@@ -232,8 +232,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             carry_arrays(writer, reader, out, user, rows, fills)
             osz, tr, crc = reader.meta("original_size"), reader.meta("transform"), reader.meta("checksum")
             stat0, sha0 = reader.meta("source_stat"), reader.meta("source_sha256")
+            stored = StoredLabels(reader, plan)
             samples = [
-                kept_labels(
+                stored.of(
                     Sample(
                         (int(osz[v][0]), int(osz[v][1])),
                         (plan.image.height or 0, plan.image.width or 0, plan.image.channels),
@@ -244,9 +245,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                         ch.restat.get(v, (int(stat0[v][0]), int(stat0[v][1]))),
                         bytes(sha0[v]).hex(),
                     ),
-                    reader,
                     v,
-                    plan,
                 )
                 if src == "old"
                 else remap_box_labels(decoded[v], scan.classes, class_id, alias)
@@ -397,24 +396,37 @@ def merged_class_ids(m: Manifest, scan: SourceScan, new_classes: Sequence[str], 
     return merged
 
 
-def kept_labels(sample: Sample, reader: Any, i: int, plan: BuildPlan) -> Sample:
-    """A kept sample with its label outputs as the store holds them (old sample ``i``)."""
-    lp = plan.labels
-    if lp is None:
-        return sample
-    boxes = reader.read("boxes", i) if lp.boxes else None
-    return replace(
-        sample,
-        orientation=int(reader.meta("orientation")[i]),
-        boxes=None
-        if boxes is None
-        else tuple(
-            (float(a), float(b), float(c), float(d)) for a, b, c, d in np.asarray(boxes).reshape(-1, 4).tolist()
-        ),
-        box_labels=tuple(int(v) for v in reader.read("box_labels", i)) if lp.boxes else (),
-        box_crowd=tuple(int(v) for v in reader.read("box_crowd", i)) if lp.crowd else None,
-        label_sha256=bytes(reader.meta("label_sha256")[i]).hex(),
-    )
+class StoredLabels:
+    """The label outputs of the store an update replaces, read once (each array whole)."""
+
+    def __init__(self, reader: Any, plan: BuildPlan) -> None:
+        lp = plan.labels
+        self.on = lp is not None
+        if lp is None:
+            return
+        self.orientation = reader.meta("orientation")
+        self.digest = reader.meta("label_sha256")
+        self.ragged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name in ("boxes", "box_labels") * lp.boxes + ("box_crowd",) * lp.crowd:
+            self.ragged[name] = (reader.meta(name + "_data"), reader.meta(name + "_offsets"))
+
+    def rows(self, name: str, i: int) -> np.ndarray:
+        data, off = self.ragged[name]
+        return np.asarray(data[int(off[i]) : int(off[i + 1])])
+
+    def of(self, sample: Sample, i: int) -> Sample:
+        """``sample`` (old sample ``i``) with its label outputs as the store holds them."""
+        if not self.on:
+            return sample
+        boxes = self.rows("boxes", i).reshape(-1, 4).tolist() if "boxes" in self.ragged else None
+        return replace(
+            sample,
+            orientation=int(self.orientation[i]),
+            boxes=None if boxes is None else tuple((float(a), float(b), float(c), float(d)) for a, b, c, d in boxes),
+            box_labels=tuple(int(v) for v in self.rows("box_labels", i)) if "box_labels" in self.ragged else (),
+            box_crowd=tuple(int(v) for v in self.rows("box_crowd", i)) if "box_crowd" in self.ragged else None,
+            label_sha256=bytes(self.digest[i]).hex(),
+        )
 
 
 def remap_box_labels(sample: Sample, scan_classes: Sequence[str], class_id: Any, alias: Any) -> Sample:
