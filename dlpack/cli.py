@@ -373,10 +373,17 @@ def _add_info(sub: Any) -> None:
 def _run_info(a: argparse.Namespace) -> int:
     import numpy as np
 
-    from .dataset import Dataset
+    from . import dataset
 
     _check_json_file(a)
-    with Dataset(a.store) as ds:
+    opened = dataset.open(a.store)
+    if not isinstance(opened, dataset.Dataset):
+        opened.close()
+        raise OptionError(
+            f"{a.store!r} is a HALCON DLDataset, not a store: `dlpack bench {a.store}` measures it, "
+            f"`dlpack build {a.store} OUT` packs it"
+        )
+    with opened as ds:
         info = ds.info()
     _emit_json(a, info)
     if a.json:

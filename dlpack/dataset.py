@@ -260,11 +260,12 @@ class Dataset:
             "image": images,
             "label": r.read_all(schema.LABELS)[idx],
             "index": idx,
-            "source": [r.source(j) for j in positions],
+            "source": r.sources(positions),
         }
+        ragged = r.read_ragged_batch([spec.name for _, spec, _ in self._keyed if spec.ragged], idx)
         for key, spec, _ in self._keyed:
             if spec.ragged:
-                batch[key] = [r.read(spec.name, j) for j in positions]
+                batch[key] = ragged[spec.name]
             else:
                 batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch

@@ -138,6 +138,11 @@ class BackendTests:
                 for i in range(N):
                     got = reader.read(name, i)
                     assert got.dtype == value[i].dtype and np.array_equal(got, value[i]), (name, i)
+                batch = reader.read_ragged(name, order)
+                assert len(batch) == len(order), name
+                for got, i in zip(batch, order, strict=True):
+                    assert got.dtype == value[i].dtype and got.shape == value[i].shape, (name, i)
+                    assert np.array_equal(got, value[i]), (name, i)
             else:
                 assert not spec.ragged and spec.shape == value.shape[1:] and np.dtype(spec.dtype) == value.dtype
                 out = np.empty((len(order), *value.shape[1:]), dtype=value.dtype)
@@ -164,6 +169,39 @@ class BackendTests:
             with open_reader(path) as reader:
                 assert all(s.compression == codec for s in reader.arrays.values())
                 self.assert_reads_back(reader, arrays)
+
+    def test_ragged_batches_are_the_samples_in_any_order(self, tmp_path: Path, monkeypatch: Any) -> None:
+        from .backends import base
+
+        arrays = label_arrays()
+        arrays["boxes"][4] = np.zeros((0, 4), np.float32)  # a sample without boxes
+        arrays["box_labels"][4] = np.zeros(0, np.int32)
+        path = self.build_store(tmp_path, arrays)
+        order = np.array([9, 4, 0, N - 1, 9, 4, 13], dtype=np.int64)  # unsorted, repeats, an empty sample
+        for whole in (True, False):  # small arrays gathered at once; large ones sample by sample
+            if not whole:
+                monkeypatch.setattr(base, "_SMALL_ARRAY", 0)
+            with open_reader(path) as reader:
+                for name in ("boxes", "box_labels", "box_crowd"):
+                    got = reader.read_ragged(name, order)
+                    assert [g.shape for g in got] == [arrays[name][i].shape for i in order], name
+                    assert all(g.dtype == arrays[name][0].dtype for g in got), name
+                    assert all(np.array_equal(g, arrays[name][i]) for g, i in zip(got, order, strict=True)), name
+                    assert reader.read_ragged(name, []) == []
+                    got[0][...] = 0  # each sample's array is its own: nothing else changes
+                    assert np.array_equal(got[4], arrays[name][9]), name
+                    assert np.array_equal(reader.read_ragged(name, [9])[0], arrays[name][9]), name
+                    assert np.array_equal(reader.read(name, 9), arrays[name][9]), name
+                assert ("boxes_data" in reader._whole) is whole
+                both = reader.read_ragged_batch(["boxes", "box_labels", "box_crowd"], order)
+                for name, got in both.items():  # one offsets lookup for all three, the same samples
+                    assert all(np.array_equal(g, arrays[name][i]) for g, i in zip(got, order, strict=True)), name
+        other = sample_arrays(seed=3)  # boxes and blob: ragged arrays with different offsets
+        with open_reader(self.build_store(tmp_path / "other", other)) as reader:
+            both = reader.read_ragged_batch(["boxes", "blob"], order)
+            for name, got in both.items():
+                assert [g.shape for g in got] == [other[name][i].shape for i in order], name
+                assert all(np.array_equal(g, other[name][i]) for g, i in zip(got, order, strict=True)), name
 
     def test_empty_ragged_array_round_trips(self, tmp_path: Path) -> None:
         arrays = {"boxes": [np.zeros((0, 4), np.float32) for _ in range(N)]}

@@ -569,7 +569,7 @@ def test_killed_build_leaves_nothing_openable_and_next_build_cleans_up(
         ({"resize": "stretch", "max_side": 8}, "resize=stretch needs size=WxH"),
         ({"resize": "none", "size": (8, 8)}, "resize=none keeps original sizes"),
         ({"channels": 2}, "channels must be one of keep, 1, 3; got 2"),
-        ({"labels": "dirs"}, "labels must be one of auto, folders, none; got 'dirs'"),
+        ({"labels": "dirs"}, "labels: unknown kind 'dirs' in 'dirs'; use one of auto, folders, none, anomaly"),
         ({"jobs": 0}, "jobs must be a positive number of processes or -1 for all cores, got 0"),
         ({"jobs": -2}, "got -2"),
         ({"compression": "gzip"}, "compression must be one of none, lz4, zstd; got 'gzip'"),

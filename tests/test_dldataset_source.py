@@ -534,3 +534,10 @@ def test_a_label_image_outside_segmentation_dir_is_refused(tmp_path: Path) -> No
         "b.png: image_id 1: segmentation_file_name '../images/b.png' is not a relative path inside "
         "segmentation_dir; name a file below it"
     )
+
+
+def test_cli_info_on_a_dldataset_says_what_it_is_and_what_reads_it(tmp_path: Path, capsys: Capsys) -> None:
+    _write(tmp_path / "ds", _classification(), CLS_IMAGES)
+    assert main(["info", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err
+    assert "is a HALCON DLDataset, not a store" in err and "dlpack bench" in err and "Traceback" not in err

@@ -85,6 +85,22 @@ def _check_import_time(out: str, work: Path) -> None:
     assert "import dlpack" in out and "x import numpy" in out
 
 
+def _check_labels(out: str, work: Path) -> None:
+    assert "48 images of 16x16x3 and 24 of 32x32x3" in out and "ratios (targets:" in out
+    assert "build throughput with labels: the build does not write label arrays yet" in out
+    res = json.loads((work / "labels.json").read_text())
+    for backend in ("zarr", "hdf5"):
+        for kind in ("plain", "boxes"):
+            assert res["medians"][f"16 {backend} {kind} w2 p4"] > 0 and res["medians"][f"32 {backend} {kind} w0"] > 0
+        assert res["medians"][f"32 {backend} mask w2 p4"] > 0
+        assert "boxes_share" in res["ratios"][f"16 {backend} boxes share of batch time (w2 p4)"]
+        assert "ratio" in res["ratios"][f"32 {backend} mask / memmap images+mask (w2 p4)"]
+    assert res["medians"]["32 memmap images+mask"] > 0
+    stores = {p.name for p in (work / "work").glob("s*-*")}
+    assert {"s16-boxes.zarr", "s16-boxes.h5", "s32-mask.zarr", "s32-mask.h5"} <= stores
+    assert {"boxes", "box_labels"} <= set(dlpack.open(work / "work" / "s16-boxes.h5").manifest.arrays)
+
+
 def _check_load(out: str, work: Path) -> None:
     assert "40 PNGs of 32x32x3" in out and "peak RSS MB" in out
     doc = json.loads((work / "load.json").read_text())
@@ -139,6 +155,7 @@ RUNS: dict[str, list[Run]] = {
         )
     ],
     "benchmarks/import_time.py": [Run(("--runs", "1", "--json", "import.json"), _check_import_time)],
+    "benchmarks/labels.py": [Run(("--quick", "--work", "work", "--json", "labels.json"), _check_labels)],
     "benchmarks/load.py": [
         Run(("--count", "40", "--epochs", "2", "--work", "work", "--json", "load.json"), _check_load),
     ],

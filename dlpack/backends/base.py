@@ -149,6 +149,9 @@ class StoreReader(ABC):
         self._access: dict[str, ArrayAccess] = {}
         self._whole: dict[str, np.ndarray] = {}
         self._offsets: dict[str, list[int]] = {}
+        #: The same offsets as int64 arrays, for gathering a batch's rows in one step.
+        self._offsets_np: dict[str, np.ndarray] = {}
+        self._offsets_twin: dict[str, str] = {}
         self._sources: tuple[bytes, list[int]] | None = None
         #: SHA-256 of the manifest text this reader opened: every later (re)open must find the same.
         self._pin: str | None = None
@@ -354,8 +357,72 @@ class StoreReader(ABC):
                     f"{self._stored(name + '_data').shape[0]} rows; the store is damaged, rebuild it"
                 )
             self._check_digest(name + "_offsets", raw)
+            arr = np.asarray(raw, dtype=np.int64)
+            # The first array read with the same offsets: batches of both share one offsets lookup.
+            self._offsets_twin[name] = next((k for k, v in self._offsets_np.items() if np.array_equal(v, arr)), name)
+            self._offsets_np[name] = arr
             off = self._offsets[name] = raw.tolist()  # plain ints: indexing NumPy per item costs microseconds
         return off
+
+    def _ragged_whole(self, name: str) -> np.ndarray | None:
+        """All rows of ragged array ``name`` when they are small (boxes, box labels: at most
+        ``_SMALL_ARRAY`` bytes), read once, checked and cached; None for larger ones (pixels)."""
+        if name in schema.CODED:
+            return self._ragged_codes(name)
+        stored = name + "_data"
+        arr = self._whole.get(stored)
+        if arr is None:
+            if stored in schema.PIXEL_ARRAYS:
+                return None
+            off = self._ragged_offsets(name)
+            if off[-1] * self.spec(name).item_nbytes > _SMALL_ARRAY:
+                return None
+            arr = self._stored(stored).read_rows(0, off[-1])
+            self._check_digest(stored, arr)
+            self._whole[stored] = arr
+        return arr
+
+    def read_ragged(self, name: str, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """Samples ``indices`` of ragged array ``name``: one array of rows per sample, as :meth:`read`
+        gives them (each its own, so changing one changes nothing else). See :meth:`read_ragged_batch`."""
+        return self.read_ragged_batch((name,), indices)[name]
+
+    def read_ragged_batch(
+        self, names: Sequence[str], indices: Sequence[int] | np.ndarray
+    ) -> dict[str, list[np.ndarray]]:
+        """:meth:`read_ragged` of several ragged arrays for one batch.
+
+        A small array (:meth:`_ragged_whole`) is gathered for the whole batch at once: one offsets
+        lookup, one take of the rows, then cut at the samples' bounds; arrays with the same offsets
+        (``boxes`` and ``box_labels``) share the lookup. Reading sample by sample cost a few
+        microseconds each, most of a batch's time at 64x64 (docs/benchmarks.md, "Labels")."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        plans: dict[str, tuple[np.ndarray, list[slice]]] = {}
+        got: dict[str, list[np.ndarray]] = {}
+        for name in names:
+            self.spec(name)
+            off = self._ragged_offsets(name)
+            data = self._ragged_whole(name)
+            if data is None:
+                acc = self._stored(name + "_data")
+                got[name] = [acc.read_rows(off[j], off[j + 1]) for j in idx.tolist()]
+                continue
+            twin = self._offsets_twin.get(name, name)
+            plan = plans.get(twin)
+            if plan is None:
+                offsets = self._offsets_np[name]
+                starts = offsets.take(idx)
+                counts = offsets.take(idx + 1) - starts
+                bounds = np.zeros(len(idx) + 1, dtype=np.int64)
+                np.cumsum(counts, out=bounds[1:])
+                rows = np.repeat(starts - bounds[:-1], counts)  # each row's shift from its place in the batch
+                rows += np.arange(len(rows), dtype=np.int64)
+                b = bounds.tolist()
+                plan = plans[twin] = (rows, list(map(slice, b[:-1], b[1:])))
+            rows, cuts = plan
+            gathered = data.take(rows, axis=0)
+            got[name] = list(map(gathered.__getitem__, cuts))  # views of one copy: the cheapest arrays
+        return got
 
     def read(self, name: str, index: int) -> np.ndarray:
         """Sample ``index`` of any array: its trailing shape (fixed) or its rows (ragged)."""
@@ -367,8 +434,9 @@ class StoreReader(ABC):
             got: np.ndarray = self._stored(name).read_into([int(index)], out)[0]
             return got
         off = self._ragged_offsets(name)
-        if name in schema.CODED:
-            return np.array(self._ragged_codes(name)[off[index] : off[index + 1]])
+        whole = self._ragged_whole(name)
+        if whole is not None:
+            return np.array(whole[off[index] : off[index + 1]])
         return self._stored(name + "_data").read_rows(off[index], off[index + 1])
 
     # ------------------------------------------------------------------ images and sources
@@ -390,6 +458,16 @@ class StoreReader(ABC):
             self._sources = (raw.tobytes(), off)
         data, off = self._sources
         return data[off[index] : off[index + 1]].decode("utf-8")
+
+    def sources(self, indices: Sequence[int]) -> list[str]:
+        """The relative source paths of samples ``indices`` (validated), for a batch."""
+        if not len(indices):
+            return []
+        if self._sources is None:
+            self.source(indices[0])  # reads and checks the paths once
+        assert self._sources is not None
+        data, off = self._sources
+        return [data[off[j] : off[j + 1]].decode("utf-8") for j in indices]
 
     def shard_len(self, name: str) -> int | None:
         """Rows per shard of fixed array ``name`` as stored, or None where the backend has no shards
@@ -453,8 +531,7 @@ class StoreReader(ABC):
             if spec.ragged:
                 self._ragged_offsets(name)
                 self._stored(name + "_data").warm()
-                if name in schema.CODED:
-                    self._ragged_codes(name)
+                self._ragged_whole(name)
             elif self._small(spec):
                 self.read_all(name)
             else:
@@ -469,6 +546,8 @@ class StoreReader(ABC):
         self._access.clear()
         self._whole.clear()
         self._offsets.clear()
+        self._offsets_np.clear()
+        self._offsets_twin.clear()
         self._sources = None
 
     def __getstate__(self) -> dict[str, Any]:
