@@ -395,6 +395,7 @@ def _run_info(a: argparse.Namespace) -> int:
         # NumPy's name (uint8), not the format's dtype string (|u1), which --json keeps.
         ("resolution", f"{res} x {info['channels']} channel(s), {np.dtype(info['dtype']).name}"),
         ("classes", ", ".join(info["classes"]) or "(unlabelled)"),
+        ("task", info["task"]),
         ("compression", info["compression"]),
         ("on disk", f"{info['bytes_on_disk'] / 1e6:.1f} MB"),
         ("skipped", str(len(info["skipped"]))),
@@ -407,6 +408,10 @@ def _run_info(a: argparse.Namespace) -> int:
         counts.append(("splits", _counts({n: info["splits"][n]["count"] for n in order}, info["unsplit"], "no split")))
         if info["classes"]:
             counts += [(f"  {n}", _counts(info["splits"][n]["classes"])) for n in order]
+    if info["class_ids"] != list(range(len(info["classes"]))):
+        rows.insert(4, ("class ids", ", ".join(map(str, info["class_ids"]))))
+    if "defects" in info:
+        rows.insert(5, ("defects", ", ".join(info["defects"])))
     rows[4:4] = counts  # after the classes
     if info["conversions"]:
         rows.append(("converted", ", ".join(f"{k}: {v}" for k, v in info["conversions"].items())))

@@ -397,28 +397,34 @@ class Dataset:
             name: {"count": int((codes == k).sum()), "classes": per_class(codes == k)}
             for k, name in enumerate(m.splits)
         }
-        return {
-            "path": str(self.path),
-            "backend": self.backend,
-            "format_version": m.format_version,
-            "count": m.count,
-            "classes": list(m.classes),
-            "class_counts": per_class(everything),
-            "unlabelled": int((labels < 0).sum()),
-            "splits": splits,
-            "unsplit": int((codes < 0).sum()) if m.splits else 0,
-            "layout": m.image.layout,
-            "resolution": [m.image.width, m.image.height] if m.image.shape else None,
-            "channels": m.image.channels,
-            "dtype": m.image.dtype,
-            "compression": m.compression,
-            "shard_images": m.shard_rows,
-            "bytes_on_disk": nbytes,
-            "arrays": {name: spec.to_dict() for name, spec in m.arrays.items()},
-            "skipped": [{"path": e.path, "reason": e.reason} for e in m.skipped],
-            "conversions": m.conversions,
-            "resize": m.resize,
-        }
+        return (
+            {
+                "path": str(self.path),
+                "backend": self.backend,
+                "format_version": m.format_version,
+                "count": m.count,
+                "classes": list(m.classes),
+                "class_counts": per_class(everything),
+                "unlabelled": int((labels < 0).sum()),
+                "splits": splits,
+                "unsplit": int((codes < 0).sum()) if m.splits else 0,
+                "layout": m.image.layout,
+                "resolution": [m.image.width, m.image.height] if m.image.shape else None,
+                "channels": m.image.channels,
+                "dtype": m.image.dtype,
+                "compression": m.compression,
+                "shard_images": m.shard_rows,
+                "bytes_on_disk": nbytes,
+                "arrays": {name: spec.to_dict() for name, spec in m.arrays.items()},
+                "skipped": [{"path": e.path, "reason": e.reason} for e in m.skipped],
+                "conversions": m.conversions,
+                "resize": m.resize,
+                "task": m.resolved_task,
+                "class_ids": list(m.resolved_class_ids),
+            }
+            | ({"mask_ignore": m.mask_ignore} if m.mask_ignore is not None else {})
+            | ({"defects": list(m.defects)} if m.defects else {})
+        )
 
 
 def _shown(spec: ArraySpec) -> str:

@@ -55,7 +55,8 @@ def with_keywords(
 def _format_names() -> tuple[str, ...]:
     from .backends import format_names  # the registry is the one list of formats
 
-    return format_names()
+    # dldataset is no store: the build packs a hidden store and exports it (dlpack.pack).
+    return (*format_names(), "dldataset")
 
 
 ResizeMode = Literal["stretch", "fit", "none"]
@@ -190,7 +191,8 @@ class BuildOptions:
         default=None,
         metadata={
             "help": "store format; without it, from OUT's suffix (.zarr or none: zarr; .h5, .hdf5: hdf5; "
-            "any other suffix is refused)",
+            "any other suffix is refused); dldataset writes a HALCON DLDataset folder (packed through a hidden "
+            "store beside OUT, then exported)",
             "choices": _format_names,
         },
     )

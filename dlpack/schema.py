@@ -71,6 +71,8 @@ _ROLES = (
     ArrayRole("original_size", None, False, ("<i4",), protected=True),
     ArrayRole("source_stat", None, False, ("<i8",), protected=True),
     ArrayRole("source_sha256", None, False, ("|u1",), protected=True),
+    # SHA-256 of a sample's annotations and label files: how --update sees that only the labels changed.
+    ArrayRole("label_sha256", None, False, ("|u1",), protected=True),
 )
 
 #: Every array name the format gives a meaning, by name.

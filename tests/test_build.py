@@ -574,7 +574,7 @@ def test_killed_build_leaves_nothing_openable_and_next_build_cleans_up(
         ({"jobs": -2}, "got -2"),
         ({"compression": "gzip"}, "compression must be one of none, lz4, zstd; got 'gzip'"),
         ({"on_error": "ignore"}, "on_error must be one of fail, skip; got 'ignore'"),
-        ({"format": "tiff"}, "format must be one of hdf5, zarr; got 'tiff'"),
+        ({"format": "tiff"}, "format must be one of hdf5, zarr, dldataset; got 'tiff'"),
         ({"max_pixels": 0}, "max_pixels must be > 0, got 0"),
         ({"shard_bytes": 1000}, "shard_bytes must be at least 65536, got 1000"),
     ],

@@ -630,8 +630,12 @@ class StoreWriter(ABC):
 
     # ------------------------------------------------------------------ arrays
 
-    def create_array(self, spec: ArraySpec, count: int) -> None:
-        """Create array ``spec`` for ``count`` samples (every array of a store has the same count)."""
+    def create_array(self, spec: ArraySpec, count: int, rows: int | None = None) -> None:
+        """Create array ``spec`` for ``count`` samples (every array of a store has the same count).
+
+        ``rows`` fixes the rows per shard of a fixed array (a multiple of its inner chunk), so that
+        arrays written in the same blocks (``images`` and ``mask``) share one block layout.
+        """
         if self.count is not None and count != self.count:
             raise OptionError(f"array {spec.name!r} has {count} samples, the store has {self.count}")
         if spec.name in self.arrays:
@@ -641,7 +645,11 @@ class StoreWriter(ABC):
             if clash:
                 raise OptionError(f"array {spec.name!r} would overwrite {sorted(clash)} of array {other.name!r}")
         self.count = count
-        chunk, rows = chunk_rows(spec, count), shard_rows(spec, count, self.shard_bytes)
+        chunk = chunk_rows(spec, count)
+        if rows is None or spec.ragged:
+            rows = shard_rows(spec, count, self.shard_bytes)
+        elif rows < 1 or rows % chunk:
+            raise OptionError(f"array {spec.name!r}: {rows} rows per shard is not a multiple of its {chunk}-row chunks")
         if spec.ragged:
             self._create_stored(spec.name + "_data", spec, 0, chunk, rows)
             off = ArraySpec(spec.name + "_offsets", "<i8")

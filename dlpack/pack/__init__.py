@@ -45,12 +45,55 @@ from .inputs import (
 )
 from .plan import BuildPlan, plan_stage
 from .publish import PublishedInterrupt, check_replaceable, clear_leftovers, publish, published_by_killed_build
-from .result import BuildResult
-from .update import update_stage
-from .workers import validate_stage
+from .result import BuildResult, label_summary
+from .update import recorded_label_options, update_stage
+from .workers import jobs_of, validate_stage
 from .write import commit_store, discard_partial, pack_stage
 
 __all__ = ["build", "BuildResult", "BuildPlan", "PublishedInterrupt"]
+
+#: ``format`` value that builds a HALCON DLDataset folder instead of a store.
+DLDATASET_FORMAT = "dldataset"
+
+
+def dldataset_staging(out: Path) -> Path:
+    """The hidden store a ``format="dldataset"`` build packs into before exporting it to ``out``."""
+    return out.parent / f".{out.name}.dlpack-stage.zarr"
+
+
+def _build_dldataset(src: Source | str | os.PathLike[str], out: Path, opts: BuildOptions, t0: float) -> BuildResult:
+    """Build into a hidden store beside ``out``, export it as a DLDataset to ``out``, remove the store.
+
+    The export is written beside ``out`` and renamed into place when complete, so a failed build or
+    export leaves no ``out`` that looks complete; the staging store is dlpack's own and is removed
+    once exported (a killed build leaves it to resume from, like any build).
+    """
+    from dataclasses import replace
+
+    from ..exports import export
+
+    if opts.update:
+        raise OptionError(
+            "update applies to a store; a DLDataset folder is written whole: build it again with --overwrite, "
+            "or --update a store and export it (dlpack export STORE --to dldataset OUT)"
+        )
+    if (out.exists() or out.is_symlink()) and not opts.overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise StoreExistsError(f"{out} already exists; pass overwrite=True to replace it")
+    stage = dldataset_staging(out)
+    result = build(src, stage, replace(opts, format="zarr", overwrite=True))
+    try:
+        exported = export(stage, DLDATASET_FORMAT, out, overwrite=opts.overwrite)
+    finally:
+        if os.path.lexists(stage):
+            remove_store(stage)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and not f.is_symlink())
+    return replace(
+        result,
+        path=out,
+        seconds=time.perf_counter() - t0,
+        output_bytes=size,
+        label_notes=(*result.label_notes, *exported.notes),
+    )
 
 
 def _existing_result(
@@ -123,10 +166,16 @@ def build(
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
     out_path = Path(out)
+    if opts.format == DLDATASET_FORMAT:
+        return _build_dldataset(src, out_path, opts, t0)
     check_out_suffix(out_path, opts)
     backend = backend_for_path(out_path, opts.format, write=True)
+    from_path = isinstance(src, (str, os.PathLike))
+    if from_path and opts.update:
+        opts = recorded_label_options(out_path, opts)
     source = as_source(src, opts)
-    opts = source_options(source, opts)
+    if not from_path:
+        opts = source_options(source, opts)
     check_paths(source, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with BuildLock(out_path):
@@ -146,14 +195,14 @@ def build(
         if opts.split:
             scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         probes = probe_stage(root, scan.items, opts)
-        plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name)
+        plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(root))
         if published is not None:
             # The same build was killed just after it published OUT: it is done.
             if not published_by_killed_build(backend, out_path, plan, published):
                 raise StoreExistsError(exists)
             return _existing_result(backend, out_path, plan, scan, sel, probes, t0)
         if sel.errors and opts.on_error == "fail":
-            pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
+            pairs = jobs_of(scan.items, probes, sel.keep)
             found = validate_stage(os.fspath(root), plan, pairs, opts)
             raise bad_inputs([*sel.errors, *found], root, nothing_left=len(found) == len(pairs))
         tmp = partial_path(out_path)
@@ -184,6 +233,7 @@ def build(
                 excluded=scan.excluded,
                 ignored=scan.ignored,
                 distinct_sizes=len({s.shape[:2] for s in samples}) if plan.image.layout == "variable" else 0,
+                **label_summary(plan, scan, samples),
             )
         except KeyboardInterrupt:
             raise PublishedInterrupt(out_path) from None

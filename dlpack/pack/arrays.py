@@ -55,6 +55,64 @@ def _meta_arrays(
     return arrays
 
 
+def label_arrays(
+    plan: BuildPlan, items: Sequence[SourceItem], samples: Sequence[Sample]
+) -> dict[str, tuple[ArraySpec, Any]]:
+    """The label arrays of the plan but the ``mask`` (written with the images): ``boxes``, ``box_labels``,
+    ``box_crowd`` (ragged), ``defect``, and the internal ``orientation`` and ``label_sha256``."""
+    lp = plan.labels
+    if lp is None:
+        return {}
+    arrays: dict[str, tuple[ArraySpec, Any]] = {}
+    if lp.boxes:
+        arrays["boxes"] = (
+            ArraySpec("boxes", "<f4", (4,), ragged=True, key="boxes"),
+            [np.array(s.boxes or (), dtype="<f4").reshape(-1, 4) for s in samples],
+        )
+        arrays["box_labels"] = (
+            ArraySpec("box_labels", "<i4", (), ragged=True, key="box_labels"),
+            [np.array(s.box_labels, dtype="<i4") for s in samples],
+        )
+    if lp.crowd:
+        arrays["box_crowd"] = (
+            ArraySpec("box_crowd", "|u1", (), ragged=True, key="box_crowd"),
+            [np.array(s.box_crowd or (), dtype="|u1") for s in samples],
+        )
+    if lp.defects:
+        code = {d: i for i, d in enumerate(lp.defects)}
+        values = [(it.annotations or {}).get("defect") for it in items]
+        arrays["defect"] = (
+            ArraySpec("defect", "<i4", (), key="defect"),
+            np.array([code[str(v)] if v is not None else -1 for v in values], dtype="<i4"),
+        )
+    arrays["orientation"] = (ArraySpec("orientation", "|u1", ()), np.array([s.orientation for s in samples], "|u1"))
+    digests = b"".join(bytes.fromhex(s.label_sha256) for s in samples)
+    arrays["label_sha256"] = (ArraySpec("label_sha256", "|u1", (32,)), np.frombuffer(digests, np.uint8).reshape(-1, 32))
+    return arrays
+
+
+def label_fields(scan: SourceScan, plan: BuildPlan) -> dict[str, Any]:
+    """The manifest's label fields: ``class_ids`` (when not ``0 .. C-1``), ``task`` (for label
+    sources), ``mask_ignore``, ``defects`` and ``mask_classes`` (a mask folder's class list)."""
+    out: dict[str, Any] = {}
+    if scan.class_ids and tuple(scan.class_ids) != tuple(range(len(scan.classes))):
+        out["class_ids"] = tuple(scan.class_ids)
+    if scan.labels not in ("folders", "none"):
+        out["task"] = scan.task
+    lp = plan.labels
+    if lp is not None:
+        out["task"] = lp.task
+        if lp.mask_dtype is not None:
+            out["mask_ignore"] = lp.mask_ignore
+        if lp.defects:
+            out["defects"] = lp.defects
+    if scan.labels == "masks" and scan.classes:
+        # The label images' ids named by the source's class list.
+        ids = scan.class_ids or tuple(range(len(scan.classes)))
+        out["mask_classes"] = tuple(zip(ids, scan.classes, strict=True))
+    return out
+
+
 def manifest_stage(
     plan: BuildPlan, scan: SourceScan, sel: Selection, samples: Sequence[Sample]
 ) -> tuple[dict[str, tuple[ArraySpec, Any]], Manifest]:
@@ -63,6 +121,7 @@ def manifest_stage(
     variable = plan.image.layout == "variable"
     splits = plan.split_names or split_names(scan.items)
     arrays = _meta_arrays(items, samples, scan.classes, [s.shape for s in samples] if variable else None, splits)
+    arrays.update(label_arrays(plan, items, samples))
     conversions = Counter(c for s in samples for c in s.conversions)
     target = plan.target
     manifest = Manifest(
@@ -85,5 +144,6 @@ def manifest_stage(
         conversions=dict(sorted(conversions.items())),
         plan=plan.to_dict(),
         dlpack_version=__version__,
+        **label_fields(scan, plan),
     )
     return arrays, manifest

@@ -17,8 +17,10 @@ from ..backends import ArraySpec, StoreWriter
 from ..errors import BadInputsError, InputFileError, OptionError, SourceError
 from ..manifest import Manifest
 from ..options import BuildOptions
+from ..sources.anomaly import AnomalyFolderSource
 from ..sources.base import Source, SourceScan
 from ..sources.folder import SPLIT_NAMES, FolderSource, label_path, label_paths_error
+from ..sources.masks import MaskFolderSource
 from .inputs import Probe, split_names
 from .plan import BuildPlan
 
@@ -44,6 +46,9 @@ UPDATE_OPTIONS: dict[str, str] = {
     "compression": "kept",
     "shard_bytes": "kept",
     "labels": "kept",
+    "class_folder": "kept",
+    "anomaly_masks": "kept",
+    "instance_masks": "kept",
     "follow_symlinks": "kept",
     "exclude": "kept",
     "split": "kept",
@@ -122,10 +127,30 @@ def source_with_rules(source: Source, plan: BuildPlan) -> Source:
     Label folders and images are listed, not refused, by the scan: a store built before they were
     refused may hold some, and keeps them; the update refuses only new ones (:func:`new_label_paths`).
     """
+    if isinstance(source, MaskFolderSource):
+        follow = source.follow_symlinks or plan.follow_symlinks
+        return MaskFolderSource(source.root, source.masks_dir, follow, plan.exclude)
+    if isinstance(source, AnomalyFolderSource):
+        follow = source.follow_symlinks or plan.follow_symlinks
+        return AnomalyFolderSource(source.root, source.masks_dir, follow, plan.exclude)
     if not isinstance(source, FolderSource):
         return source
     follow = source.follow_symlinks or plan.follow_symlinks
-    return FolderSource(source.root, source.labels, follow, plan.exclude, check_labels=False)
+    return FolderSource(
+        source.root, source.labels, follow, plan.exclude, check_labels=False, class_folder=source.class_folder
+    )
+
+
+def label_changes(ch: Changes, scan: SourceScan, digest0: np.ndarray | None, digest: Any) -> Changes:
+    """``ch`` with every kept sample whose labels changed (annotations or label files: their
+    :func:`~dlpack.pack.workers.label_digest`, by ``digest(item)``) replaced, although its image did not."""
+    if digest0 is None:
+        return ch
+    extra = {i for i in ch.kept if i not in ch.replaced and digest(scan.items[ch.match[i]]) != bytes(digest0[i]).hex()}
+    if not extra:
+        return ch
+    restat = {i: v for i, v in ch.restat.items() if i not in extra}
+    return replace(ch, replaced=ch.replaced | extra, restat=restat)
 
 
 def new_label_paths(scan: SourceScan, added: Sequence[int], root: Path) -> None:
@@ -269,10 +294,16 @@ _UPDATE_BUILT = frozenset(
 )
 
 
+#: The label arrays an update of a labelled store builds (the plan records ``labels``).
+_LABEL_BUILT = frozenset({"boxes", "box_labels", "box_crowd", "mask", "defect", "orientation", "label_sha256"})
+
+
 def user_arrays(m: Manifest, opts: BuildOptions, out: Path) -> list[ArraySpec]:
     """The arrays the update carries over (every array it does not build, but those ``drop_array`` names),
     with every ``fill`` and ``drop_array`` name checked."""
-    built = _UPDATE_BUILT | ({"split"} if m.splits else set())
+    built = (
+        _UPDATE_BUILT | ({"split"} if m.splits else set()) | (_LABEL_BUILT if (m.plan or {}).get("labels") else set())
+    )
     user = {name: spec for name, spec in sorted(m.arrays.items()) if name not in built}
     fills = opts.fill_values
     for name in (*fills, *opts.drop_array):

@@ -18,9 +18,11 @@ from .._names import shown as shown_name
 from ..backends import BACKENDS
 from ..errors import BadInputsError, InputFileError, OptionError, SourceError
 from ..options import SPLIT_PART_NAMES, BuildOptions
+from ..sources.anomaly import AnomalyFolderSource
 from ..sources.base import Source, SourceItem, SourceScan
 from ..sources.decode import DecodeError, check_header, incomplete_reason, no_header_reason, normalise_header
 from ..sources.folder import FolderSource
+from ..sources.masks import MaskFolderSource
 from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
 
 
@@ -42,12 +44,29 @@ def bad_inputs(errors: Sequence[InputFileError], root: Path, nothing_left: bool 
 
 
 def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Source:
-    """The source a build reads: a path means a :class:`FolderSource` with the options' labels and symlink rule."""
+    """The source a build reads.
+
+    A path is read with the labels the options name (:func:`dlpack.sources.label_source`: a
+    :class:`FolderSource` for ``auto``/``folders``/``none``); a DLDataset folder or its
+    ``dataset.json`` given as the path (with ``labels="auto"``) is read as that dataset. A Source
+    object lists its own items: the options that shape a folder path's listing are checked
+    against it by :func:`source_options`.
+    """
     if isinstance(src, (str, os.PathLike)):
-        return FolderSource(src, opts.labels, opts.follow_symlinks, opts.exclude)
+        from ..dldataset import is_dldataset
+        from ..sources.dldataset import DLDatasetSource
+        from ..sources.labels_kind import label_source
+
+        if opts.labels == "auto" and is_dldataset(src):
+            return DLDatasetSource(src)
+        return label_source(src, opts)
     if isinstance(src, Source):
         return src
     raise OptionError(f"src must be a folder path or a dlpack.sources.Source, got {type(src).__name__}")
+
+
+#: Options that shape what a folder path lists; with a Source object they would do nothing.
+_LISTING_OPTIONS = ("labels", "follow_symlinks", "exclude", "class_folder", "anomaly_masks", "instance_masks")
 
 
 def source_options(source: Source, opts: BuildOptions) -> BuildOptions:
@@ -59,12 +78,17 @@ def source_options(source: Source, opts: BuildOptions) -> BuildOptions:
     """
     defaults = BuildOptions()
     own: dict[str, Any] = (
-        {"labels": source.labels, "follow_symlinks": source.follow_symlinks, "exclude": source.exclude}
+        {
+            "labels": source.labels,
+            "follow_symlinks": source.follow_symlinks,
+            "exclude": source.exclude,
+            "class_folder": source.class_folder,
+        }
         if isinstance(source, FolderSource)
         else {}
     )
     kind = type(source).__name__
-    for name in ("labels", "follow_symlinks", "exclude"):
+    for name in _LISTING_OPTIONS:
         given = getattr(opts, name)
         if given == getattr(defaults, name) or (name in own and given == own[name]):
             continue
@@ -75,7 +99,7 @@ def source_options(source: Source, opts: BuildOptions) -> BuildOptions:
                 f"the FolderSource excludes {list(own['exclude'])} but exclude={list(opts.exclude)} was given; "
                 "give the patterns in one place"
             )
-        if own:
+        if name in own:
             raise OptionError(
                 f"the FolderSource has {name}={own[name]!r} but {name}={given!r} was given; give it in one place"
             )
@@ -85,7 +109,9 @@ def source_options(source: Source, opts: BuildOptions) -> BuildOptions:
         )
     if own:
         # The plan records the source's own patterns and symlink rule.
-        opts = replace(opts, exclude=own["exclude"], follow_symlinks=own["follow_symlinks"])
+        opts = replace(
+            opts, exclude=own["exclude"], follow_symlinks=own["follow_symlinks"], class_folder=own["class_folder"]
+        )
     return opts
 
 
@@ -322,7 +348,7 @@ def check_paths(source: Source, out: Path) -> None:
         raise OptionError(
             f"OUT contains SRC: {both}; replacing OUT would delete the source images; choose an OUT outside SRC"
         )
-    if isinstance(source, FolderSource) and src_real in out_real.parents:
+    if isinstance(source, (FolderSource, MaskFolderSource, AnomalyFolderSource)) and src_real in out_real.parents:
         raise OptionError(
             f"OUT is inside SRC: {both}; the next build of SRC would read the store as input; choose an OUT outside SRC"
         )

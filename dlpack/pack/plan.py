@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,12 +16,68 @@ import numpy as np
 from ..backends import ArraySpec, Backend, get_backend
 from ..errors import InputFileError, OptionError, SourceError, StoreError
 from ..manifest import ImageSpec
-from ..options import SPLIT_PART_NAMES, BuildOptions, parse_split
+from ..options import SPLIT_PART_NAMES, BuildOptions, parse_labels, parse_split
 from ..sources.base import SourceItem, SourceScan
 from ..sources.decode import TargetSpec
-from ..sources.probe import ImageHeader
+from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from ..transforms.functional import UpscaleError
 from .inputs import Probe, Selection
+
+#: Tasks whose label arrays the build writes beside the images (classification is the ``labels`` array alone).
+LABEL_TASKS = ("detection", "segmentation", "anomaly")
+
+
+@dataclass(frozen=True)
+class LabelPlan:
+    """Which label arrays a build writes and how (docs/format.md, "Arrays a build writes").
+
+    ``boxes`` writes ``boxes`` and ``box_labels``, ``crowd`` ``box_crowd``; ``mask_dtype`` (``|u1``
+    or ``<u2``, None: no mask) and ``mask_ignore`` (the pad value) shape the ``mask`` array;
+    ``defects`` are the anomaly defect folder names (the ``defect`` array indexes them).
+    ``class_ids`` and ``label_root`` come from the scan, for :func:`~dlpack.sources.prepare_labels`;
+    they are not part of :meth:`to_dict` (the source digest covers them), so a plan read back from
+    a store has them empty until an update sets them from its own scan.
+    """
+
+    task: str
+    boxes: bool = False
+    crowd: bool = False
+    mask_dtype: str | None = None
+    mask_ignore: int | None = None
+    instance_masks: bool = False
+    defects: tuple[str, ...] = ()
+    class_ids: tuple[int, ...] = ()
+    label_root: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "boxes": self.boxes,
+            "crowd": self.crowd,
+            "mask": None if self.mask_dtype is None else {"dtype": self.mask_dtype, "ignore": self.mask_ignore},
+            "defects": list(self.defects),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], instance_masks: bool) -> LabelPlan:
+        mask = d.get("mask")
+        if mask is not None and (not isinstance(mask, Mapping) or mask.get("dtype") not in ("|u1", "<u2")):
+            raise TypeError(f"labels.mask must be null or {{dtype: |u1 or <u2, ignore}}, got {mask!r}")
+        defects = d.get("defects", [])
+        if not isinstance(defects, list) or not all(isinstance(x, str) for x in defects):
+            raise TypeError(f"labels.defects must be a list of names, got {defects!r}")
+        task = d["task"]
+        if task not in LABEL_TASKS:
+            raise TypeError(f"labels.task must be one of {', '.join(LABEL_TASKS)}, got {task!r}")
+        return cls(
+            task=task,
+            boxes=bool(d.get("boxes", False)),
+            crowd=bool(d.get("crowd", False)),
+            mask_dtype=None if mask is None else str(mask["dtype"]),
+            mask_ignore=None if mask is None else int(mask["ignore"]),
+            instance_masks=instance_masks,
+            defects=tuple(defects),
+        )
 
 
 @dataclass(frozen=True)
@@ -57,6 +115,13 @@ class BuildPlan:
     split, split_seed : tuple of int, int
         The percentages and seed of a split the build made (``--split``; recorded only when given):
         an update gives appended samples their split by the same seed.
+    labels : LabelPlan or None
+        The label arrays written beside the images (None: only ``labels``, ``split``); recorded
+        as ``labels``, and ``instance_masks`` at the top (where the exporters read it).
+    label_source, class_folder, anomaly_masks : str
+        The ``--labels KIND:PATH`` the source was read with (its path made absolute; recorded for
+        the label kinds beyond folders), ``--class-folder`` (recorded when ``last``) and the
+        ``--anomaly-masks`` folder (absolute): an update of a folder path reads the same source.
     """
 
     target: TargetSpec
@@ -72,6 +137,10 @@ class BuildPlan:
     exclude: tuple[str, ...] = ()
     split: tuple[int, ...] = ()
     split_seed: int = 0
+    labels: LabelPlan | None = None
+    label_source: str = ""
+    class_folder: str = "top"
+    anomaly_masks: str = ""
 
     @property
     def split_names(self) -> tuple[str, ...]:
@@ -101,6 +170,11 @@ class BuildPlan:
             ({"follow_symlinks": True} if self.follow_symlinks else {})
             | ({"exclude": list(self.exclude)} if self.exclude else {})
             | ({"split": {"percent": list(self.split), "seed": self.split_seed}} if self.split else {})
+            | ({"labels": self.labels.to_dict()} if self.labels is not None else {})
+            | ({"instance_masks": True} if self.labels is not None and self.labels.instance_masks else {})
+            | ({"label_source": self.label_source} if self.label_source else {})
+            | ({"class_folder": self.class_folder} if self.class_folder != "top" else {})
+            | ({"anomaly_masks": self.anomaly_masks} if self.anomaly_masks else {})
         )
 
     @classmethod
@@ -126,7 +200,19 @@ class BuildPlan:
                 pcts = list(parse_split(pcts))
             if not isinstance(seed, int) or isinstance(seed, bool):
                 raise TypeError(f"the split seed must be an integer, got {seed!r}")
+            labels = d.get("labels")
+            if labels is not None and not isinstance(labels, Mapping):
+                raise TypeError(f"labels must be a mapping, got {labels!r}")
+            extra = {k: d.get(k, default) for k, default in (("label_source", ""), ("anomaly_masks", ""))}
+            if not all(isinstance(v, str) for v in extra.values()) or d.get("class_folder", "top") not in (
+                "top",
+                "last",
+            ):
+                raise TypeError("label_source, class_folder and anomaly_masks must be strings")
             return cls(
+                labels=None if labels is None else LabelPlan.from_dict(labels, bool(d.get("instance_masks", False))),
+                class_folder=d.get("class_folder", "top"),
+                **extra,
                 follow_symlinks=follow,
                 exclude=tuple(exclude),
                 split=tuple(pcts),
@@ -173,7 +259,16 @@ def _json_default(value: Any) -> Any:
 
 def source_digest(scan: SourceScan, probes: Sequence[Probe]) -> str:
     h = hashlib.sha256()
-    head = {"classes": list(scan.classes), "labels": scan.labels, "refused": sorted(e.path for e in scan.errors)}
+    head: dict[str, Any] = {
+        "classes": list(scan.classes),
+        "labels": scan.labels,
+        "refused": sorted(e.path for e in scan.errors),
+    }
+    # Recorded only where they say more than a folder's scan, so older stores keep their digests.
+    if scan.class_ids and tuple(scan.class_ids) != tuple(range(len(scan.classes))):
+        head["class_ids"] = list(scan.class_ids)
+    if scan.task not in ("classification", "none"):
+        head["task"] = scan.task
     h.update(json.dumps(head, sort_keys=True, ensure_ascii=False).encode("utf-8"))
     for item, probe in zip(scan.items, probes, strict=True):
         record = [item.rel, item.label, item.split, probe.nbytes, item.annotations]
@@ -203,8 +298,72 @@ def _check_block_bytes(backend: type[Backend], spec: ImageSpec, count: int, opts
         )
 
 
+def _label_image_depth(path: Path) -> int:
+    """The bit depth a label image's header gives (8 when it cannot be read: its sample fails later, naming it)."""
+    try:
+        with open(path, "rb") as f:
+            header = probe_header(f.read(HEADER_BYTES))
+    except OSError:
+        return 8
+    return header.bit_depth if header is not None else 8
+
+
+def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str, opts: BuildOptions) -> LabelPlan | None:
+    """The label arrays the items' annotations call for (None for classification and unlabelled sources).
+
+    The mask is ``|u1`` (ignore value 255) unless an id it stores can exceed 254 (a class id, an
+    instance count with ``instance_masks``) or a label image is 16-bit (read from its header when
+    the source has no class list): then ``<u2`` (ignore 65535).
+    """
+    if scan.task not in LABEL_TASKS:
+        return None
+    anns = [it.annotations or {} for it in items]
+    boxes = scan.task == "detection" or any("boxes" in a for a in anns)
+    crowd = any("iscrowd" in a for a in anns)
+    instance = any(bool(a.get("instance_masks")) for a in anns)
+    has_mask = scan.task == "segmentation" or any(
+        a.get("mask") or a.get("anomaly_mask") or "segmentation" in a for a in anns
+    )
+    defects = tuple(sorted({str(a["defect"]) for a in anns if a.get("defect") is not None}))
+    dtype: str | None = None
+    if has_mask:
+        wide = bool(scan.class_ids) and max(scan.class_ids) > 254
+        if instance:
+            wide = wide or max((len(a.get("boxes") or ()) for a in anns), default=0) > 254
+        if not scan.class_ids and not wide:
+            base = scan.label_root if scan.label_root is not None else root
+            for a in anns:
+                path = a.get("mask")
+                if path and _label_image_depth(Path(base, path)) == 16:
+                    wide = True
+                    break
+        dtype = "<u2" if wide else "|u1"
+    return LabelPlan(
+        task=scan.task,
+        boxes=boxes,
+        crowd=crowd,
+        mask_dtype=dtype,
+        mask_ignore=None if dtype is None else (65535 if dtype == "<u2" else 255),
+        instance_masks=instance,
+        defects=defects,
+        class_ids=tuple(scan.class_ids),
+        label_root=scan.label_root,
+    )
+
+
+def label_options(opts: BuildOptions) -> dict[str, str]:
+    """The plan's record of the label source a folder path was read with (paths made absolute)."""
+    kind, path = parse_labels(opts.labels)
+    out: dict[str, str] = {"class_folder": str(opts.class_folder)}
+    if kind not in ("auto", "folders", "none"):
+        out["label_source"] = kind + (":" + os.path.abspath(path) if path is not None else "")
+    if opts.anomaly_masks:
+        out["anomaly_masks"] = os.path.abspath(opts.anomaly_masks)
+    return out
+
+
 def plan_stage(
-    scan: SourceScan, probes: Sequence[Probe], sel: Selection, opts: BuildOptions, backend: str
+    scan: SourceScan, probes: Sequence[Probe], sel: Selection, opts: BuildOptions, backend: str, root: str = ""
 ) -> tuple[BuildPlan, Selection]:
     """3. Choose channels, dtype, geometry, layout and shard size from the items still in.
 
@@ -253,6 +412,12 @@ def plan_stage(
         spec = ImageSpec("variable", target.channels, target.dtype)
     kept = [scan.items[k] for k in sel.keep]
     _check_block_bytes(get_backend(backend), spec, len(kept), opts)
+    labels = label_plan(scan, kept, root, opts)
+    if labels is not None and labels.mask_dtype is not None and spec.shape is None:
+        raise OptionError(
+            f"the {scan.task} labels are stored as masks, which need one image size for the whole store, but the "
+            f"images would be stored in {len(sizes)} sizes; pass --size WxH (size=...) with --resize stretch or fit"
+        )
     plan = BuildPlan(
         target=target,
         image=spec,
@@ -267,6 +432,8 @@ def plan_stage(
         exclude=opts.exclude,
         split=opts.split or (),
         split_seed=(opts.split_seed or 0) if opts.split else 0,
+        labels=labels,
+        **label_options(opts),
     )
     return plan, sel
 

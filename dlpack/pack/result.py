@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .._names import shown as shown_name
 from ..errors import InputFileError
+from ..sources.base import SourceScan
 from .plan import BuildPlan
+from .workers import Sample
 
 #: Class names the summary lists before "... and N more".
 _SUMMARY_CLASSES = 20
@@ -39,6 +43,13 @@ class BuildResult:
     ignored: tuple[str, ...] = ()
     #: How many stored sizes a variable-size store holds (0 for a fixed-size store).
     distinct_sizes: int = 0
+    #: The label task written (``detection``, ``segmentation``, ``anomaly``; "" for none beyond ``labels``).
+    task: str = ""
+    #: Boxes the resize cut to the stored image, and boxes it left without area (dropped with their labels).
+    boxes_clipped: int = 0
+    boxes_dropped: int = 0
+    #: What the label source changed or did not use (``SourceScan.notes``).
+    label_notes: tuple[str, ...] = ()
 
     @property
     def images_per_s(self) -> float:
@@ -54,6 +65,12 @@ class BuildResult:
         if self.excluded:
             n = len(self.excluded)
             out.append(f"excluded {n} path{'s' if n != 1 else ''} matching --exclude (--verbose lists them)")
+        if self.boxes_clipped or self.boxes_dropped:
+            out.append(
+                f"boxes: {self.boxes_clipped} clipped to the stored image, {self.boxes_dropped} dropped "
+                "(no area left after the resize)"
+            )
+        out.extend(self.label_notes)
         if self.distinct_sizes > 1:
             out.append(
                 f"variable-size store ({self.distinct_sizes} distinct sizes): batches are lists; "
@@ -90,3 +107,13 @@ class BuildResult:
             lines += [f"  excluded {shown_name(p)}" for p in self.excluded]
             lines += [f"  not an image: {shown_name(p)}" for p in self.ignored]
         return "\n".join(lines)
+
+
+def label_summary(plan: BuildPlan, scan: SourceScan, samples: Sequence[Sample]) -> dict[str, Any]:
+    """The label fields of a :class:`BuildResult`: task, boxes clipped and dropped, the source's notes."""
+    return {
+        "task": plan.labels.task if plan.labels is not None else "",
+        "boxes_clipped": sum(s.clipped for s in samples),
+        "boxes_dropped": sum(s.dropped for s in samples),
+        "label_notes": tuple(scan.notes),
+    }

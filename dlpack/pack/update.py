@@ -18,7 +18,8 @@ from .._lock import journal_path, partial_path
 from .._names import shown as shown_name
 from ..backends import ArraySpec, Backend, StoreWriter, owned_store, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreNotFoundError
-from ..options import BuildOptions
+from ..manifest import Manifest
+from ..options import BuildOptions, parse_labels
 from ..sources.base import Source, SourceScan
 from ..sources.folder import FolderSource
 from .arrays import manifest_stage
@@ -29,6 +30,7 @@ from .changes import (
     class_aliases,
     codes_outside,
     gone_error,
+    label_changes,
     new_label_paths,
     replaced_error,
     source_changes,
@@ -39,11 +41,11 @@ from .changes import (
     user_arrays,
 )
 from .inputs import Probe, Selection, bad_inputs, probe_stage, scan_stage, split_names, split_per_file
-from .plan import BuildPlan, image_array, order_digest, source_digest
+from .plan import BuildPlan, image_array, label_plan, order_digest, source_digest
 from .publish import publish, unmarked
-from .result import BuildResult
-from .workers import Sample, decode_block, fixed_block, validate_stage
-from .write import Partial, commit_store, discard_partial
+from .result import BuildResult, label_summary
+from .workers import Sample, decode_block, fixed_block, jobs_of, label_digest, mask_block, validate_stage
+from .write import Partial, commit_store, discard_partial, mask_array
 
 
 def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildOptions, t0: float) -> BuildResult:
@@ -100,11 +102,20 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             # Kept samples keep their split; an appended one gets its split by its own draw under the seed.
             scan = split_per_file(scan, plan0.split, plan0.split_seed, os.fspath(root))
         check_folder_rules(m, scan, out, root)
+        plan0 = update_label_plan(plan0, scan, os.fspath(root), opts, out)
         user = user_arrays(m, opts, out)
         probes = probe_stage(root, scan.items, opts)
         n0 = m.count
         rels0 = [reader.source(i) for i in range(n0)]
         ch = source_changes(root, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
+        lp0 = plan0.labels
+        if lp0 is not None and "label_sha256" in m.arrays:
+            ch = label_changes(
+                ch,
+                scan,
+                reader.meta("label_sha256"),
+                lambda it: label_digest(os.fspath(root), lp0.label_root, it.annotations),
+            )
         if isinstance(source, FolderSource):
             new_label_paths(scan, ch.added, root)
         if ch.removed and not opts.compact:
@@ -113,7 +124,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         # except replaced files, which cannot be dropped without renumbering.
         todo = [ch.match[i] for i in sorted(ch.replaced)] + list(ch.added)
         bad = {k: InputFileError(scan.items[k].rel, probes[k].error or "") for k in todo if probes[k].error}
-        pairs = [(scan.items[k].rel, probes[k].header) for k in todo if k not in bad]
+        pairs = jobs_of(scan.items, probes, [k for k in todo if k not in bad])
         found = validate_stage(os.fspath(root), plan0, pairs, opts)
         now = {it.rel: k for k, it in enumerate(scan.items)}
         bad.update({now[e.path]: e for e in found})
@@ -172,7 +183,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         alias = class_aliases(m.classes, scan.classes)
         if alias:
             items = [replace(it, label=alias[it.label]) if it.label in alias else it for it in items]
-        classes = (*m.classes, *(c for c in scan.classes if c not in m.classes and c not in alias))
+        new_classes = [c for c in scan.classes if c not in m.classes and c not in alias]
+        classes = (*m.classes, *new_classes)
+        class_ids = merged_class_ids(m, scan, new_classes, out)
         splits = (*m.splits, *(s for s in split_names(scan.items) if s not in m.splits))
         class_id = {c: i for i, c in enumerate(classes)}
         split_id = {s: i for i, s in enumerate(splits)}
@@ -210,28 +223,37 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         try:
             writer.open()
             writer.create_array(images, count)
+            masks = mask_array(plan)
+            if masks is not None:
+                writer.create_array(masks, count, rows=writer.shard_rows(images.name))
             decoded, shared, written = _update_blocks(
                 writer, reader, out, plan0, plan, origin, scan, probes, root, opts
             )
             carry_arrays(writer, reader, out, user, rows, fills)
             osz, tr, crc = reader.meta("original_size"), reader.meta("transform"), reader.meta("checksum")
             stat0, sha0 = reader.meta("source_stat"), reader.meta("source_sha256")
+            stored = StoredLabels(reader, plan)
             samples = [
-                Sample(
-                    (int(osz[v][0]), int(osz[v][1])),
-                    (plan.image.height or 0, plan.image.width or 0, plan.image.channels),
-                    (float(tr[v][0]), float(tr[v][1]), float(tr[v][2]), float(tr[v][3])),
-                    int(crc[v]),
-                    (),
-                    None,
-                    ch.restat.get(v, (int(stat0[v][0]), int(stat0[v][1]))),
-                    bytes(sha0[v]).hex(),
+                stored.of(
+                    Sample(
+                        (int(osz[v][0]), int(osz[v][1])),
+                        (plan.image.height or 0, plan.image.width or 0, plan.image.channels),
+                        (float(tr[v][0]), float(tr[v][1]), float(tr[v][2]), float(tr[v][3])),
+                        int(crc[v]),
+                        (),
+                        None,
+                        ch.restat.get(v, (int(stat0[v][0]), int(stat0[v][1]))),
+                        bytes(sha0[v]).hex(),
+                    ),
+                    v,
                 )
                 if src == "old"
-                else decoded[v]
+                else remap_box_labels(decoded[v], scan.classes, class_id, alias)
                 for src, v in origin
             ]
-            view = SourceScan(tuple(items), classes, (), scan.labels)
+            view = SourceScan(
+                tuple(items), classes, (), scan.labels, class_ids=class_ids, task=scan.task, notes=scan.notes
+            )
             arrays, manifest = manifest_stage(plan, view, Selection(tuple(range(count)), tuple(errors)), samples)
             arrays["labels"] = (arrays["labels"][0], labels)
             arrays.pop("split", None)
@@ -287,7 +309,132 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         splits=split_counts(splits, split_codes),
         excluded=scan.excluded,
         ignored=scan.ignored,
+        **label_summary(plan, scan, list(decoded.values())),
     )
+
+
+def recorded_label_options(out: Path, opts: BuildOptions) -> BuildOptions:
+    """``opts`` with the label source the store at ``out`` was built with (``--labels``,
+    ``--class-folder``, ``--anomaly-masks`` as its plan records them), where left at their defaults:
+    an update of a folder path reads the same source. One given with another value is refused."""
+    own = owned_store(out)
+    if own is None:
+        return opts
+    try:
+        with own.open_reader(out) as reader:
+            plan = reader.manifest.plan or {}
+    except StoreError:
+        return opts  # the update itself says what is wrong with the store
+    recorded = {
+        "labels": plan.get("label_source") or None,
+        "class_folder": plan.get("class_folder") or "top",
+        "anomaly_masks": plan.get("anomaly_masks") or None,
+    }
+    defaults = BuildOptions()
+    changes: dict[str, Any] = {}
+    for name, value in recorded.items():
+        given = getattr(opts, name)
+        if given == getattr(defaults, name):
+            if value is not None and value != given:
+                changes[name] = value
+            continue
+        if name == "labels" and value is not None:
+            kind, path = parse_labels(given)
+            given = kind + (":" + os.path.abspath(path) if path is not None else "")
+        elif name == "anomaly_masks" and isinstance(given, str):
+            given = os.path.abspath(given)
+        if given != (value if value is not None else getattr(defaults, name)):
+            raise OptionError(
+                f"--update keeps the labels {out} was built with ({name}: the store's {value or 'default'}, "
+                f"given {getattr(opts, name)}); drop {name}, or rebuild with --overwrite"
+            )
+    if "labels" in changes and plan.get("instance_masks"):
+        changes["instance_masks"] = True
+    return replace(opts, **changes) if changes else opts
+
+
+def update_label_plan(plan0: BuildPlan, scan: SourceScan, root: str, opts: BuildOptions, out: Path) -> BuildPlan:
+    """The store's label plan with the scan's class ids and label folder (for decoding), and any new
+    defect folder names appended; a source whose labels need other arrays than the store's is refused."""
+    lp0 = plan0.labels
+    lp = label_plan(scan, scan.items, root, opts)
+    if lp0 is None and lp is None:
+        return plan0
+    if lp0 is None or lp is None:
+        raise SourceError(
+            f"{out} was built {'without' if lp0 is None else 'with'} label arrays, but the source now "
+            f"{'gives' if lp0 is None else 'gives no'} {scan.task} labels; rebuild with --overwrite"
+        )
+    if (lp.task, lp.boxes, lp.instance_masks) != (lp0.task, lp0.boxes, lp0.instance_masks) or (
+        lp.mask_dtype is None
+    ) != (lp0.mask_dtype is None):
+        raise SourceError(
+            f"{out} holds {lp0.task} labels {lp0.to_dict()}, but the source now gives {lp.to_dict()}; "
+            "rebuild with --overwrite"
+        )
+    if lp.crowd and not lp0.crowd:
+        raise SourceError(f"the source now gives iscrowd, which {out} was built without; rebuild with --overwrite")
+    if lp.mask_dtype == "<u2" and lp0.mask_dtype == "|u1":
+        raise SourceError(
+            f"the source's masks now need 16 bits, but {out} stores 8-bit masks; rebuild with --overwrite"
+        )
+    defects = (*lp0.defects, *(d for d in lp.defects if d not in lp0.defects))
+    return replace(plan0, labels=replace(lp0, defects=defects, class_ids=lp.class_ids, label_root=lp.label_root))
+
+
+def merged_class_ids(m: Manifest, scan: SourceScan, new_classes: Sequence[str], out: Path) -> tuple[int, ...]:
+    """The store's class ids, extended with the ids of the classes an update appends."""
+    if not m.class_ids and not (scan.class_ids and tuple(scan.class_ids) != tuple(range(len(scan.classes)))):
+        return ()
+    ids = dict(zip(scan.classes, scan.class_ids or range(len(scan.classes)), strict=True))
+    merged = (*m.resolved_class_ids, *(int(ids[c]) for c in new_classes))
+    if len(set(merged)) != len(merged):
+        raise SourceError(
+            f"the classes the update appends to {out} ({', '.join(new_classes)}) take ids it already uses "
+            f"({list(m.resolved_class_ids)}); rebuild with --overwrite"
+        )
+    return merged
+
+
+class StoredLabels:
+    """The label outputs of the store an update replaces, read once (each array whole)."""
+
+    def __init__(self, reader: Any, plan: BuildPlan) -> None:
+        lp = plan.labels
+        self.on = lp is not None
+        if lp is None:
+            return
+        self.orientation = reader.meta("orientation")
+        self.digest = reader.meta("label_sha256")
+        self.ragged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name in ("boxes", "box_labels") * lp.boxes + ("box_crowd",) * lp.crowd:
+            self.ragged[name] = (reader.meta(name + "_data"), reader.meta(name + "_offsets"))
+
+    def rows(self, name: str, i: int) -> np.ndarray:
+        data, off = self.ragged[name]
+        return np.asarray(data[int(off[i]) : int(off[i + 1])])
+
+    def of(self, sample: Sample, i: int) -> Sample:
+        """``sample`` (old sample ``i``) with its label outputs as the store holds them."""
+        if not self.on:
+            return sample
+        boxes = self.rows("boxes", i).reshape(-1, 4).tolist() if "boxes" in self.ragged else None
+        return replace(
+            sample,
+            orientation=int(self.orientation[i]),
+            boxes=None if boxes is None else tuple((float(a), float(b), float(c), float(d)) for a, b, c, d in boxes),
+            box_labels=tuple(int(v) for v in self.rows("box_labels", i)) if "box_labels" in self.ragged else (),
+            box_crowd=tuple(int(v) for v in self.rows("box_crowd", i)) if "box_crowd" in self.ragged else None,
+            label_sha256=bytes(self.digest[i]).hex(),
+        )
+
+
+def remap_box_labels(sample: Sample, scan_classes: Sequence[str], class_id: Any, alias: Any) -> Sample:
+    """A decoded sample's box labels (indices into the scan's classes) as indices into the store's."""
+    if not sample.box_labels:
+        return sample
+    labels = tuple(int(class_id[alias.get(scan_classes[k], scan_classes[k])]) for k in sample.box_labels)
+    return replace(sample, box_labels=labels)
 
 
 def _update_blocks(
@@ -308,6 +455,7 @@ def _update_blocks(
     (by scan position) and the counts of shared and written blocks."""
     from joblib import delayed
 
+    has_mask = "mask" in writer.arrays
     step = writer.shard_rows("images")
     n0, step0 = plan0.count, plan0.shard_rows
     starts = list(range(0, len(origin), step))
@@ -316,7 +464,7 @@ def _update_blocks(
     for s in starts:
         e = min(s + step, len(origin))
         same = step == step0 and min(s + step0, n0) == e and all(origin[j] == ("old", j) for j in range(s, e))
-        if same and writer.share_block("images", s, out):
+        if same and writer.share_block("images", s, out) and (not has_mask or writer.share_block("mask", s, out)):
             shared += 1
         else:
             todo.append(s)
@@ -329,21 +477,30 @@ def _update_blocks(
         calls = []
         for j, s in enumerate(todo):
             ks = [v for src, v in origin[s : s + step] if src == "new"]
-            pairs = [(rel[k], probes[k].header) for k in ks]
+            pairs = [(rel[k], probes[k].header, scan.items[k].annotations) for k in ks]
             calls.append(delayed(decode_block)(os.fspath(root), plan, pairs, None, True, progress.ticks(j)))
         for slot, (s, results) in enumerate(zip(todo, _parallel.parallel(opts.n_jobs, calls), strict=True)):
             block = fixed_block(plan, min(step, len(origin) - s))
+            masks = mask_block(plan, len(block)) if has_mask else None
             olds = [(j, v) for j, (src, v) in enumerate(origin[s : s + step]) if src == "old"]
             if olds:
                 got = np.empty((len(olds), *block.shape[1:]), dtype=block.dtype)
                 reader.read_into("images", [v for _, v in olds], got)
                 block[[j for j, _ in olds]] = got
+                if masks is not None:
+                    got_m = np.empty((len(olds), *masks.shape[1:]), dtype=masks.dtype)
+                    reader.read_into("mask", [v for _, v in olds], got_m)
+                    masks[[j for j, _ in olds]] = got_m
             news = [j for j, (src, _) in enumerate(origin[s : s + step]) if src == "new"]
             for j, r in zip(news, results, strict=True):
                 if not isinstance(r, Sample) or r.pixels is None:
                     raise DlpackError(f"{r} failed to decode on the second pass")  # pragma: no cover - checked before
                 block[j] = r.pixels
-                decoded[origin[s + j][1]] = replace(r, pixels=None)
+                if masks is not None and r.mask is not None:
+                    masks[j] = r.mask
+                decoded[origin[s + j][1]] = replace(r, pixels=None, mask=None)
             writer.write_block("images", s, block)
+            if masks is not None:
+                writer.write_block("mask", s, masks)
             progress.finished(slot, len(block))
     return decoded, shared, len(todo)

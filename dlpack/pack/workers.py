@@ -1,11 +1,19 @@
-"""Stage 4: decode and resize, in worker processes: one call per file (:func:`prepare_file`), a block of files per worker call."""
+"""Stage 4: decode and resize, in worker processes: one call per file (:func:`prepare_file`), a block of files per worker call.
+
+One call per file returns every output of that file: the image, and with a label plan the label
+arrays of :func:`~dlpack.sources.prepare_labels` (``boxes``, ``box_labels``, ``box_crowd``, ``mask``)
+and the EXIF orientation the decode applied. The fixed-size outputs (image, mask) are written into
+the same block rows; the small ones ride on the :class:`Sample`, so they are journalled with the
+block and resume with it.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,14 +26,47 @@ from ..backends import StoreWriter
 from ..errors import InputFileError
 from ..options import BuildOptions
 from ..sources.decode import DecodeError, prepare_image
+from ..sources.labels import prepare_labels
 from ..sources.probe import ImageHeader
 from .inputs import open_input
 from .plan import BuildPlan
 
+#: What a worker is given per file: its path relative to the root, its probed header, its annotations.
+Job = tuple[str, ImageHeader | None, Mapping[str, Any] | None]
+
+
+def jobs_of(items: Sequence[Any], probes: Sequence[Any], keep: Sequence[int]) -> list[Job]:
+    """The worker jobs of the scanned ``items`` at positions ``keep`` (with their ``probes``)."""
+    return [(items[k].rel, probes[k].header, items[k].annotations) for k in keep]
+
+
+def label_digest(root: str, label_root: str | None, annotations: Mapping[str, Any] | None) -> str:
+    """SHA-256 (hex) of a sample's annotations and the bytes of the label files they name: what
+    ``--update`` compares to know that a sample's labels changed although its image did not."""
+    h = hashlib.sha256()
+    h.update(json.dumps(annotations, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8"))
+    for key in ("mask", "anomaly_mask"):
+        name = (annotations or {}).get(key)
+        if not name:
+            continue
+        path = Path(name) if Path(name).is_absolute() else Path(label_root if label_root is not None else root, name)
+        h.update(b"\0" + key.encode())
+        try:
+            with open_input(path) as f:
+                h.update(f.read())
+        except OSError as exc:
+            h.update(f"unreadable: {exc.strerror or exc}".encode())
+    return h.hexdigest()
+
 
 @dataclass(frozen=True)
 class Sample:
-    """Per-sample metadata a worker returns (pixels travel only when the main process writes)."""
+    """Per-sample metadata a worker returns (pixels and masks travel only when the main process writes).
+
+    The label fields are set when the plan has labels: ``boxes`` (None: the store has none),
+    ``box_labels``, ``box_crowd``, the ``mask``'s CRC-32, the annotations' :func:`label_digest`, and
+    how many boxes the resize clipped or dropped.
+    """
 
     original_size: tuple[int, int]
     shape: tuple[int, int, int]
@@ -36,17 +77,46 @@ class Sample:
     #: The source file as read: (size in bytes, mtime in ns) and the SHA-256 (hex) of its bytes.
     stat: tuple[int, int] = (0, 0)
     sha256: str = ""
+    orientation: int = 1
+    boxes: tuple[tuple[float, float, float, float], ...] | None = None
+    box_labels: tuple[int, ...] = ()
+    box_crowd: tuple[int, ...] | None = None
+    mask_crc: int | None = None
+    label_sha256: str = ""
+    clipped: int = 0
+    dropped: int = 0
+    mask: np.ndarray | None = None
+
+    @property
+    def labelled(self) -> bool:
+        return bool(self.label_sha256)
 
     def record(self) -> list[Any]:
         """The sample as a JSON list (a journal line); :meth:`from_record` inverts it."""
-        return [
+        rec = [
             list(self.original_size), list(self.shape), list(self.transform),
             self.checksum, list(self.conversions), list(self.stat), self.sha256,
         ]  # fmt: skip
+        if self.labelled:
+            rec.append(
+                {
+                    "orientation": self.orientation,
+                    "boxes": None if self.boxes is None else [list(b) for b in self.boxes],
+                    "box_labels": list(self.box_labels),
+                    "box_crowd": None if self.box_crowd is None else list(self.box_crowd),
+                    "mask_crc": self.mask_crc,
+                    "label_sha256": self.label_sha256,
+                    "clipped": self.clipped,
+                    "dropped": self.dropped,
+                }
+            )
+        return rec
 
     @classmethod
     def from_record(cls, rec: Sequence[Any]) -> Sample:
-        size, shape, transform, checksum, conversions, stat, sha = rec
+        size, shape, transform, checksum, conversions, stat, sha = rec[:7]
+        lab: Mapping[str, Any] = rec[7] if len(rec) > 7 else {}
+        boxes, crowd, crc = lab.get("boxes"), lab.get("box_crowd"), lab.get("mask_crc")
         return cls(
             (int(size[0]), int(size[1])),
             (int(shape[0]), int(shape[1]), int(shape[2])),
@@ -56,11 +126,24 @@ class Sample:
             None,
             (int(stat[0]), int(stat[1])),
             str(sha),
+            orientation=int(lab.get("orientation", 1)),
+            boxes=None if boxes is None else tuple((float(a), float(b), float(c), float(d)) for a, b, c, d in boxes),
+            box_labels=tuple(int(v) for v in lab.get("box_labels", ())),
+            box_crowd=None if crowd is None else tuple(int(v) for v in crowd),
+            mask_crc=None if crc is None else int(crc),
+            label_sha256=str(lab.get("label_sha256", "")),
+            clipped=int(lab.get("clipped", 0)),
+            dropped=int(lab.get("dropped", 0)),
         )
 
 
-def prepare_file(root: str, plan: BuildPlan, rel: str, header: ImageHeader | None) -> tuple[np.ndarray, Sample]:
-    """Read one file and turn it into its stored form with :func:`~dlpack.sources.decode.prepare_image`."""
+def prepare_file(
+    root: str, plan: BuildPlan, rel: str, header: ImageHeader | None, annotations: Mapping[str, Any] | None = None
+) -> tuple[np.ndarray, Sample]:
+    """Read one file and turn it into its stored form with :func:`~dlpack.sources.decode.prepare_image`,
+    and its annotations into the label outputs with :func:`~dlpack.sources.prepare_labels` (the
+    sample's ``mask`` rides on it). A label file that cannot be used is a :class:`DecodeError` of the
+    image, naming the label file."""
     with open_input(Path(root, rel)) as f:
         st = os.fstat(f.fileno())
         data = f.read()
@@ -82,29 +165,60 @@ def prepare_file(root: str, plan: BuildPlan, rel: str, header: ImageHeader | Non
         stat=(st.st_size, st.st_mtime_ns),
         sha256=hashlib.sha256(data).hexdigest(),
     )
+    lp = plan.labels
+    if lp is None:
+        return img, meta
+    out = prepare_labels(
+        root, lp.label_root, annotations, prepared, lp.task, lp.mask_dtype, lp.mask_ignore, lp.class_ids,
+        instance_masks=lp.instance_masks,
+    )  # fmt: skip
+    arrays = out.arrays
+    mask = arrays.get("mask")
+    if lp.mask_dtype is not None:
+        if mask is None or mask.shape != img.shape[:2]:  # pragma: no cover - prepare_labels follows the image
+            raise DecodeError(f"its mask is {None if mask is None else mask.shape}, its image {img.shape[:2]}")
+        mask = np.ascontiguousarray(mask)
+    boxes = arrays.get("boxes")
+    n = 0 if boxes is None else len(boxes)
+    crowd = arrays.get("box_crowd")
+    meta = replace(
+        meta,
+        orientation=int(prepared.orientation),
+        boxes=tuple((float(a), float(b), float(c), float(d)) for a, b, c, d in boxes.tolist())
+        if lp.boxes and boxes is not None
+        else (() if lp.boxes else None),
+        box_labels=tuple(int(v) for v in arrays["box_labels"].tolist()) if lp.boxes and n else (),
+        box_crowd=(tuple(int(v) for v in crowd.tolist()) if crowd is not None else (0,) * n) if lp.crowd else None,
+        mask_crc=None if mask is None else zlib.crc32(mask.data),
+        label_sha256=label_digest(root, lp.label_root, annotations),
+        clipped=out.clipped,
+        dropped=out.dropped,
+        mask=mask,
+    )
     return img, meta
 
 
 def decode_block(
     root: str,
     plan: BuildPlan,
-    pairs: Sequence[tuple[str, ImageHeader | None]],
+    pairs: Sequence[Job],
     out: np.ndarray | None = None,
     keep_pixels: bool = False,
     ticks: Ticks | None = None,
+    masks: np.ndarray | None = None,
 ) -> list[Sample | InputFileError]:
     """Prepare a run of files: their metadata or why each failed.
 
-    Pixels go into ``out[k]`` when given (a fixed-size block; failed slots keep their zeros), and
-    onto the returned samples when ``keep_pixels``. ``ticks`` hears how many files are done every
+    Pixels go into ``out[k]`` when given (a fixed-size block; failed slots keep their zeros), masks
+    into ``masks[k]``, and both stay on the returned samples when ``keep_pixels``. ``ticks`` hears how many files are done every
     :attr:`Ticks.EVERY` files, so the bar moves within a block of tens of thousands of small images.
     """
     results: list[Sample | InputFileError] = []
-    for k, (rel, header) in enumerate(pairs):
+    for k, (rel, header, ann) in enumerate(pairs):
         if ticks is not None and k and k % ticks.EVERY == 0:
             ticks(k)
         try:
-            img, meta = prepare_file(root, plan, rel, header)
+            img, meta = prepare_file(root, plan, rel, header, ann)
         except DecodeError as exc:
             results.append(InputFileError(rel, str(exc)))
             continue
@@ -113,13 +227,13 @@ def decode_block(
             continue
         if out is not None:
             out[k] = img
-        results.append(replace(meta, pixels=img) if keep_pixels else meta)
+        if masks is not None and meta.mask is not None:
+            masks[k] = meta.mask
+        results.append(replace(meta, pixels=img) if keep_pixels else replace(meta, mask=None))
     return results
 
 
-def validate_stage(
-    root: str, plan: BuildPlan, pairs: Sequence[tuple[str, ImageHeader | None]], opts: BuildOptions
-) -> list[InputFileError]:
+def validate_stage(root: str, plan: BuildPlan, pairs: Sequence[Job], opts: BuildOptions) -> list[InputFileError]:
     """Decode every file without writing; the failures (so one error can list every bad file)."""
     from joblib import delayed
 
@@ -140,18 +254,30 @@ def fixed_block(plan: BuildPlan, n: int) -> np.ndarray:
     return np.zeros((n, *shape), dtype=plan.image.dtype)
 
 
+def mask_block(plan: BuildPlan, n: int) -> np.ndarray | None:
+    """A zeroed block of ``n`` masks, or None when the plan writes no mask."""
+    lp = plan.labels
+    if lp is None or lp.mask_dtype is None or plan.image.height is None or plan.image.width is None:
+        return None
+    return np.zeros((n, plan.image.height, plan.image.width), dtype=lp.mask_dtype)
+
+
 def write_block_worker(
     writer: StoreWriter,
     root: str,
     plan: BuildPlan,
     start: int,
-    pairs: Sequence[tuple[str, ImageHeader | None]],
+    pairs: Sequence[Job],
     ticks: Ticks | None = None,
 ) -> list[Sample | InputFileError]:
-    """Decode a block and write it as one block (in a worker, for writers that allow it)."""
+    """Decode a block and write it (and its masks, in the same rows) as one block (in a worker, for
+    writers that allow it)."""
     block = fixed_block(plan, len(pairs))
-    results = decode_block(root, plan, pairs, out=block, ticks=ticks)
+    masks = mask_block(plan, len(pairs))
+    results = decode_block(root, plan, pairs, out=block, ticks=ticks, masks=masks)
     # A block with a failure is not written: the store is then discarded (or rebuilt) anyway.
     if not any(isinstance(r, InputFileError) for r in results):
         writer.write_block("images", start, block)
+        if masks is not None:
+            writer.write_block("mask", start, masks)
     return results

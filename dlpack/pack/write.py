@@ -24,11 +24,10 @@ from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import SourceScan
-from ..sources.probe import ImageHeader
 from .inputs import Probe, Selection, bad_inputs
 from .journal import Journal, JournalState, Restart, read_journal
 from .plan import BuildPlan, image_array, plan_stage
-from .workers import Sample, decode_block, fixed_block, write_block_worker
+from .workers import Job, Sample, decode_block, fixed_block, jobs_of, mask_block, write_block_worker
 
 
 def _journal_header(plan: BuildPlan, shard_rows: int) -> dict[str, Any]:
@@ -44,6 +43,14 @@ def _changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return ", ".join(keys) or "fingerprint"
 
 
+def mask_array(plan: BuildPlan) -> ArraySpec | None:
+    """The ``mask`` array [N, H, W] the plan writes beside the images, or None."""
+    lp, spec = plan.labels, plan.image
+    if lp is None or lp.mask_dtype is None or spec.height is None or spec.width is None:
+        return None
+    return ArraySpec("mask", lp.mask_dtype, (spec.height, spec.width), key="mask", compression=plan.compression)
+
+
 def _resumable(writer: StoreWriter, images: ArraySpec) -> bool:
     """Whether blocks of ``images`` are written as independent units that survive a kill of the build."""
     return not images.ragged and writer.parallel_safe(images.name)
@@ -54,10 +61,10 @@ def _verified_blocks(
     images: ArraySpec,
     state: JournalState[Sample],
     root: str,
-    pairs: Sequence[tuple[str, ImageHeader | None]],
+    pairs: Sequence[Job],
 ) -> dict[int, list[Sample]]:
     """The journalled blocks still good: whole aligned blocks whose source files kept their size and
-    mtime and whose stored samples read back with their recorded checksums."""
+    mtime and whose stored samples (and masks) read back with their recorded checksums."""
     step = writer.shard_rows(images.name)
     done: dict[int, list[Sample]] = {}
     for start, samples in sorted(state.blocks.items()):
@@ -65,17 +72,21 @@ def _verified_blocks(
         if start % step or start >= len(pairs) or stop != min(start + step, len(pairs)):
             continue
         try:
-            stats = [os.stat(Path(root, rel)) for rel, _ in pairs[start:stop]]
+            stats = [os.stat(Path(root, job[0])) for job in pairs[start:stop]]
         except OSError:
             continue
         if any((st.st_size, st.st_mtime_ns) != s.stat for st, s in zip(stats, samples, strict=True)):
             continue
         try:
             stored = writer.read_block(images.name, start, stop)
+            masks = writer.read_block("mask", start, stop) if "mask" in writer.arrays else None
         except StoreError:
             continue
         if all(
             zlib.crc32(np.ascontiguousarray(row).data) == s.checksum for row, s in zip(stored, samples, strict=True)
+        ) and (
+            masks is None
+            or all(zlib.crc32(np.ascontiguousarray(m).data) == s.mask_crc for m, s in zip(masks, samples, strict=True))
         ):
             done[start] = samples
     return done
@@ -100,7 +111,7 @@ def _continue_partial(
     plan: BuildPlan,
     images: ArraySpec,
     root: str,
-    pairs: Sequence[tuple[str, ImageHeader | None]],
+    pairs: Sequence[Job],
     opts: BuildOptions,
 ) -> Partial:
     """Reopen a killed build's partial store to continue it, or raise :class:`Restart` saying why not."""
@@ -127,9 +138,13 @@ def _continue_partial(
                 journal.mark_commit()
                 note = f"resumed: {n_blocks} of {n_blocks} blocks already written (the store was complete)"
                 return Partial(writer, journal, complete, note, committed=True)
-        if (state.commit or writer.arrays) and not writer.undo_commit([images.name]):
+        masks = mask_array(plan)
+        kept = [images.name] + ([masks.name] if masks is not None else [])
+        if (state.commit or writer.arrays) and not writer.undo_commit(kept):
             raise Restart(f"it was killed while the {backend.name} library wrote the store's metadata")
         writer.attach_array(images, plan.count)
+        if masks is not None:
+            writer.attach_array(masks, plan.count)
         if not _resumable(writer, images) or writer.shard_rows(images.name) != state.header.get("block_len"):
             raise Restart(f"its {backend.name} image blocks cannot be continued")
         done = _verified_blocks(writer, images, state, root, pairs)
@@ -156,7 +171,7 @@ def _complete_partial(
     images: ArraySpec,
     state: JournalState[Sample],
     root: str,
-    pairs: Sequence[tuple[str, ImageHeader | None]],
+    pairs: Sequence[Job],
 ) -> dict[int, list[Sample]] | None:
     """The blocks of a partial store that a killed build had committed, when it is exactly what this
     build would publish: its manifest records this plan, every array matches its checksum, and every
@@ -185,7 +200,7 @@ def open_partial(
     out: Path,
     plan: BuildPlan,
     root: str,
-    pairs: Sequence[tuple[str, ImageHeader | None]],
+    pairs: Sequence[Job],
     opts: BuildOptions,
 ) -> Partial:
     """5a. The partial store to write ``plan`` into, with the image array created or reopened.
@@ -209,6 +224,10 @@ def open_partial(
     try:
         writer.open()
         writer.create_array(images, plan.count)
+        masks = mask_array(plan)
+        if masks is not None and not images.ragged:
+            # In the images' block layout: a worker writes an image block and its masks as one unit.
+            writer.create_array(masks, plan.count, rows=writer.shard_rows(images.name))
         journal: Journal[Sample] | None = None
         if _resumable(writer, images):
             # Created after the image array: a journal always describes a partial that holds it.
@@ -244,7 +263,7 @@ def write_images(
     out: Path,
     plan: BuildPlan,
     root: str,
-    pairs: Sequence[tuple[str, ImageHeader | None]],
+    pairs: Sequence[Job],
     opts: BuildOptions,
 ) -> tuple[list[Sample | InputFileError], Partial | None, str]:
     """5. Write every image into the partial store of ``out``, decoded by workers.
@@ -289,15 +308,20 @@ def write_images(
                 if not in_workers:
                     if not failed and fixed:
                         arr = fixed_block(plan, len(block))
+                        masks = mask_block(plan, len(block))
                         for k, r in enumerate(block):
                             if isinstance(r, Sample) and r.pixels is not None:
                                 arr[k] = r.pixels
+                            if masks is not None and isinstance(r, Sample) and r.mask is not None:
+                                masks[k] = r.mask
                         writer.write_block(images.name, s, arr)
+                        if masks is not None:
+                            writer.write_block("mask", s, masks)
                     elif not failed:
                         pixels = [r.pixels for r in block if isinstance(r, Sample) and r.pixels is not None]
                         writer.write_block(images.name, appended, pixels)
                         appended += len(pixels)
-                    block = [replace(r, pixels=None) if isinstance(r, Sample) else r for r in block]
+                    block = [replace(r, pixels=None, mask=None) if isinstance(r, Sample) else r for r in block]
                 if journal is not None and not bad:
                     journal.append_block(s, [r for r in block if isinstance(r, Sample)])
                 slots[s] = block
@@ -363,7 +387,7 @@ def pack_stage(
     for _attempt in range(3):
         if not sel.keep:
             raise bad_inputs(sel.errors, root, nothing_left=True)
-        pairs = [(scan.items[k].rel, probes[k].header) for k in sel.keep]
+        pairs = jobs_of(scan.items, probes, sel.keep)
         results, partial, found = write_images(backend, out, plan, os.fspath(root), pairs, opts)
         note = note or found
         if partial is not None:
@@ -371,6 +395,6 @@ def pack_stage(
         sel = sel.drop({k: r for k, r in zip(sel.keep, results, strict=True) if isinstance(r, InputFileError)})
         if opts.on_error == "fail":
             raise bad_inputs(sel.errors, root, nothing_left=not sel.keep)
-        plan, sel = plan_stage(scan, probes, sel, opts, backend.name)
+        plan, sel = plan_stage(scan, probes, sel, opts, backend.name, os.fspath(root))
     # Decoding is deterministic: a second pass finds nothing new.
     raise DlpackError("files kept failing to decode; rerun with --on-error fail to see them")  # pragma: no cover
