@@ -627,11 +627,19 @@ def test_the_builtin_sample_builds_with_each_label_layout(sample: Path, tmp_path
         if layout == "coco":
             doc = _json(sample / "annotations.json")
             assert (ds.task, ds.classes, ds.class_ids) == ("detection", ("scratch", "spot", "crack"), (1, 2, 3))
-            assert sum(len(ds[i]["boxes"]) for i in range(len(ds))) <= len(doc["annotations"])
-            for i in range(len(ds)):
-                b = np.asarray(ds[i]["boxes"]).reshape(-1, 4)
-                assert ((b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])).all() and b.min(initial=0) >= 0
-                assert b.max(initial=0) <= 32
+            assert sum(len(ds[i]["boxes"]) for i in range(len(ds))) == len(doc["annotations"])
+            samples = _by_source(ds)
+            for img in doc["images"]:  # stretched to 32x32: x * 32 / width, y * 32 / height
+                iw, ih = img["width"], img["height"]
+                anns = [a for a in doc["annotations"] if a["image_id"] == img["id"]]
+                want = [
+                    [x * 32 / iw, y * 32 / ih, (x + w) * 32 / iw, (y + h) * 32 / ih]
+                    for x, y, w, h in (a["bbox"] for a in anns)
+                ]
+                sample = samples[img["file_name"]]
+                assert np.array_equal(sample["boxes"], np.array(want, np.float32).reshape(-1, 4)), img["file_name"]
+                got = [ds.class_ids[k] for k in sample["box_labels"].tolist()]
+                assert got == [a["category_id"] for a in anns]
         elif layout == "masks":
             assert (ds.task, ds.classes, ds.class_ids) == (
                 "segmentation",
