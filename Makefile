@@ -1,4 +1,5 @@
-# Quick start targets. `make demo` packs the built-in sample; `make test` runs the test suite.
+# Quick start targets. `make demo` packs the built-in sample, and a labelled one that it also exports as a
+# HALCON DLDataset; `make test` runs the test suite.
 # `make test-min` runs the tests against the lowest supported dependency versions in a separate venv.
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,6 +31,11 @@ demo: install
 	$(VENV)/bin/dlpack info $(DEMO)/train.zarr
 	# Where the time goes: the scattered folder vs the packed stores, random order, warm cache.
 	$(VENV)/bin/dlpack bench $(DEMO)/raw $(DEMO)/train.zarr $(DEMO)/train.h5 --order random --cache warm --seconds 2 --repeat 1 --step-ms 50 --plot $(DEMO)/bench.png
+	# Labels: a small labelled sample (COCO boxes and polygons of the defects), packed with its boxes and
+	# masks, then written out as a HALCON DLDataset (dataset.json, images/, to_hdict.py). A few seconds.
+	$(PY) -m dlpack.sample $(DEMO)/labelled --count 48 --size 512 --labels
+	$(VENV)/bin/dlpack build $(DEMO)/labelled/images $(DEMO)/labelled.zarr --labels coco:$(DEMO)/labelled/annotations.json --size 256x256
+	$(VENV)/bin/dlpack export $(DEMO)/labelled.zarr --to dldataset $(DEMO)/labelled-halcon
 
 # pytest exits 5 when it collected no tests; that is a failure here like any other non-zero status
 # (a renamed folder or a bad -k must not pass CI silently).
