@@ -23,8 +23,11 @@ Each block records the share of the CPUs that other processes used meanwhile (``
 minus this process and its threads); with ``--max-other`` a repeat in which a block saw more is run
 again (up to ``--max-tries`` times per repeat; then the quietest attempts are kept).
 
-Build throughput with labels: not measured yet (the build does not write label arrays); the hook
-is :func:`build_with_labels`, marked ``HOOK`` below.
+Build throughput with labels (:func:`build_with_labels`): ``dlpack build`` of the labelled built-in
+sample (``--build-count`` images of ``--build-image`` px, stored at ``--build-size``, Zarr, default
+jobs) with folder labels, with ``coco:`` (boxes and a mask painted from the polygons) and with
+``masks:`` (a label image read per file), one of each per repeat in a new order; medians and the
+ratio to the folder-labels build.
 """
 
 from __future__ import annotations
@@ -161,12 +164,44 @@ def raw_files(work: Path, store: Path, size: int) -> tuple[np.memmap, np.memmap]
     )
 
 
-# HOOK: build throughput with labels. The build does not write label arrays yet (the labels reach a
-# store through dlpack.add_array only); once `dlpack build --labels coco:FILE / masks:DIR` does, time
-# dlpack.build with and without them here, side by side like benchmarks/build.py, and return the rows.
-def build_with_labels(work: Path) -> dict[str, Any]:
-    """Images/s of a build that writes boxes and masks against one that writes none (not yet measured)."""
-    return {"skipped": "the build does not write label arrays yet; see the HOOK in benchmarks/labels.py"}
+BUILD_KINDS = {
+    "folders": "folders",  # class labels only: the build as before labels existed
+    "coco": "coco:{root}/annotations.json",  # + boxes, box labels and a mask painted from polygons
+    "masks": "masks:{root}/masks",  # + a mask read from a label image per file
+}
+
+
+def build_with_labels(work: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """Images/s of ``dlpack.build`` over the labelled built-in sample, per label kind, side by side.
+
+    One build of each kind per repeat (kinds in a new order each repeat), ``--build-size`` output,
+    Zarr, the default jobs; the folder-labels build is the baseline of the ratios."""
+    from dlpack.sample import make_sample
+
+    root = work / f"sample-{a.build_count}-{a.build_image}"
+    if not (root / "annotations.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        make_sample(root, count=a.build_count, size=a.build_image, labels=True)
+    rng = np.random.default_rng(1)
+    runs: dict[str, list[float]] = {k: [] for k in BUILD_KINDS}
+    kinds = list(BUILD_KINDS)
+    for _ in range(a.build_repeat):
+        for kind in rng.permutation(kinds).tolist():
+            out = work / f"built-{kind}.zarr"
+            shutil.rmtree(out, ignore_errors=True)
+            labels = BUILD_KINDS[kind].format(root=root)
+            t0 = time.perf_counter()
+            res = dlpack.build(root / "images", out, labels=labels, size=(a.build_size, a.build_size), quiet=True)
+            runs[kind].append(res.count / (time.perf_counter() - t0))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return {
+        "images": a.build_count,
+        "source_size": a.build_image,
+        "stored_size": a.build_size,
+        "runs_images_per_s": runs,
+        "median_images_per_s": med,
+        "ratio_to_folders": {k: med[k] / med["folders"] for k in kinds},
+    }
 
 
 # ---------------------------------------------------------------- timing
@@ -277,11 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-seconds", type=float, default=0.5, help="timed epochs of a variant per repeat")
     p.add_argument("--max-other", type=float, default=1.0, help="re-run a repeat when others used more CPU share")
     p.add_argument("--max-tries", type=int, default=3)
+    p.add_argument("--build-count", type=int, default=240, help="labelled sample images the build benchmark packs")
+    p.add_argument("--build-image", type=int, default=1024, help="side of those sample images")
+    p.add_argument("--build-size", type=int, default=256, help="side they are stored at")
+    p.add_argument("--build-repeat", type=int, default=5)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.quick:
         a.small, a.large, a.count_small, a.count_large = 16, 32, 48, 24
         a.batch_size, a.repeat, a.min_seconds, a.max_tries = 8, 1, 0.0, 1
+        a.build_count, a.build_image, a.build_size, a.build_repeat = 12, 64, 32, 1
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -354,8 +394,13 @@ def main(argv: list[str] | None = None) -> int:
             value = f"{row['ratio']:.2f}x"
         verdict = "" if "met" not in row else ("  met" if row["met"] else "  NOT met")
         print(f"  {name:<58} {value:>28}{verdict}")
-    build = build_with_labels(work)
-    print(f"\nbuild throughput with labels: {build.get('skipped', build)}")
+    build = build_with_labels(work, a)
+    print(
+        f"\nbuild throughput with labels ({build['images']} sample images of {build['source_size']} px "
+        f"stored at {build['stored_size']} px, Zarr, median of {a.build_repeat})"
+    )
+    for kind, rate in build["median_images_per_s"].items():
+        print(f"  {kind:<8} {rate:8.1f} images/s  {build['ratio_to_folders'][kind]:.2f}x folders")
 
     import h5py
     import zarr

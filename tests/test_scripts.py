@@ -87,7 +87,7 @@ def _check_import_time(out: str, work: Path) -> None:
 
 def _check_labels(out: str, work: Path) -> None:
     assert "48 images of 16x16x3 and 24 of 32x32x3" in out and "ratios (targets:" in out
-    assert "build throughput with labels: the build does not write label arrays yet" in out
+    assert "build throughput with labels (12 sample images of 64 px stored at 32 px" in out
     res = json.loads((work / "labels.json").read_text())
     for backend in ("zarr", "hdf5"):
         for kind in ("plain", "boxes"):
@@ -96,6 +96,11 @@ def _check_labels(out: str, work: Path) -> None:
         assert "boxes_share" in res["ratios"][f"16 {backend} boxes share of batch time (w2 p4)"]
         assert "ratio" in res["ratios"][f"32 {backend} mask / memmap images+mask (w2 p4)"]
     assert res["medians"]["32 memmap images+mask"] > 0
+    built = res["build_with_labels"]
+    assert set(built["median_images_per_s"]) == {"folders", "coco", "masks"}
+    assert all(rate > 0 for rate in built["median_images_per_s"].values())
+    with dlpack.open(work / "work" / "built-coco.zarr") as ds:
+        assert ds.task == "detection" and len(ds) == 12 and "boxes" in ds.manifest.arrays
     stores = {p.name for p in (work / "work").glob("s*-*")}
     assert {"s16-boxes.zarr", "s16-boxes.h5", "s32-mask.zarr", "s32-mask.h5"} <= stores
     assert {"boxes", "box_labels"} <= set(dlpack.open(work / "work" / "s16-boxes.h5").manifest.arrays)
