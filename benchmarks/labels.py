@@ -19,6 +19,8 @@ variants in a new random order each repeat; medians over ``--repeat`` repeats:
 - the loader over the store with a mask against the memory-copy ceiling of the same bytes: one
   ``np.memmap`` gather of the images and one of the masks (the same sorted batch indices,
   preallocated outputs, one thread), from raw files of those bytes. Target: at least 0.8x.
+- ``get_batch`` alone over the small plain and boxes stores, alternately, in this thread's CPU
+  time (:func:`get_batch_share`): the reader's own cost of the boxes, without the loader's threads.
 Each block records the share of the CPUs that other processes used meanwhile (``/proc/stat``
 minus this process and its threads); with ``--max-other`` a repeat in which a block saw more is run
 again (up to ``--max-tries`` times per repeat; then the quietest attempts are kept).
@@ -202,6 +204,36 @@ def build_with_labels(work: Path, a: argparse.Namespace) -> dict[str, Any]:
         "median_images_per_s": med,
         "ratio_to_folders": {k: med[k] / med["folders"] for k in kinds},
     }
+
+
+def get_batch_share(opened: dict[str, dlpack.Dataset], size: int, batch: int, runs: int) -> dict[str, Any]:
+    """The boxes' share of ``get_batch`` alone, in this thread's CPU time: no loader threads, so the
+    figure is the reader's own work, not how the OS scheduled the threads. Plain and boxes stores are
+    timed alternately, 20 random batches a run, ``runs`` runs; minimum and median per batch."""
+    rng = np.random.default_rng(2)
+    out: dict[str, Any] = {}
+    for backend in BACKENDS:
+        pair = {kind: opened[f"{size} {backend} {kind}"] for kind in ("plain", "boxes")}
+        n = len(pair["plain"])
+        buf = np.empty((batch, size, size, 3), np.uint8)
+        per: dict[str, list[float]] = {"plain": [], "boxes": []}
+        for r in range(runs):
+            batches = [rng.integers(0, n, batch) for _ in range(20)]
+            for kind in ("plain", "boxes") if r % 2 == 0 else ("boxes", "plain"):
+                ds = pair[kind]
+                t0 = time.thread_time()
+                for idx in batches:
+                    ds.get_batch(idx, out=buf)
+                per[kind].append((time.thread_time() - t0) / len(batches))
+        lo = {k: min(v) for k, v in per.items()}
+        md = {k: statistics.median(v) for k, v in per.items()}
+        out[backend] = {
+            "plain_us_min": 1e6 * lo["plain"],
+            "boxes_us_min": 1e6 * lo["boxes"],
+            "share_min": 1 - lo["plain"] / lo["boxes"],
+            "share_median": 1 - md["plain"] / md["boxes"],
+        }
+    return out
 
 
 # ---------------------------------------------------------------- timing
@@ -394,6 +426,13 @@ def main(argv: list[str] | None = None) -> int:
             value = f"{row['ratio']:.2f}x"
         verdict = "" if "met" not in row else ("  met" if row["met"] else "  NOT met")
         print(f"  {name:<58} {value:>28}{verdict}")
+    direct = get_batch_share(opened, a.small, b, 6 if a.quick else 40)
+    print(f"\nboxes' share of get_batch alone at {a.small}x{a.small} (thread CPU time, batch {b}, interleaved)")
+    for backend, row in direct.items():
+        print(
+            f"  {backend:<5} {row['plain_us_min']:8.0f} us without, {row['boxes_us_min']:8.0f} us with boxes: "
+            f"{100 * row['share_min']:+.1f} % (minimum), {100 * row['share_median']:+.1f} % (median)"
+        )
     build = build_with_labels(work, a)
     print(
         f"\nbuild throughput with labels ({build['images']} sample images of {build['source_size']} px "
@@ -411,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "medians": {name: med(rs) for name, rs in runs.items()},
         "ratios": ratios,
+        "get_batch_boxes_share": direct,
         "build_with_labels": build,
         "machine": {
             "cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?"),

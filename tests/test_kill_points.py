@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import dlpack
@@ -245,3 +246,35 @@ def test_an_overwrite_killed_at_every_durable_step_reruns_to_the_same_store(
     )
     assert built.returncode == 0, built.stderr
     check_every_point(drive(tmp_path, template, backend, [*args, "--overwrite"]), backend, exact=True)
+
+
+@pytest.mark.parametrize("sig", ["KILL", "INT"])
+def test_a_labelled_build_killed_at_every_durable_step_reruns_to_the_same_store(
+    make_tree: MakeTree, tmp_path: Path, backend: str, sig: str
+) -> None:
+    """Boxes, box labels and the mask painted from polygons are journalled and resumed with the images."""
+    template = tmp_path / "template"
+    make_tree(SPEC, "template/src")
+    images = [{"id": k + 1, "file_name": rel, "width": 96, "height": 64} for k, rel in enumerate(sorted(SPEC))]
+    annotations = [
+        {
+            "id": k + 1,
+            "image_id": k + 1,
+            "category_id": 3 + k % 2,
+            "bbox": [4.0 + k, 6.0, 30.0, 20.0],
+            "area": 600.0,
+            "iscrowd": 0,
+            "segmentation": [[4.0 + k, 6.0, 34.0 + k, 6.0, 34.0 + k, 26.0, 4.0 + k, 26.0]],
+        }
+        for k in range(0, 12, 2)  # every other image has one box; the rest have none
+    ]
+    categories = [{"id": 3, "name": "scratch"}, {"id": 4, "name": "spot"}]
+    coco = {"images": images, "annotations": annotations, "categories": categories}
+    (template / "coco.json").write_text(json.dumps(coco))
+    args = [a.replace("OUT", backend) for a in BUILD] + ["--labels", "coco:{work}/coco.json", "--size", "48x32"]
+    result = drive(tmp_path, template, backend, args, sig)
+    check_every_point(result, backend, exact=True, sig=sig)
+    with dlpack.open(tmp_path / "work" / backend) as ds:  # the last rerun's store holds the labels
+        assert ds.task == "detection" and ds.class_ids == (3, 4)
+        assert np.allclose(ds[2]["boxes"], [[3.0, 3.0, 18.0, 13.0]])  # (6, 6, 36, 26) halved
+        assert int(ds[2]["mask"][5, 5]) == 3 and int(ds[1]["mask"].max()) == 0
