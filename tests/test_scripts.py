@@ -85,6 +85,15 @@ def _check_import_time(out: str, work: Path) -> None:
     assert "import dlpack" in out and "x import numpy" in out
 
 
+def _check_versions(out: str, work: Path) -> None:
+    assert "after/before" in out
+    doc = json.loads((work / "versions.json").read_text())
+    assert {k: len(r) for k, r in doc["runs"].items()} == {
+        f"{k} {v}": 1 for k in ("build j1", "build j2", "loader") for v in ("before", "after")
+    }
+    assert all(rate > 0 for rate in doc["medians"].values()) and set(doc["ratios"]) == {"build j1", "build j2", "loader"}
+
+
 def _check_labels(out: str, work: Path) -> None:
     assert "48 images of 16x16x3 and 24 of 32x32x3" in out and "ratios (targets:" in out
     assert "build throughput with labels (12 sample images of 64 px stored at 32 px" in out
@@ -171,6 +180,13 @@ RUNS: dict[str, list[Run]] = {
             ("--work", "work", "--count", "16", "--batch-size", "8", "--repeat", "1", "--folder-samples", "8")
             + ("--step-ms", "1", "--json", "loader.json"),
             _check_loader,
+        )
+    ],
+    "benchmarks/versions.py": [
+        Run(
+            ("--before", str(ROOT), "--after", str(ROOT), "--work", "work", "--count", "4", "--image-size", "64")
+            + ("--size", "32", "--epochs", "1", "--repeat", "1", "--json", "versions.json"),
+            _check_versions,
         )
     ],
     "benchmarks/peers.py": [
