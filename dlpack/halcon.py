@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import schema
 from .errors import MissingExtraError, OptionError, StoreError
 
 __all__ = [
@@ -35,7 +36,7 @@ __all__ = [
 
 #: HALCON's default ``image_range_min`` / ``image_range_max``: 8-bit 0..255 becomes -127..128.
 DEFAULT_IMAGE_RANGE = (-127.0, 128.0)
-TASKS = ("classification", "detection", "segmentation", "anomaly", "none")
+TASKS = schema.TASKS
 #: The stored array each task's labels come from (the loader's key for it).
 _TASK_ARRAYS = {"detection": ("boxes", "box_labels"), "segmentation": ("mask",)}
 #: Class names that mean "ok" in an anomaly store; any other class is "nok".
@@ -45,25 +46,12 @@ _DTYPE_MAX = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}
 
 
 def store_task(manifest: Any) -> str:
-    """The store's task: the manifest's ``task`` when it records one, else read from its arrays.
-
-    Inferred: classes exactly ``ok``/``nok`` (without boxes) -> anomaly, a ``mask`` array ->
-    segmentation, ``boxes`` -> detection, any classes -> classification, else ``none``.
-    """
+    """The store's task (:func:`dlpack.schema.store_task`: the manifest's ``task``, or its arrays)."""
     task = getattr(manifest, "task", None)
-    if task:
-        if task not in TASKS:
-            raise StoreError(f"the store's manifest names task {task!r}; dlpack knows {', '.join(TASKS)}")
-        return str(task)
-    arrays = getattr(manifest, "arrays", {})
+    if task and task not in TASKS:
+        raise StoreError(f"the store's manifest names task {task!r}; dlpack knows {', '.join(TASKS)}")
     classes = tuple(getattr(manifest, "classes", ()))
-    if set(classes) == {"ok", "nok"} and "boxes" not in arrays:
-        return "anomaly"
-    if "mask" in arrays:
-        return "segmentation"
-    if "boxes" in arrays:
-        return "detection"
-    return "classification" if classes else "none"
+    return schema.store_task(getattr(manifest, "arrays", {}), classes, getattr(manifest, "labels", "") != "none", task)
 
 
 def store_class_ids(manifest: Any) -> tuple[int, ...]:

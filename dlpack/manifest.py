@@ -308,10 +308,10 @@ class Manifest:
 
     @property
     def resolved_task(self) -> str:
-        """``task``, or in stores that do not record it: ``"classification"`` when labelled, else ``"none"``."""
-        if self.task is not None:
-            return self.task
-        return "classification" if self.labels != "none" and self.classes else "none"
+        """``task`` as :func:`dlpack.schema.store_task` reads it from the recorded task and the arrays
+        (stores that record none: ``"classification"`` when labelled, else ``"none"``, unless label
+        arrays added later say more)."""
+        return schema.store_task(self.arrays, self.classes, self.labels != "none", self.task)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; the optional label fields appear only when set, so a store without

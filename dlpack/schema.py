@@ -9,7 +9,7 @@ layer may use it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -52,6 +52,9 @@ LABELS = "labels"
 SPLIT = "split"
 SOURCE = "source"
 CHECKSUM = "checksum"
+BOXES = "boxes"
+MASK = "mask"
+DEFECT = "defect"
 
 _ROLES = (
     ArrayRole(IMAGES, "image", False, ("|u1", "<u2"), protected=True),
@@ -59,11 +62,11 @@ _ROLES = (
     ArrayRole(IMAGE_SHAPES, None, False, ("<i4",), protected=True),
     ArrayRole(LABELS, "label", False, ("<i4",), codes="classes"),
     ArrayRole(SPLIT, "split", False, ("|i1",), codes="splits"),
-    ArrayRole("boxes", "boxes", True, ("<f4",)),
+    ArrayRole(BOXES, "boxes", True, ("<f4",)),
     ArrayRole("box_labels", "box_labels", True, ("<i4",), codes="classes", lowest=0),
     ArrayRole("box_crowd", "box_crowd", True, ("|u1",)),
-    ArrayRole("mask", "mask", False, ("|u1", "<u2")),
-    ArrayRole("defect", "defect", False, ("<i4",), codes="defects"),
+    ArrayRole(MASK, "mask", False, ("|u1", "<u2")),
+    ArrayRole(DEFECT, "defect", False, ("<i4",), codes="defects"),
     ArrayRole("orientation", None, False, ("|u1",), protected=True),
     ArrayRole(SOURCE, None, True, ("|u1",), protected=True),
     ArrayRole("transform", None, False, ("<f8",), protected=True),
@@ -87,6 +90,29 @@ PIXEL_ARRAYS = (IMAGES, IMAGE + "_data")
 BASE_KEYS = ("image", "label", "index", "source")
 #: Values of the manifest's ``task``.
 TASKS = ("classification", "detection", "segmentation", "anomaly", "none")
+
+
+def store_task(arrays: Iterable[str], classes: Sequence[str], labelled: bool, recorded: str | None) -> str:
+    """The task of a store with these array names and classes: the one rule every reader uses.
+
+    From the arrays: a ``defect`` array, or the classes exactly ``ok``/``nok`` without boxes, is
+    anomaly; ``boxes`` detection (a mask beside them is the boxes' masks); a ``mask``
+    segmentation; class labels classification; nothing ``none``. A recorded task other than
+    ``classification``/``none`` wins; those two give way to label arrays added later with
+    ``add_array`` (which leaves the manifest's task as it was), and are what older stores imply.
+    """
+    names = set(arrays)
+    if DEFECT in names or (set(classes) == {"ok", "nok"} and BOXES not in names):
+        implied = "anomaly"
+    elif BOXES in names:
+        implied = "detection"
+    elif MASK in names:
+        implied = "segmentation"
+    else:
+        implied = "classification" if classes and labelled else "none"
+    if recorded and (recorded not in ("classification", "none") or implied in ("classification", "none")):
+        return recorded
+    return implied
 
 
 def image_array(layout: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import schema
 from .._names import shown
 from ..errors import OptionError, StoreError, StoreExistsError, StoreLockedError
 
@@ -78,32 +79,10 @@ class Notes:
 
 
 def infer_task(manifest: Any) -> str:
-    """The task the store's label arrays imply, or the manifest's ``task`` where it says more.
-
-    From the arrays: a ``defect`` array, or a ``mask`` with the classes ``ok`` and ``nok``, is
-    anomaly; ``boxes`` detection (a mask beside them is the boxes' masks); a ``mask``
-    segmentation; labels classification; nothing ``none``. A recorded task other than
-    ``classification``/``none`` wins; those two give way to label arrays added later with
-    :func:`~dlpack.add_array` (which leaves the manifest's task as it was), and are what older
-    stores default to.
-    """
-    arrays = manifest.arrays
-    if "defect" in arrays or (set(manifest.classes) == {"ok", "nok"} and "mask" in arrays):
-        implied = "anomaly"
-    elif "boxes" in arrays:
-        implied = "detection"
-    elif "mask" in arrays:
-        implied = "segmentation"
-    else:
-        implied = "classification" if manifest.classes and manifest.labels != "none" else "none"
-    task = getattr(manifest, "task", None)
-    if (
-        isinstance(task, str)
-        and task
-        and (task not in ("classification", "none") or implied in ("classification", "none"))
-    ):
-        return task
-    return implied
+    """The store's task by :func:`dlpack.schema.store_task` (a recorded task, or the label arrays)."""
+    return schema.store_task(
+        manifest.arrays, manifest.classes, manifest.labels != "none", getattr(manifest, "task", None)
+    )
 
 
 def describe(ds: Any) -> StoreView:
