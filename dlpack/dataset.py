@@ -27,9 +27,8 @@ from .errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
-from .loader import Loader, LoaderOptions
+from .loader import Loader, LoaderOptions, source_loader
 from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
-from .options import with_keywords
 
 if TYPE_CHECKING:
     from .dldataset import DLDatasetView
@@ -303,12 +302,7 @@ class Dataset:
         ``split="train"`` (see :meth:`indices`) or ``indices=[...]`` restricts every epoch to those
         samples; the shuffle, rank shards and resume then apply to the selection.
         """
-        opts = with_keywords(options, LoaderOptions, kwargs, "loader", also=("transform", "split", "indices"))
-        if split is not None and indices is not None:
-            raise OptionError("pass split or indices, not both (ds.indices(split) gives a split's indices)")
-        if split is not None:
-            indices = self.indices(split)
-        return Loader(self, opts, transform, indices=indices, split=split)
+        return source_loader(self, options, transform, split, indices, kwargs)
 
     def __iter__(self) -> Any:
         for i in range(len(self)):

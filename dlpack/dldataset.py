@@ -18,7 +18,6 @@ does not rotate them with the upright image; a build does.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import operator
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadInputsError, DlpackError, OptionError, SampleIndexError
-from .loader import Loader, LoaderOptions
+from .loader import Loader, LoaderOptions, source_loader
 from .sources.base import SourceItem
 from .sources.decode import DecodeError, TargetSpec, decode_image, prepare_image, read_source_file
 from .sources.dldataset import DLDatasetSource, dldataset_json
@@ -273,12 +272,7 @@ class DLDatasetView:
         **kwargs: Any,
     ) -> Loader:
         """A batch loader, as :meth:`dlpack.Dataset.loader`: keyword arguments are LoaderOptions fields."""
-        opts = dataclasses.replace(options or LoaderOptions(), **kwargs) if kwargs else (options or LoaderOptions())
-        if split is not None and indices is not None:
-            raise OptionError("pass split or indices, not both (ds.indices(split) gives a split's indices)")
-        if split is not None:
-            indices = self.indices(split)
-        return Loader(self, opts, transform, indices=indices, split=split)
+        return source_loader(self, options, transform, split, indices, kwargs)
 
     def close(self) -> None:
         """Nothing is held open."""

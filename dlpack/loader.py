@@ -519,3 +519,27 @@ def _describe(selection: dict[str, Any]) -> str:
     split = selection.get("split")
     name = f"split {split!r}" if isinstance(split, str) else "indices"
     return f"{name}, {selection.get('count')} samples, id {selection.get('digest')}"
+
+
+class _Selectable(BatchSource, Protocol):
+    def indices(self, split: str) -> np.ndarray: ...
+
+
+def source_loader(
+    source: _Selectable,
+    options: LoaderOptions | None,
+    transform: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    split: str | None,
+    indices: Sequence[int] | np.ndarray | None,
+    kwargs: dict[str, Any],
+) -> Loader:
+    """What ``ds.loader(...)`` of a store or a DLDataset view returns: ``kwargs`` as LoaderOptions
+    fields (an unknown one an OptionError), over ``split``'s samples or ``indices``."""
+    from .options import with_keywords
+
+    opts = with_keywords(options, LoaderOptions, kwargs, "loader", also=("transform", "split", "indices"))
+    if split is not None and indices is not None:
+        raise OptionError("pass split or indices, not both (ds.indices(split) gives a split's indices)")
+    if split is not None:
+        indices = source.indices(split)
+    return Loader(source, opts, transform, indices=indices, split=split)
