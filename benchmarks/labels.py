@@ -44,12 +44,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 import dlpack
@@ -57,6 +55,7 @@ import dlpack
 sys.path.insert(0, str(Path(__file__).parent))
 from _cpu import busy_cpu_s as _busy_cpu_s  # noqa: E402
 from _cpu import own_cpu_s as _own_cpu_s  # noqa: E402
+from _images import make_pngs  # noqa: E402
 
 CLASSES = 4
 TARGET_BOX_SHARE = 0.10
@@ -66,23 +65,6 @@ LOADERS = {"w2 p4": {"workers": 2, "prefetch": 4}, "w0": {"workers": 0, "prefetc
 
 
 # ---------------------------------------------------------------- data
-
-
-def make_pngs(root: Path, count: int, size: int) -> None:
-    """Smooth gradients plus noise in ``CLASSES`` class folders (compresses like photos, not like noise)."""
-    if root.exists() and len(list(root.rglob("*.png"))) >= count:
-        return
-
-    def one(i: int) -> None:
-        rng = np.random.default_rng([7, size, i])
-        base = cv2.resize(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), (size, size), interpolation=cv2.INTER_CUBIC)
-        img = np.clip(base.astype(np.int16) + rng.integers(-6, 7, (size, size, 3)), 0, 255).astype(np.uint8)
-        d = root / f"class{i % CLASSES}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"{i:06d}.png").write_bytes(cv2.imencode(".png", img)[1].tobytes())
-
-    with ThreadPoolExecutor(os.cpu_count() or 1) as ex:
-        list(ex.map(one, range(count)))
 
 
 def make_boxes(n: int, size: int, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -123,7 +105,7 @@ def copy_store(src: Path, dst: Path) -> None:
 def prepare(work: Path, size: int, count: int, with_mask: bool) -> dict[str, Path]:
     """The stores of one image size, by ``"{backend} {kind}"`` (kind: plain, boxes, mask); made once."""
     src = work / f"png{size}"
-    make_pngs(src, count, size)
+    make_pngs(src, count, size, seed=(7, size), classes=CLASSES)
     stores: dict[str, Path] = {}
     for backend, ext in BACKENDS.items():
         plain = work / f"s{size}-plain{ext}"

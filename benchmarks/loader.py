@@ -27,32 +27,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 import dlpack
 from dlpack.sources import FolderSource, TargetSpec, prepare_image
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _images import make_pngs  # noqa: E402
+
 SIZE = 512
 #: The folder baseline decodes with the build's own rules (RGB, 8-bit, area shrink).
 FOLDER_TARGET = TargetSpec(mode="stretch", size=(SIZE, SIZE), allow_upscale=True, channels=3, dtype="|u1")
-
-
-def make_pngs(root: Path, count: int) -> None:
-    """Smooth gradients plus noise: compresses like real photos do (PNG 0.6x raw), not like pure noise."""
-    if root.exists() and len(list(root.rglob("*.png"))) >= count:
-        return
-
-    def one(i: int) -> None:
-        rng = np.random.default_rng([7, i])
-        base = cv2.resize(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), (SIZE, SIZE), interpolation=cv2.INTER_CUBIC)
-        img = np.clip(base.astype(np.int16) + rng.integers(-6, 7, (SIZE, SIZE, 3)), 0, 255).astype(np.uint8)
-        d = root / f"class{i % 4}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"{i:06d}.png").write_bytes(cv2.imencode(".png", img)[1].tobytes())
-
-    with ThreadPoolExecutor(os.cpu_count() or 1) as ex:
-        list(ex.map(one, range(count)))
 
 
 def load_folder_image(path: Path) -> np.ndarray:
@@ -98,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     work = Path(a.work)
     src = work / "png"
-    make_pngs(src, a.count)
+    make_pngs(src, a.count, SIZE)
     stores = {"zarr": work / "s.zarr", "hdf5": work / "s.h5"}
     for path in stores.values():
         if not path.exists():
