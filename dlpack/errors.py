@@ -10,6 +10,7 @@ from ._names import shown
 __all__ = [
     "DlpackError",
     "OptionError",
+    "ConfigError",
     "SourceError",
     "InputFileError",
     "BadInputsError",
@@ -107,6 +108,10 @@ class IncompleteStoreError(StoreError):
 
 class FormatVersionError(StoreError):
     """The store was written by a newer dlpack with a format this version cannot read."""
+
+
+class ConfigError(OptionError):
+    """An augmentation config that cannot be used; the message names the file and the field."""
 
 
 class SampleIndexError(DlpackError, IndexError):

@@ -9,6 +9,7 @@ layer may use it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,10 @@ __all__ = [
     "PROTECTED_ARRAYS",
     "TASKS",
     "ArrayRole",
+    "AUGMENT",
+    "VARIANT_BASES",
+    "variant_array",
+    "variant_of",
     "image_array",
     "required_arrays",
 ]
@@ -113,6 +118,30 @@ def store_task(arrays: Iterable[str], classes: Sequence[str], labelled: bool, re
     if recorded and (recorded not in ("classification", "none") or implied in ("classification", "none")):
         return recorded
     return implied
+
+
+#: Arrays a store's augmentation variants have, one set per variant ``v`` (1..K): ``NAME_v{v}``
+#: (docs/format.md, "Augmentation variants"). ``augment`` holds the record of what was applied (JSON
+#: text per sample); ``checksum`` the CRC-32 of each variant image. None of them has a sample key:
+#: ``ds.variant(i, v)`` and ``loader(augment="cached")`` read them.
+AUGMENT = "augment"
+VARIANT_BASES = (IMAGES, MASK, BOXES, "box_labels", "box_crowd", CHECKSUM, AUGMENT)
+_VARIANT = re.compile(r"(?P<base>[a-z][a-z0-9_]*?)_v(?P<v>[1-9][0-9]*)")
+
+
+def variant_array(base: str, v: int) -> str:
+    """The name of array ``base`` (one of :data:`VARIANT_BASES`) of variant ``v >= 1``: ``images_v3``."""
+    if base not in VARIANT_BASES or not isinstance(v, int) or v < 1:
+        raise ValueError(f"no variant array {base!r} for variant {v!r}")
+    return f"{base}_v{v}"
+
+
+def variant_of(name: str) -> tuple[str, int] | None:
+    """``(base, v)`` when ``name`` is a variant array's name (``boxes_v2`` -> ``("boxes", 2)``), else None."""
+    m = _VARIANT.fullmatch(name)
+    if m is None or m["base"] not in VARIANT_BASES:
+        return None
+    return m["base"], int(m["v"])
 
 
 def image_array(layout: str) -> str:
