@@ -261,6 +261,9 @@ class Manifest:
     defects: tuple[str, ...] = ()
     #: ``(id, name)`` of the label-image ids, when the source named them.
     mask_classes: tuple[tuple[int, str], ...] = ()
+    #: Stores with augmentation variants: ``{"format", "k", "seed", "engine", "config", "operations",
+    #: "fill_mask", "versions"}`` (docs/format.md, "Augmentation variants"); None without variants.
+    augment: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     format: str = FORMAT_NAME
 
@@ -300,6 +303,15 @@ class Manifest:
         if len({i for i, _ in pairs}) != len(pairs):
             raise OptionError(f"mask_classes ids must be unique, got {pairs!r}")
         object.__setattr__(self, "mask_classes", tuple(pairs))
+        if self.augment is not None:
+            k = self.augment.get("k") if isinstance(self.augment, dict) else None
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise OptionError(f"augment must be a dict whose k is an integer >= 1, got {self.augment!r}")
+
+    @property
+    def variants(self) -> int:
+        """The number K of augmentation variants per image (0 without variants)."""
+        return int(self.augment["k"]) if self.augment else 0
 
     @property
     def resolved_class_ids(self) -> tuple[int, ...]:
@@ -383,7 +395,14 @@ class Manifest:
 
 
 #: Optional fields and their value when absent: left out of the JSON then (older stores lack them).
-_OPTIONAL: dict[str, Any] = {"class_ids": (), "task": None, "mask_ignore": None, "defects": (), "mask_classes": ()}
+_OPTIONAL: dict[str, Any] = {
+    "class_ids": (),
+    "task": None,
+    "mask_ignore": None,
+    "defects": (),
+    "mask_classes": (),
+    "augment": None,
+}
 
 
 def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
@@ -422,6 +441,12 @@ def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
         kw[name] = tuple(_typed(kw.get(name, []), list, name))
     if kw.get("task") is not None:
         _typed(kw["task"], str, "task")
+    if kw.get("augment") is not None:
+        aug = _typed(kw["augment"], dict, "augment")
+        k = _typed(aug.get("k"), int, "augment.k")
+        if k < 1:
+            raise StoreError(f"augment.k must be >= 1, got {k}")
+        _typed(aug.get("seed"), int, "augment.seed")
     history = _typed(kw.get("history", []), list, "history")
     for h in history:
         _typed(h, dict, "each history entry")
