@@ -147,6 +147,11 @@ class BackendTests:
                 assert not spec.ragged and spec.shape == value.shape[1:] and np.dtype(spec.dtype) == value.dtype
                 out = np.empty((len(order), *value.shape[1:]), dtype=value.dtype)
                 assert np.array_equal(reader.read_into(name, order, out), value[order]), name
+                # rows=: sample order[k] into row rows[k] of a wider array, and nothing else written
+                rows = [2 * k + 1 for k in range(len(order))][::-1]
+                wide = np.zeros((2 * len(order) + 1, *value.shape[1:]), dtype=value.dtype)
+                reader.read_into(name, order, wide, rows=rows)
+                assert np.array_equal(wide[rows], value[order]) and not wide[::2].any(), name
                 assert np.array_equal(reader.read(name, 5), value[5]), name
                 assert np.array_equal(reader.read_all(name), value), name
 

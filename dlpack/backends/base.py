@@ -130,7 +130,7 @@ class ArrayAccess(Protocol):
 
     def read_rows(self, start: int, stop: int) -> np.ndarray: ...
 
-    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray: ...
+    def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray: ...
 
     def warm(self) -> None: ...
 
@@ -336,13 +336,23 @@ class StoreReader(ABC):
                 return acc.read_rows(0, acc.shape[0])
         raise StoreError(f"store {self.path} has no array {name!r}")
 
-    def read_into(self, name: str, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Gather samples ``indices`` of fixed array ``name`` into ``out[:len(indices)]``."""
+    def read_into(
+        self, name: str, indices: Sequence[int] | np.ndarray, out: np.ndarray, rows: Sequence[int] | None = None
+    ) -> np.ndarray:
+        """Gather samples ``indices`` of fixed array ``name`` into ``out[:len(indices)]``, or, with
+        ``rows``, sample ``indices[k]`` into ``out[rows[k]]`` (how a batch of mixed views fills
+        one batch array from several arrays without a copy)."""
         spec = self._fixed(name)
+        if rows is not None and len(rows) != len(indices):
+            raise OptionError(f"read_into got {len(indices)} indices but {len(rows)} rows of out to fill")
         if self._small(spec):
-            np.take(self.read_all(name), np.asarray(indices, dtype=np.int64), axis=0, out=out[: len(indices)])
+            picked = np.asarray(indices, dtype=np.int64)
+            if rows is None:
+                np.take(self.read_all(name), picked, axis=0, out=out[: len(indices)])
+            else:
+                out[np.asarray(rows, dtype=np.int64)] = self.read_all(name).take(picked, axis=0)
             return out
-        return self._stored(name).read_into([int(i) for i in indices], out)
+        return self._stored(name).read_into([int(i) for i in indices], out, None if rows is None else list(rows))
 
     def _ragged_offsets(self, name: str) -> list[int]:
         off = self._offsets.get(name)
@@ -528,6 +538,9 @@ class StoreReader(ABC):
     def warm(self) -> None:
         """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads start)."""
         for name, spec in self.arrays.items():
+            variant = schema.variant_of(name)
+            if variant is not None and variant[0] == schema.AUGMENT:
+                continue  # the records of what made each variant: read one by one, never by a loader
             if spec.ragged:
                 self._ragged_offsets(name)
                 self._stored(name + "_data").warm()
