@@ -3,7 +3,7 @@
 ``store_with_variants`` builds fixture PNGs with ``dlpack.build``, adds boxes, box labels, crowd
 flags and a mask with ``dlpack.add_array``, then writes the variant arrays itself through the
 backend writer, in the layout of docs/format.md ("Augmentation variants"): ``images_v{v}`` (the
-original + 10 v, saturating), ``mask_v{v}`` (the mask rolled v columns), ``boxes_v{v}`` (shifted v
+original + 10 v by default, saturating), ``mask_v{v}`` (the mask rolled v columns), ``boxes_v{v}`` (shifted v
 pixels right; odd variants drop each sample's last box, with its label and crowd flag),
 ``checksum_v{v}`` and ``augment_v{v}`` (a JSON record per sample), plus the manifest's ``augment``
 record. :func:`expected_variant` says what variant v of sample i holds, for the assertions.
@@ -25,7 +25,7 @@ from dlpack import schema
 from dlpack.backends import open_reader, open_writer
 
 #: Stored image size (width, height) and the store names of each backend.
-SIZE = (16, 12)
+SIZE = (48, 32)  # 4608 bytes an image: read through the stored arrays, not a cached copy
 NAMES = {"zarr": "variants.zarr", "hdf5": "variants.h5"}
 
 
@@ -45,14 +45,14 @@ def _boxes(i: int) -> np.ndarray:
     return np.array([[j, j + 1, j + 4 + (i % 5), j + 3] for j in range(k)], np.float32)
 
 
-def expected_variant(original: dict[str, Any], v: int) -> dict[str, np.ndarray]:
+def expected_variant(original: dict[str, Any], v: int, step: int = 10) -> dict[str, np.ndarray]:
     """What the helper stores as variant ``v`` of a sample whose original is ``original`` (ds[i])."""
     if v == 0:
         return {key: np.asarray(original[key]) for key in ("image", "mask", "boxes", "box_labels", "box_crowd")}
     keep = len(original["boxes"]) - (v % 2)
     boxes = np.asarray(original["boxes"])[:keep] + np.array([v, 0, v, 0], np.float32)
     return {
-        "image": np.minimum(original["image"].astype(np.int32) + 10 * v, 255).astype(np.uint8),
+        "image": np.minimum(original["image"].astype(np.int32) + step * v, 255).astype(np.uint8),
         "mask": np.roll(original["mask"], v, axis=1),
         "boxes": boxes.astype(np.float32),
         "box_labels": np.asarray(original["box_labels"])[:keep],
@@ -60,8 +60,9 @@ def expected_variant(original: dict[str, Any], v: int) -> dict[str, np.ndarray]:
     }
 
 
-def store_with_variants(tmp_path: Path, backend: str, k: int, n: int = 24, seed: int = 0) -> Path:
-    """A store of ``n`` 16x12 RGB images (2 classes) with boxes, a mask and ``k`` variants per image."""
+def store_with_variants(tmp_path: Path, backend: str, k: int, n: int = 24, seed: int = 0, step: int = 10) -> Path:
+    """A store of ``n`` 48x32 RGB images (2 classes) with boxes, a mask and ``k`` variants per image
+    (variant v's pixels: the original + ``step * v``); the same ``seed`` gives the same originals."""
     out = tmp_path / NAMES[backend]
     dlpack.build(_pngs(tmp_path / f"src{seed}", n, seed), out, size=SIZE, jobs=1, quiet=True)
     boxes = [_boxes(i) for i in range(n)]
@@ -81,7 +82,7 @@ def store_with_variants(tmp_path: Path, backend: str, k: int, n: int = 24, seed:
     try:
         specs = manifest.arrays
         for v in range(1, k + 1):
-            got = [expected_variant(s, v) for s in originals]
+            got = [expected_variant(s, v, step) for s in originals]
             images = np.stack([g["image"] for g in got])
             fixed = {
                 schema.IMAGES: images,
@@ -91,9 +92,9 @@ def store_with_variants(tmp_path: Path, backend: str, k: int, n: int = 24, seed:
             for base, values in fixed.items():
                 spec = replace(specs[base], name=schema.variant_array(base, v), key=None, sha256={})
                 writer.create_array(spec, n, rows=rows if base != schema.CHECKSUM else None)
-                step = writer.shard_rows(spec.name)
-                for s in range(0, n, step):
-                    writer.write_block(spec.name, s, values[s : s + step])
+                block = writer.shard_rows(spec.name)
+                for s in range(0, n, block):
+                    writer.write_block(spec.name, s, values[s : s + block])
             record = [np.frombuffer(json.dumps([{"op": "test_shift", "v": v}]).encode(), np.uint8) for _ in got]
             ragged = {key: [g[key] for g in got] for key in ("boxes", "box_labels", "box_crowd")}
             for base, parts in [*ragged.items(), (schema.AUGMENT, record)]:
