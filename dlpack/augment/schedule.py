@@ -52,7 +52,7 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _TAG_VIEWS = 0x76696577
 _TAG_AUGMENTED = 0x61756776
 _TAG_ORIGINAL = 0x6F726967
-#: States kept by a cached schedule (the epoch in use and a few before it).
+#: Epochs a cached schedule keeps (their states and views): the one in use and a few before it.
 _KEEP = 3
 
 
@@ -117,9 +117,6 @@ class _State:
     def copy(self) -> _State:
         return _State(self.epoch, self.draws.copy(), self.cycle.copy(), self.cur.copy(), self.nxt.copy())
 
-    def take(self, idx: np.ndarray) -> _State:
-        return _State(self.epoch, self.draws[idx], self.cycle[idx], self.cur[idx], self.nxt[idx])
-
 
 class ViewSchedule:
     """The view schedule of one store's samples (see the module's notes).
@@ -163,6 +160,7 @@ class ViewSchedule:
         self._all = np.arange(count if count is not None else 0, dtype=np.int64)
         self._orig_rows: np.ndarray | None = None  # the originals' hash prefix of every sample (cached)
         self._states: OrderedDict[int, _State] = OrderedDict()
+        self._tables: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ cycles
@@ -259,20 +257,28 @@ class ViewSchedule:
         views[orig, 0] = 0
         return views
 
-    def _cached_state(self, epoch: int) -> _State:
-        assert self.count is not None
+    def table(self, epoch: int) -> np.ndarray:
+        """``[count, m]`` views of every sample in ``epoch`` (small ints), built once per epoch and
+        kept for a few (cached schedules only: ``count`` given)."""
+        if self.count is None:
+            raise OptionError("a view table needs the schedule's sample count (ViewSchedule(count=N))")
+        table = self._tables.get(epoch)  # a dict lookup is atomic: readers of a built epoch take no lock
+        if table is not None:
+            return table
         with self._lock:
-            st = self._states.get(epoch)
-            if st is None:
-                before = [s for e, s in self._states.items() if e <= epoch]
-                start = max(before, key=lambda s: s.epoch) if before else None
+            table = self._tables.get(epoch)
+            if table is None:
+                before = [st for e, st in self._states.items() if e <= epoch]
+                start = max(before, key=lambda st: st.epoch) if before else None
                 st = self._walk(self._all, start, epoch)
                 self._states[epoch] = st
+                table = self._views(self._all, st, epoch).astype(np.min_scalar_type(self.k))
+                self._tables[epoch] = table
                 while len(self._states) > _KEEP:
-                    self._states.popitem(last=False)
-            else:
-                self._states.move_to_end(epoch)
-            return st
+                    oldest = next(iter(self._states))
+                    del self._states[oldest]
+                    self._tables.pop(oldest, None)
+            return table
 
     def views(self, indices: Sequence[int] | np.ndarray, epoch: int) -> np.ndarray:
         """``[len(indices), views_per_batch]`` int64 views (0 the original, v the variant v) of
@@ -287,7 +293,7 @@ class ViewSchedule:
             return self._views(idx, self._walk(idx, None, epoch), epoch)
         if idx.size and idx.max() >= self.count:
             raise OptionError(f"sample index {int(idx.max())} is out of range for {self.count} samples")
-        return self._views(idx, self._cached_state(epoch).take(idx), epoch)
+        return self.table(epoch).take(idx, axis=0).astype(np.int64)
 
 
 def check_rate(value: object, name: str = "original_rate") -> float:

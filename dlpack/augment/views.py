@@ -83,6 +83,8 @@ class CachedViews:
         #: (key, spec, follows the view) of each keyed array a batch carries.
         self._keyed = [(key, spec, spec.name in FOLLOW_VIEW) for key, spec, _ in ds._keyed]
         self._fingerprint: str | None = None
+        #: Per array that follows the view, its stored array of each view 0..K.
+        self._names = {b: [_stored_name(b, v) for v in range(k + 1)] for b in (schema.IMAGES, *FOLLOW_VIEW)}
 
     @property
     def path(self) -> Any:
@@ -99,16 +101,28 @@ class CachedViews:
     def views(self, indices: Sequence[int] | np.ndarray, epoch: int) -> np.ndarray:
         """The view each row of a batch of ``indices`` gets in ``epoch`` (``[len(indices)]`` int64)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self.ds)
+        if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            raise OptionError(f"sample indices must be in 0..{n - 1}, got {idx.tolist()[:8]}...")
+        return self._views(idx, epoch)
+
+    def _views(self, idx: np.ndarray, epoch: int) -> np.ndarray:
+        """:meth:`views` of valid ``idx`` (a table lookup: this runs for every batch)."""
+        if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
+            raise OptionError(f"epoch must be an integer >= 0, got {epoch!r}")
+        table = self.schedule.table(int(epoch))
         m = self.views_per_batch
         if m == 1:
-            return self.schedule.views(idx, epoch)[:, 0]
+            one: np.ndarray = table[idx, 0].astype(np.int64)
+            return one
         rows = idx.reshape(-1, m) if len(idx) % m == 0 else None
         if rows is None or not np.all(rows == rows[:, :1]):
             raise OptionError(
                 f"with views_per_batch={m} a batch lists each sample {m} times in a row "
                 f"(the loader does so); got indices {idx[: 2 * m].tolist()}..."
             )
-        return self.schedule.views(rows[:, 0], epoch).reshape(-1)
+        many: np.ndarray = table[rows[:, 0]].reshape(-1).astype(np.int64)
+        return many
 
     def get_batch(
         self, indices: Sequence[int] | np.ndarray, epoch: int = 0, out: np.ndarray | None = None
@@ -116,15 +130,15 @@ class CachedViews:
         """Samples ``indices`` as served in ``epoch``: a store's batch plus ``variant`` (``[B]`` int64)."""
         ds = self.ds
         idx = ds._batch_indices(indices)
-        views = self.views(idx, epoch)
+        views = self._views(idx, epoch)
         r = ds.reader
         shape = ds.manifest.image.shape
         assert shape is not None
         if out is None:
             out = np.empty((len(idx), *shape), dtype=ds.manifest.image.dtype)
-        groups = _groups(views)
-        for v, rows in groups:
-            self._gather(schema.IMAGES, v, idx, rows, out)
+        counts = np.bincount(views, minlength=self.k + 1)
+        kinds = np.flatnonzero(counts).tolist()
+        self._gather(schema.IMAGES, kinds, views, idx, out)
         positions = idx.tolist()
         batch: dict[str, Any] = {
             "image": out,
@@ -136,6 +150,7 @@ class CachedViews:
         own = [spec.name for _, spec, follows in self._keyed if spec.ragged and not follows]
         ragged: dict[str, Sequence[np.ndarray]] = r.read_ragged_batch(own, idx) if own else {}
         follow = [spec.name for _, spec, follows in self._keyed if spec.ragged and follows]
+        groups = _groups(views, counts) if follow else []
         if follow:
             parts: dict[str, list[tuple[np.ndarray, Sequence[np.ndarray]]]] = {name: [] for name in follow}
             for v, rows in groups:
@@ -150,20 +165,17 @@ class CachedViews:
                 batch[key] = ragged[spec.name]
             elif follows:
                 arr = np.empty((len(idx), *spec.shape), dtype=spec.dtype)
-                for v, rows in groups:
-                    self._gather(spec.name, v, idx, rows, arr)
-                batch[key] = arr
+                batch[key] = self._gather(spec.name, kinds, views, idx, arr)
             else:
                 batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch
 
-    def _gather(self, base: str, v: int, idx: np.ndarray, rows: np.ndarray | None, out: np.ndarray) -> None:
-        """Rows ``rows`` (None: all) of ``out`` from array ``base`` of view ``v``, in place."""
-        name = _stored_name(base, v)
-        if rows is None:
-            self.ds.reader.read_into(name, idx.tolist(), out)
-        else:
-            self.ds.reader.read_into(name, idx[rows].tolist(), out, rows=rows.tolist())
+    def _gather(self, base: str, kinds: list[int], views: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out``'s rows from array ``base`` of each row's view (``kinds``: the views present), in place."""
+        r = self.ds.reader
+        if len(kinds) == 1:
+            return r.read_into(_stored_name(base, kinds[0]), idx.tolist(), out)
+        return r.read_into_from(self._names[base], views, idx, out)
 
     def warm(self) -> None:
         self.ds.warm()
@@ -194,12 +206,15 @@ def _stored_name(base: str, v: int) -> str:
     return base if v == 0 else schema.variant_array(base, v)
 
 
-def _groups(views: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
-    """``(view, rows)`` for each view in ``views``; rows None when every row has that view."""
-    kinds = np.unique(views)
+def _groups(views: np.ndarray, counts: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+    """``(view, rows)`` for each view in ``views`` (``counts``: its bincount); rows None when every
+    row has that view."""
+    kinds = np.flatnonzero(counts)
     if len(kinds) == 1:
         return [(int(kinds[0]), None)]
-    return [(int(v), np.flatnonzero(views == v)) for v in kinds]
+    order = np.argsort(views, kind="stable")
+    ends = np.cumsum(counts).tolist()
+    return [(v, order[ends[v] - int(counts[v]) : ends[v]]) for v in kinds.tolist()]
 
 
 def _ragged(value: Sequence[np.ndarray]) -> RaggedBatch:

@@ -396,6 +396,9 @@ class _MappedArray:
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         return np.array(self.view[start:stop])
 
+    def row_source(self) -> tuple[list[np.ndarray], int]:
+        return [self.view], max(1, len(self.view))
+
     def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
         mm = self.view
         dest = range(len(positions)) if rows is None else rows

@@ -359,6 +359,13 @@ class ShardedArray:
                 out[r] = self.chunk(i // self.chunk_len)[i % self.chunk_len]
         return out
 
+    def row_source(self) -> tuple[list[np.ndarray], int] | None:
+        """``(per-shard views, rows per shard)`` when every shard is stored raw and in order, else None."""
+        views = self.shard_views()
+        if any(v is None for v in views):
+            return None
+        return [v for v in views if v is not None], self.shard_rows
+
     def close(self) -> None:
         """Unmap every shard."""
         self._views = None

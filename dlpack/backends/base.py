@@ -132,6 +132,10 @@ class ArrayAccess(Protocol):
 
     def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray: ...
 
+    # Optional: ``row_source() -> (views, rows_per_view) | None``, where row ``i`` is
+    # ``views[i // rows_per_view][i % rows_per_view]`` (raw, in-memory rows; None when not so), so
+    # that :meth:`StoreReader.read_into_from` can mix arrays in one pass.
+
     def warm(self) -> None: ...
 
     def close(self) -> None: ...
@@ -153,6 +157,8 @@ class StoreReader(ABC):
         #: The same offsets as int64 arrays, for gathering a batch's rows in one step.
         self._offsets_np: dict[str, np.ndarray] = {}
         self._offsets_twin: dict[str, str] = {}
+        self._row_sources: dict[str, tuple[ArrayAccess, Any]] = {}
+        self._mixes: dict[tuple[str, ...], list[ArraySpec]] = {}
         self._sources: tuple[bytes, list[int]] | None = None
         #: SHA-256 of the manifest text this reader opened: every later (re)open must find the same.
         self._pin: str | None = None
@@ -352,7 +358,67 @@ class StoreReader(ABC):
             else:
                 out[np.asarray(rows, dtype=np.int64)] = self.read_all(name).take(picked, axis=0)
             return out
-        return self._stored(name).read_into([int(i) for i in indices], out, None if rows is None else list(rows))
+        positions = indices.tolist() if isinstance(indices, np.ndarray) else [int(i) for i in indices]
+        return self._stored(name).read_into(positions, out, None if rows is None else list(rows))
+
+    def read_into_from(
+        self,
+        names: Sequence[str],
+        which: Sequence[int] | np.ndarray,
+        indices: Sequence[int] | np.ndarray,
+        out: np.ndarray,
+    ) -> np.ndarray:
+        """Gather row ``k`` of ``out`` from sample ``indices[k]`` of fixed array ``names[which[k]]``
+        (arrays of one sample shape and dtype): one pass over the batch, however many arrays it mixes.
+
+        How cached augmentation views fill a batch of originals and variants in place at the cost
+        of a batch of originals (rows are read in array, then sample order).
+        """
+        key = tuple(names)
+        specs = self._mixes.get(key)
+        if specs is None:  # checked once per list of arrays: this runs for every batch
+            specs = [self._fixed(n) for n in names]
+            if any((s.shape, np.dtype(s.dtype)) != (specs[0].shape, np.dtype(specs[0].dtype)) for s in specs):
+                raise OptionError(f"read_into_from mixes arrays of different sample shapes or dtypes: {list(names)}")
+            self._mixes[key] = specs
+        src = np.asarray(which, dtype=np.int64).reshape(-1)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(src) != len(idx):
+            raise OptionError(f"read_into_from got {len(idx)} indices but {len(src)} array choices")
+        if len(src) and (int(src.min()) < 0 or int(src.max()) >= len(names)):
+            raise OptionError(f"read_into_from: array choices must be 0..{len(names) - 1}")
+        used = np.flatnonzero(np.bincount(src, minlength=len(names))).tolist()
+        if len(used) == 1:
+            return self.read_into(names[used[0]], idx, out)
+        sources: dict[int, Any] = {}
+        if not all(self._small(specs[u]) for u in used):
+            sources = {u: self._row_source(names[u]) for u in used}
+        if not sources or any(s is None for s in sources.values()):
+            for u in used:  # array by array, each into its rows of out
+                rows = np.flatnonzero(src == u)
+                self.read_into(names[u], idx[rows], out, rows=rows.tolist())
+            return out
+        # Every used array's in-memory views in one list: row k is flat[at[k]][within[k]].
+        flat: list[np.ndarray] = []
+        first = np.zeros(len(names), dtype=np.int64)
+        per = np.ones(len(names), dtype=np.int64)
+        for u in used:
+            views, rows_per_view = sources[u]
+            first[u], per[u] = len(flat), rows_per_view
+            flat.extend(views)
+        step = per[src]
+        at, within = (first[src] + idx // step).tolist(), (idx % step).tolist()
+        for k in np.argsort(src * (len(self) + 1) + idx, kind="stable").tolist():
+            out[k] = flat[at[k]][within[k]]
+        return out
+
+    def _row_source(self, name: str) -> Any:
+        """The stored array's ``row_source()`` (None when it has none), kept while the array is open."""
+        acc = self._stored(name)
+        got = self._row_sources.get(name)
+        if got is None or got[0] is not acc:
+            got = self._row_sources[name] = (acc, getattr(acc, "row_source", lambda: None)())
+        return got[1]
 
     def _ragged_offsets(self, name: str) -> list[int]:
         off = self._offsets.get(name)
@@ -561,6 +627,8 @@ class StoreReader(ABC):
         self._offsets.clear()
         self._offsets_np.clear()
         self._offsets_twin.clear()
+        self._row_sources.clear()
+        self._mixes.clear()
         self._sources = None
 
     def __getstate__(self) -> dict[str, Any]:
