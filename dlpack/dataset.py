@@ -31,6 +31,7 @@ from .loader import Loader, LoaderOptions, source_loader
 from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
 
 if TYPE_CHECKING:
+    from .augment.views import CachedViews
     from .dldataset import DLDatasetView
 
 __all__ = ["Dataset", "open", "add_array"]
@@ -288,6 +289,15 @@ class Dataset:
         """``((H, W, C), dtype)`` of every image, or None for a variable-size store."""
         shape = self.manifest.image.shape
         return None if shape is None else (shape, self.manifest.image.dtype)
+
+    def cached_views(
+        self, seed: int = 0, *, original_rate: float | None = None, views_per_batch: int = 1
+    ) -> CachedViews:
+        """This store's augmentation views as a batch source (what ``loader(augment="cached")``
+        reads; docs/loader.md, "Cached augmentation views"). An OptionError without variants."""
+        from .augment.views import CachedViews
+
+        return CachedViews(self, seed, original_rate=original_rate, views_per_batch=views_per_batch)
 
     # ------------------------------------------------------------------ training
 

@@ -363,12 +363,15 @@ class Loader:
             )
         self.options = options or LoaderOptions()
         o = self.options
-        if o.augment == "cached":
-            from .augment.views import CachedViews
-
-            if isinstance(source, CachedViews):
-                source = source.ds
-            source = CachedViews(source, o.seed, original_rate=o.original_rate, views_per_batch=o.views_per_batch)  # type: ignore[arg-type]
+        if o.augment == "cached":  # the store serves its own views (the loader knows no store)
+            cached = getattr(source, "cached_views", None)
+            if cached is None:
+                where = getattr(source, "path", type(source).__name__)
+                raise OptionError(
+                    f"augment='cached' reads the variants of a dlpack store; {where} is not one (open a store with "
+                    "dlpack.open)"
+                )
+            source = cached(o.seed, original_rate=o.original_rate, views_per_batch=o.views_per_batch)
         self.source = source
         self.transform = transform
         self._hook = hook_keywords(transform)  # read once: inspecting a signature per batch costs microseconds

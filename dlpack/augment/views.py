@@ -48,9 +48,7 @@ class CachedViews:
         original_rate: float | None = None,
         views_per_batch: int = 1,
     ) -> None:
-        from ..dataset import Dataset
-
-        if not isinstance(ds, Dataset):
+        if not (hasattr(ds, "manifest") and hasattr(ds, "reader") and hasattr(ds, "_batch_indices")):
             where = getattr(ds, "path", type(ds).__name__)
             raise OptionError(
                 f"augment='cached' reads the variants of a dlpack store; {where} is not one "
@@ -113,7 +111,7 @@ class CachedViews:
         table = self.schedule.table(int(epoch))
         m = self.views_per_batch
         if m == 1:
-            one: np.ndarray = table[idx, 0].astype(np.int64)
+            one: np.ndarray = table.reshape(-1).take(idx).astype(np.int64)
             return one
         rows = idx.reshape(-1, m) if len(idx) % m == 0 else None
         if rows is None or not np.all(rows == rows[:, :1]):
@@ -136,10 +134,10 @@ class CachedViews:
         assert shape is not None
         if out is None:
             out = np.empty((len(idx), *shape), dtype=ds.manifest.image.dtype)
+        positions = idx.tolist()
         counts = np.bincount(views, minlength=self.k + 1)
         kinds = np.flatnonzero(counts).tolist()
-        self._gather(schema.IMAGES, kinds, views, idx, out)
-        positions = idx.tolist()
+        self._gather(schema.IMAGES, kinds, views, idx, positions, out)
         batch: dict[str, Any] = {
             "image": out,
             "label": r.read_all(schema.LABELS)[idx],
@@ -165,16 +163,18 @@ class CachedViews:
                 batch[key] = ragged[spec.name]
             elif follows:
                 arr = np.empty((len(idx), *spec.shape), dtype=spec.dtype)
-                batch[key] = self._gather(spec.name, kinds, views, idx, arr)
+                batch[key] = self._gather(spec.name, kinds, views, idx, positions, arr)
             else:
                 batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch
 
-    def _gather(self, base: str, kinds: list[int], views: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def _gather(
+        self, base: str, kinds: list[int], views: np.ndarray, idx: np.ndarray, positions: list[int], out: np.ndarray
+    ) -> np.ndarray:
         """``out``'s rows from array ``base`` of each row's view (``kinds``: the views present), in place."""
         r = self.ds.reader
         if len(kinds) == 1:
-            return r.read_into(_stored_name(base, kinds[0]), idx.tolist(), out)
+            return r.read_into(_stored_name(base, kinds[0]), positions, out)
         return r.read_into_from(self._names[base], views, idx, out)
 
     def warm(self) -> None:
@@ -195,6 +195,12 @@ class CachedViews:
 
     def image_layout(self) -> tuple[tuple[int, ...], str] | None:
         return self.ds.image_layout()
+
+    def cached_views(
+        self, seed: int = 0, *, original_rate: float | None = None, views_per_batch: int = 1
+    ) -> CachedViews:
+        """The same store's views with these options (what a loader asks its source for)."""
+        return CachedViews(self.ds, seed, original_rate=original_rate, views_per_batch=views_per_batch)
 
     def __repr__(self) -> str:
         s = self.schedule
