@@ -135,9 +135,8 @@ class CachedViews:
         if out is None:
             out = np.empty((len(idx), *shape), dtype=ds.manifest.image.dtype)
         positions = idx.tolist()
-        counts = np.bincount(views, minlength=self.k + 1)
-        kinds = np.flatnonzero(counts).tolist()
-        self._gather(schema.IMAGES, kinds, views, idx, positions, out)
+        one = int(views[0]) if len(views) and int(views.min()) == int(views.max()) else None
+        self._gather(schema.IMAGES, one, views, idx, positions, out)
         batch: dict[str, Any] = {
             "image": out,
             "label": r.read_all(schema.LABELS)[idx],
@@ -148,7 +147,7 @@ class CachedViews:
         own = [spec.name for _, spec, follows in self._keyed if spec.ragged and not follows]
         ragged: dict[str, Sequence[np.ndarray]] = r.read_ragged_batch(own, idx) if own else {}
         follow = [spec.name for _, spec, follows in self._keyed if spec.ragged and follows]
-        groups = _groups(views, counts) if follow else []
+        groups = _groups(views, np.bincount(views, minlength=self.k + 1)) if follow else []
         if follow:
             parts: dict[str, list[tuple[np.ndarray, Sequence[np.ndarray]]]] = {name: [] for name in follow}
             for v, rows in groups:
@@ -163,18 +162,19 @@ class CachedViews:
                 batch[key] = ragged[spec.name]
             elif follows:
                 arr = np.empty((len(idx), *spec.shape), dtype=spec.dtype)
-                batch[key] = self._gather(spec.name, kinds, views, idx, positions, arr)
+                batch[key] = self._gather(spec.name, one, views, idx, positions, arr)
             else:
                 batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch
 
     def _gather(
-        self, base: str, kinds: list[int], views: np.ndarray, idx: np.ndarray, positions: list[int], out: np.ndarray
+        self, base: str, one: int | None, views: np.ndarray, idx: np.ndarray, positions: list[int], out: np.ndarray
     ) -> np.ndarray:
-        """``out``'s rows from array ``base`` of each row's view (``kinds``: the views present), in place."""
+        """``out``'s rows from array ``base`` of each row's view, in place (``one``: the view of every
+        row, when they share one)."""
         r = self.ds.reader
-        if len(kinds) == 1:
-            return r.read_into(_stored_name(base, kinds[0]), positions, out)
+        if one is not None or not len(idx):
+            return r.read_into(_stored_name(base, one or 0), positions, out)
         return r.read_into_from(self._names[base], views, idx, out)
 
     def warm(self) -> None:

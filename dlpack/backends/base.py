@@ -47,6 +47,8 @@ _SMALL_ARRAY = 64 * 2**20
 #: Attribute of every stored array's metadata (Zarr ``zarr.json`` attributes, HDF5 dataset
 #: attribute): the SHA-256 of its bytes once committed, "" while it is being written.
 DIGEST_ATTR = "dlpack_sha256"
+#: :meth:`StoreReader.read_into_from` over arrays it cannot read in one pass.
+_NO_PLAN = object()
 #: Rows hashed per read when checksumming a whole array (bounded memory).
 _HASH_BYTES = 32 * 2**20
 
@@ -158,7 +160,7 @@ class StoreReader(ABC):
         self._offsets_np: dict[str, np.ndarray] = {}
         self._offsets_twin: dict[str, str] = {}
         self._row_sources: dict[str, tuple[ArrayAccess, Any]] = {}
-        self._mixes: dict[tuple[str, ...], list[ArraySpec]] = {}
+        self._mixes: dict[tuple[str, ...], Any] = {}
         self._sources: tuple[bytes, list[int]] | None = None
         #: SHA-256 of the manifest text this reader opened: every later (re)open must find the same.
         self._pin: str | None = None
@@ -374,43 +376,50 @@ class StoreReader(ABC):
         How cached augmentation views fill a batch of originals and variants in place at the cost
         of a batch of originals (rows are read in array, then sample order).
         """
-        key = tuple(names)
-        specs = self._mixes.get(key)
-        if specs is None:  # checked once per list of arrays: this runs for every batch
-            specs = [self._fixed(n) for n in names]
-            if any((s.shape, np.dtype(s.dtype)) != (specs[0].shape, np.dtype(specs[0].dtype)) for s in specs):
-                raise OptionError(f"read_into_from mixes arrays of different sample shapes or dtypes: {list(names)}")
-            self._mixes[key] = specs
+        plan = self._mixes.get(tuple(names))
+        if plan is None:  # checked and looked up once per list of arrays: this runs for every batch
+            plan = self._mix_plan(names)
         src = np.asarray(which, dtype=np.int64).reshape(-1)
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(src) != len(idx):
             raise OptionError(f"read_into_from got {len(idx)} indices but {len(src)} array choices")
-        if len(src) and (int(src.min()) < 0 or int(src.max()) >= len(names)):
+        lo, hi = (int(src.min()), int(src.max())) if len(src) else (0, 0)
+        if lo < 0 or hi >= len(names):
             raise OptionError(f"read_into_from: array choices must be 0..{len(names) - 1}")
-        used = np.flatnonzero(np.bincount(src, minlength=len(names))).tolist()
-        if len(used) == 1:
-            return self.read_into(names[used[0]], idx, out)
-        sources: dict[int, Any] = {}
-        if not all(self._small(specs[u]) for u in used):
-            sources = {u: self._row_source(names[u]) for u in used}
-        if not sources or any(s is None for s in sources.values()):
+        if plan is _NO_PLAN or lo == hi:
+            used = np.flatnonzero(np.bincount(src, minlength=len(names))).tolist()
+            if len(used) == 1:
+                return self.read_into(names[used[0]], idx, out)
             for u in used:  # array by array, each into its rows of out
                 rows = np.flatnonzero(src == u)
                 self.read_into(names[u], idx[rows], out, rows=rows.tolist())
             return out
-        # Every used array's in-memory views in one list: row k is flat[at[k]][within[k]].
-        flat: list[np.ndarray] = []
-        first = np.zeros(len(names), dtype=np.int64)
-        per = np.ones(len(names), dtype=np.int64)
-        for u in used:
-            views, rows_per_view = sources[u]
-            first[u], per[u] = len(flat), rows_per_view
-            flat.extend(views)
+        flat, first, per = plan
         step = per[src]
         at, within = (first[src] + idx // step).tolist(), (idx % step).tolist()
         for k in np.argsort(src * (len(self) + 1) + idx, kind="stable").tolist():
             out[k] = flat[at[k]][within[k]]
         return out
+
+    def _mix_plan(self, names: Sequence[str]) -> Any:
+        """For :meth:`read_into_from`: every array's in-memory views in one list (row ``i`` of array
+        ``u`` is ``flat[first[u] + i // per[u]][i % per[u]]``), or ``_NO_PLAN`` when some array has
+        no such views (small arrays, read from a cached copy, or compressed ones)."""
+        specs = [self._fixed(n) for n in names]
+        if any((s.shape, np.dtype(s.dtype)) != (specs[0].shape, np.dtype(specs[0].dtype)) for s in specs):
+            raise OptionError(f"read_into_from mixes arrays of different sample shapes or dtypes: {list(names)}")
+        plan: Any = _NO_PLAN
+        sources = [None if self._small(s) else self._row_source(n) for s, n in zip(specs, names, strict=True)]
+        if all(src is not None for src in sources):
+            flat: list[np.ndarray] = []
+            first = np.zeros(len(names), dtype=np.int64)
+            per = np.ones(len(names), dtype=np.int64)
+            for u, (views, rows_per_view) in enumerate(sources):  # type: ignore[misc]
+                first[u], per[u] = len(flat), rows_per_view
+                flat.extend(views)
+            plan = (flat, first, per)
+        self._mixes[tuple(names)] = plan
+        return plan
 
     def _row_source(self, name: str) -> Any:
         """The stored array's ``row_source()`` (None when it has none), kept while the array is open."""
@@ -620,6 +629,8 @@ class StoreReader(ABC):
 
     def close(self) -> None:
         """Release open handles and maps; the reader reopens lazily if used again."""
+        self._row_sources.clear()  # they hold views of the maps closed next
+        self._mixes.clear()
         for acc in self._access.values():
             acc.close()
         self._access.clear()
@@ -627,8 +638,6 @@ class StoreReader(ABC):
         self._offsets.clear()
         self._offsets_np.clear()
         self._offsets_twin.clear()
-        self._row_sources.clear()
-        self._mixes.clear()
         self._sources = None
 
     def __getstate__(self) -> dict[str, Any]:
