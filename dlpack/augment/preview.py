@@ -30,7 +30,8 @@ def _palette(n: int) -> np.ndarray:
     """``n`` distinct BGR colours (golden-angle hues at full saturation)."""
     hues = (np.arange(max(n, 1)) * 137.508) % 180
     hsv = np.stack([hues, np.full_like(hues, 220), np.full_like(hues, 255)], axis=1).astype(np.uint8)[None]
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0].astype(np.int32)
+    bgr: np.ndarray = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0].astype(np.int32)
+    return bgr
 
 
 def _short(value: Any) -> str:
