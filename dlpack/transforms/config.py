@@ -11,14 +11,12 @@ what made its variants (docs/augment.md, "Config files").
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
@@ -35,7 +33,7 @@ _FORMATS: dict[str, Literal["json", "yaml"]] = {".json": "json", ".yaml": "yaml"
 class AugmentEngine(Protocol):
     """Something that makes variants like a :class:`~dlpack.transforms.base.Pipeline` does."""
 
-    engine: str
+    engine: ClassVar[str]
 
     def __call__(self, t: Targets, rng: np.random.Generator) -> tuple[Targets, list[dict[str, Any]]]: ...
 
@@ -73,11 +71,7 @@ class AugmentConfig:
 def register_operations() -> None:
     """Make every operation dlpack reads known to the registry (importing a module registers its
     operations), so reading a config or a manifest's operation list finds them all."""
-    from . import halcon_ops  # noqa: F401
-
-    # The albumentations vocabulary lives in its own module; register it wherever it is installed.
-    if importlib.util.find_spec(f"{__package__}.ops") is not None:
-        importlib.import_module(f"{__package__}.ops")
+    from . import halcon_ops, ops  # noqa: F401
 
 
 def read_operations(d: Mapping[str, Any], where: str = "operations") -> Pipeline:
@@ -120,7 +114,7 @@ def load_config(
         from .albumentations import AlbumentationsEngine, pipeline_from_albumentations
 
         augmenter: Pipeline | AugmentEngine = (
-            AlbumentationsEngine(doc) if engine == "albumentations" else pipeline_from_albumentations(doc, where)
+            AlbumentationsEngine(doc, where) if engine == "albumentations" else pipeline_from_albumentations(doc, where)
         )
         return AugmentConfig(augmenter, "albumentations", fmt, text, name)
     if engine == "albumentations":
