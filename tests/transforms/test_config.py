@@ -135,7 +135,7 @@ def fake_albumentations(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]
     class Engine:
         engine = "albumentations"
 
-        def __init__(self, doc: Any) -> None:
+        def __init__(self, doc: Any, where: str = "config") -> None:
             calls.append(("engine", doc))
 
         def __call__(self, t: Targets, rng: np.random.Generator) -> tuple[Targets, list[dict[str, Any]]]:
