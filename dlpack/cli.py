@@ -550,6 +550,11 @@ def _add_export(sub: Any) -> None:
     )
     p.add_argument("out", help="the export folder: new or empty (or a previous export, with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous dlpack export at OUT")
+    p.add_argument(
+        "--include-variants",
+        action="store_true",
+        help="dldataset: add the store's augmentation variants of its training samples as extra samples",
+    )
     _add_json_flags(p, "what was exported (folder, format, task, counts, notes)")
     p.set_defaults(run=_run_export)
 
@@ -558,7 +563,7 @@ def _run_export(a: argparse.Namespace) -> int:
     from .exports import export
 
     _check_json_file(a)
-    result = export(a.store, a.to, a.out, overwrite=a.overwrite)
+    result = export(a.store, a.to, a.out, overwrite=a.overwrite, include_variants=a.include_variants)
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
     for note in result.notes:

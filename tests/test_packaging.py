@@ -22,6 +22,7 @@ DISTRIBUTION_OF = {
     "cv2": "opencv-python-headless",
     "google_crc32c": "google-crc32c",
     "halcon": "mvtec-halcon",
+    "yaml": "pyyaml",
 }
 #: SHA-256 of the Apache License 2.0 text exactly as the ASF publishes it (LICENSE-2.0.txt, 202 lines).
 APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"

@@ -42,7 +42,12 @@ class ExportResult:
 
 
 def export(
-    store: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, overwrite: bool = False
+    store: str | os.PathLike[str],
+    to: str,
+    out: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    include_variants: bool = False,
 ) -> ExportResult:
     """Write the store at ``store`` to the folder ``out`` in the format ``to``.
 
@@ -56,6 +61,9 @@ def export(
         ``read_dl_dataset_*`` procedure for the store's task reads).
     out
         A new or empty folder, or a previous dlpack export with ``overwrite=True``.
+    include_variants
+        ``dldataset`` only: the store's augmentation variants of its training samples become extra
+        samples, each pointing back at its original (docs/export.md).
 
     Raises
     ------
@@ -66,6 +74,8 @@ def export(
     """
     if to not in FORMATS:
         raise OptionError(f"export format must be one of {', '.join(FORMATS)}, got {to!r}")
+    if include_variants and to != "dldataset":
+        raise OptionError(f"include_variants applies to the dldataset export, not {to}")
     from ..dataset import open as open_store
 
     with open_store(store) as ds:
@@ -75,7 +85,7 @@ def export(
         marker = {"to": to, "task": view.task, "store": os.path.abspath(store), "dlpack_version": __version__}
         with staged_output(final, Path(store), overwrite, marker) as stage:
             note_classes(view, notes)
-            counts = _write(ds, view, to, stage, final, notes)
+            counts = _write(ds, view, to, stage, final, notes, include_variants)
     return ExportResult(
         out=str(final),
         store=str(store),
@@ -87,11 +97,13 @@ def export(
     )
 
 
-def _write(ds: Any, view: Any, to: str, stage: Path, final: Path, notes: Notes) -> dict[str, Any]:
+def _write(
+    ds: Any, view: Any, to: str, stage: Path, final: Path, notes: Notes, include_variants: bool
+) -> dict[str, Any]:
     if to == "dldataset":
         from .dldataset import export_dldataset
 
-        return export_dldataset(ds, view, stage, final, notes)
+        return export_dldataset(ds, view, stage, final, notes, include_variants)
     if to == "coco":
         from .coco import export_coco
 

@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -65,6 +65,8 @@ class Sample:
     box_crowd: np.ndarray | None = None
     mask: np.ndarray | None = None
     defect: int | None = None
+    #: 0 for an original; v >= 1 for augmentation variant v of sample ``index``.
+    variant: int = 0
 
 
 @dataclass
@@ -137,25 +139,39 @@ def note_classes(view: StoreView, notes: Notes) -> None:
 def samples(ds: Any) -> Iterator[Sample]:
     """Every sample of the store, in order."""
     for i in range(len(ds)):
-        s = ds[i]
+        yield as_sample(i, ds[i])
 
-        def get(key: str, s: dict[str, Any] = s) -> Any:
-            v = s.get(key)
-            return None if v is None else np.asarray(v)
 
-        defect = s.get("defect")
-        yield Sample(
-            index=i,
-            source=str(s["source"]),
-            image=np.asarray(s["image"]),
-            label=int(s["label"]),
-            split=s.get("split") if isinstance(s.get("split"), str) else None,
-            boxes=None if get("boxes") is None else get("boxes").reshape(-1, 4),
-            box_labels=get("box_labels"),
-            box_crowd=get("box_crowd"),
-            mask=get("mask"),
-            defect=None if defect is None else int(np.asarray(defect).reshape(-1)[0]),
-        )
+def variant_samples(ds: Any, keep: Callable[[Sample], bool]) -> Iterator[Sample]:
+    """The augmentation variants 1..K of every sample ``keep`` accepts (judged on the original)."""
+    for i in range(len(ds)):
+        original = as_sample(i, ds[i])
+        if keep(original):
+            for v in range(1, ds.variants + 1):
+                yield as_sample(i, ds.variant(i, v), v)
+
+
+def as_sample(i: int, s: dict[str, Any], variant: int = 0) -> Sample:
+    """A sample dict of ``ds[i]`` or ``ds.variant(i, v)`` as the exporters see it."""
+
+    def get(key: str) -> Any:
+        v = s.get(key)
+        return None if v is None else np.asarray(v)
+
+    defect = s.get("defect")
+    return Sample(
+        index=i,
+        source=str(s["source"]),
+        image=np.asarray(s["image"]),
+        label=int(s["label"]),
+        split=s.get("split") if isinstance(s.get("split"), str) else None,
+        boxes=None if get("boxes") is None else get("boxes").reshape(-1, 4),
+        box_labels=get("box_labels"),
+        box_crowd=get("box_crowd"),
+        mask=get("mask"),
+        defect=None if defect is None else int(np.asarray(defect).reshape(-1)[0]),
+        variant=variant,
+    )
 
 
 # ---------------------------------------------------------------- names and files

@@ -10,8 +10,19 @@ from typing import Any
 import numpy as np
 
 from .._names import shown
-from ..errors import StoreError
-from ._common import Notes, Sample, StoreView, checked_source, halcon_split, png_names, samples, write_json, write_png
+from ..errors import OptionError, StoreError
+from ._common import (
+    Notes,
+    Sample,
+    StoreView,
+    checked_source,
+    halcon_split,
+    png_names,
+    samples,
+    variant_samples,
+    write_json,
+    write_png,
+)
 from ._geometry import corners_to_halcon, degenerate_boxes
 from ._hdict import halcon_values, script_text, to_halcon
 
@@ -55,8 +66,20 @@ def defect_pixels(view: StoreView, mask: np.ndarray) -> np.ndarray:
     return np.where(mask == 1, 255, 0).astype(np.uint8)
 
 
-def export_dldataset(ds: Any, view: StoreView, stage: Path, final: Path, notes: Notes) -> dict[str, Any]:
-    """Write the DLDataset into ``stage`` (renamed to ``final`` when done); returns its counts."""
+#: Where variants' images go inside ``images/``: ``dlpack_variants/v{v}/<the original's name>``.
+VARIANT_DIR = "dlpack_variants"
+
+
+def export_dldataset(
+    ds: Any, view: StoreView, stage: Path, final: Path, notes: Notes, include_variants: bool = False
+) -> dict[str, Any]:
+    """Write the DLDataset into ``stage`` (renamed to ``final`` when done); returns its counts.
+
+    With ``include_variants``, the augmentation variants of every training sample (split ``train``,
+    or no split) are extra samples: ``image_id`` ``v * N + i`` for variant ``v`` of sample ``i`` of
+    ``N``, their own image (and boxes or label image), the original's split and label, and
+    ``dlpack_variant_of`` (the original's ``image_id``) and ``dlpack_variant`` (``v``) pointing back.
+    """
     task = view.task
     items = list(samples(ds))
     names = png_names(view, [(s.index, checked_source(view, s)) for s in items])
@@ -69,20 +92,18 @@ def export_dldataset(ds: Any, view: StoreView, stage: Path, final: Path, notes: 
         doc["segmentation_dir"] = SEGMENTATION_DIR
     out_samples: list[dict[str, Any]] = []
     left_out: list[str] = []
-    no_split = 0
-    masks_written = 0
-    for s in items:
-        name = names[s.index]
-        entry: dict[str, Any] = {"image_id": s.index, "image_file_name": name}
+    counts = {"no_split": 0, "anomaly_files": 0}
+
+    def add(s: Sample, name: str, entry: dict[str, Any]) -> None:
         split = halcon_split(view, s)
         if split is not None:
             entry["split"] = split
-        elif view.splits:
-            no_split += 1
+        elif view.splits and not s.variant:
+            counts["no_split"] += 1
         if task == "classification":
             if s.label < 0:
                 left_out.append(s.source)
-                continue
+                return
             entry["image_label_id"] = view.class_id(s.label)
         elif task == "detection":
             boxes, labels = box_rows(view, s)
@@ -98,15 +119,43 @@ def export_dldataset(ds: Any, view: StoreView, stage: Path, final: Path, notes: 
             label = anomaly_label(view, s)
             if label is None:
                 left_out.append(s.source)
-                continue
+                return
             entry["anomaly_label"] = label
             if label == "nok" and s.mask is not None and (s.mask == 1).any():
                 write_png(stage / ANOMALY_DIR / name, defect_pixels(view, s.mask))
                 entry["anomaly_file_name"] = name
-                masks_written += 1
+                counts["anomaly_files"] += 1
         write_png(stage / IMAGE_DIR / name, s.image)
         out_samples.append(entry)
-    if masks_written:
+
+    for s in items:
+        add(s, names[s.index], {"image_id": s.index, "image_file_name": names[s.index]})
+    variants = 0
+    if include_variants:
+        if not ds.variants:
+            raise OptionError(
+                f"store {view.path} has no augmentation variants to include; make them with dlpack augment"
+            )
+        clash = next((n for n in names.values() if n.split("/", 1)[0] == VARIANT_DIR), None)
+        if clash is not None:
+            raise StoreError(f"store {view.path} has a sample named {shown(clash)}, where variants would go")
+        n = len(items)
+        for s in variant_samples(ds, lambda o: o.split in (None, "train")):
+            name = f"{VARIANT_DIR}/v{s.variant}/{names[s.index]}"
+            entry = {
+                "image_id": s.variant * n + s.index,
+                "image_file_name": name,
+                "dlpack_variant_of": s.index,
+                "dlpack_variant": s.variant,
+            }
+            before = len(out_samples)
+            add(s, name, entry)
+            variants += len(out_samples) - before
+        notes.add(
+            f"{variants} augmentation variant(s) of the training samples are extra samples "
+            "(dlpack_variant_of names each one's original image_id)"
+        )
+    if counts["anomaly_files"]:
         doc["anomaly_dir"] = ANOMALY_DIR
     doc["samples"] = out_samples
     if left_out:
@@ -120,8 +169,8 @@ def export_dldataset(ds: Any, view: StoreView, stage: Path, final: Path, notes: 
             "the masks are not in dataset.json (a DLDataset holds instance masks as regions, which JSON cannot); "
             "export to coco to keep them"
         )
-    if no_split:
-        notes.add(f"{no_split} sample(s) have no split; HALCON's split_dl_dataset assigns one")
+    if counts["no_split"]:
+        notes.add(f"{counts['no_split']} sample(s) have no split; HALCON's split_dl_dataset assigns one")
     if task == "segmentation" and view.mask_ignore is not None:
         notes.add(
             f"label images hold {view.mask_ignore} where the image was padded; pass it to HALCON as an ignore class id"
@@ -129,7 +178,10 @@ def export_dldataset(ds: Any, view: StoreView, stage: Path, final: Path, notes: 
     write_json(stage / "dataset.json", doc)
     (stage / "to_hdict.py").write_text(script_text(), encoding="utf-8")
     _write_hdict(doc, stage, final, notes)
-    return {"samples": len(out_samples), "left_out": len(left_out), "anomaly_files": masks_written}
+    result = {"samples": len(out_samples), "left_out": len(left_out), "anomaly_files": counts["anomaly_files"]}
+    if include_variants:
+        result["variants"] = variants
+    return result
 
 
 def _write_hdict(doc: dict[str, Any], stage: Path, final: Path, notes: Notes) -> None:

@@ -23,7 +23,12 @@ __all__ = [
     "warp_image",
     "warp_mask",
     "warp_boxes",
+    "perspective_matrix",
+    "crop",
+    "resize",
+    "resize_nearest",
     "INTERPOLATIONS",
+    "BORDERS",
 ]
 
 #: Interpolation names a config may use -> OpenCV flags.
@@ -32,6 +37,17 @@ INTERPOLATIONS = {
     "linear": cv2.INTER_LINEAR,
     "cubic": cv2.INTER_CUBIC,
     "area": cv2.INTER_AREA,
+    "lanczos": cv2.INTER_LANCZOS4,
+}
+
+#: How a warp fills the pixels it uncovers -> OpenCV border modes: ``constant`` takes the fill value,
+#: the others take image pixels (edge repeated, mirrored with or without the edge pixel, wrapped).
+BORDERS = {
+    "constant": cv2.BORDER_CONSTANT,
+    "replicate": cv2.BORDER_REPLICATE,
+    "reflect": cv2.BORDER_REFLECT,
+    "wrap": cv2.BORDER_WRAP,
+    "reflect101": cv2.BORDER_REFLECT_101,
 }
 
 
@@ -81,20 +97,22 @@ def affine_matrix(
     translate: tuple[float, float] = (0.0, 0.0),
     shear: tuple[float, float] = (0.0, 0.0),
 ) -> np.ndarray:
-    """Rotate by ``angle`` degrees (counter-clockwise on screen), scale, shear (degrees, x and y)
+    """Scale, rotate by ``angle`` degrees (counter-clockwise on screen), then shear (degrees, x and y)
     about the canvas centre, then translate by ``translate`` pixels: the albumentations ``Affine``
-    parameters as one matrix."""
+    parameters (their order and signs) as one matrix."""
     sx, sy = (scale, scale) if isinstance(scale, (int, float)) else scale
     cx, cy = w / 2.0, h / 2.0
     a = np.deg2rad(angle)
     # y points down, so a counter-clockwise turn on screen is a clockwise one in (x, y).
     rot = np.array([[np.cos(a), np.sin(a), 0.0], [-np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
+    # albumentations' sign: a positive x shear moves the rows above the centre to the right.
     shx, shy = np.tan(np.deg2rad(shear[0])), np.tan(np.deg2rad(shear[1]))
-    sh = np.array([[1.0, shx, 0.0], [shy, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    sh = np.array([[1.0, -shx, 0.0], [-shy, 1.0, 0.0], [0.0, 0.0, 1.0]])
     sc = np.diag([float(sx), float(sy), 1.0])
     to_c = np.array([[1.0, 0.0, -cx], [0.0, 1.0, -cy], [0.0, 0.0, 1.0]])
     back = np.array([[1.0, 0.0, cx + translate[0]], [0.0, 1.0, cy + translate[1]], [0.0, 0.0, 1.0]])
-    return back @ rot @ sh @ sc @ to_c
+    m: np.ndarray = back @ sh @ rot @ sc @ to_c
+    return m
 
 
 def crop_matrix(x0: float, y0: float, cw: float, ch: float, out_w: int, out_h: int) -> np.ndarray:
@@ -102,45 +120,111 @@ def crop_matrix(x0: float, y0: float, cw: float, ch: float, out_w: int, out_h: i
     return np.array([[out_w / cw, 0.0, -x0 * out_w / cw], [0.0, out_h / ch, -y0 * out_h / ch], [0.0, 0.0, 1.0]])
 
 
+def perspective_matrix(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The projective matrix that maps the four corner-based points ``src`` (4 x 2) onto ``dst``."""
+    s = np.asarray(src, np.float32).reshape(4, 2)
+    d = np.asarray(dst, np.float32).reshape(4, 2)
+    return np.asarray(cv2.getPerspectiveTransform(s, d), np.float64)
+
+
 def _cv_matrix(m: np.ndarray) -> np.ndarray:
     """``m`` for OpenCV, whose pixel ``j`` sits at ``x = j`` (its centre), not at ``[j, j + 1]``."""
     half = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
     unhalf = np.array([[1.0, 0.0, -0.5], [0.0, 1.0, -0.5], [0.0, 0.0, 1.0]])
-    return unhalf @ m @ half
+    out: np.ndarray = unhalf @ m @ half
+    return out
+
+
+def _fill_value(fill: float | tuple[float, ...], channels: int) -> tuple[float, ...]:
+    """OpenCV's border value: one number per channel (a single number is repeated)."""
+    if isinstance(fill, tuple):
+        return tuple(float(v) for v in (fill * max(1, channels) if len(fill) == 1 else fill))
+    return (float(fill),) * max(1, min(channels, 4))
 
 
 def _warp(
-    a: np.ndarray, m: np.ndarray, out_w: int, out_h: int, flag: int, fill: float | tuple[float, ...]
+    a: np.ndarray,
+    m: np.ndarray,
+    out_w: int,
+    out_h: int,
+    flag: int,
+    fill: float | tuple[float, ...],
+    border: int = cv2.BORDER_CONSTANT,
 ) -> np.ndarray:
     mc = _cv_matrix(np.asarray(m, np.float64))
     affine = np.allclose(mc[2], [0.0, 0.0, 1.0])
     channels = a.shape[2] if a.ndim == 3 else 0
-    value = fill if isinstance(fill, tuple) else (float(fill),) * max(1, min(channels, 4))
+    value = _fill_value(fill, channels)
     src = a
     if channels > 4:  # OpenCV warps at most 4 channels at once
-        return np.stack([_warp(a[:, :, c], m, out_w, out_h, flag, fill) for c in range(channels)], axis=2)
-    kw = {"flags": flag, "borderMode": cv2.BORDER_CONSTANT, "borderValue": value}
-    out = (
-        cv2.warpAffine(src, mc[:2], (out_w, out_h), **kw)
-        if affine
-        else cv2.warpPerspective(src, mc, (out_w, out_h), **kw)
-    )
+        one = [fill[c] if isinstance(fill, tuple) else fill for c in range(channels)]
+        return np.stack([_warp(a[:, :, c], m, out_w, out_h, flag, one[c], border) for c in range(channels)], axis=2)
+    if affine:
+        warped = cv2.warpAffine(src, mc[:2], (out_w, out_h), flags=flag, borderMode=border, borderValue=value)
+    else:
+        warped = cv2.warpPerspective(src, mc, (out_w, out_h), flags=flag, borderMode=border, borderValue=value)
+    out = np.asarray(warped)
     if channels and out.ndim == 2:  # OpenCV drops a channel axis of size 1
         out = out[:, :, None]
     return out
 
 
 def warp_image(
-    img: np.ndarray, m: np.ndarray, out_w: int, out_h: int, interpolation: str = "linear", fill: float = 0.0
+    img: np.ndarray,
+    m: np.ndarray,
+    out_w: int,
+    out_h: int,
+    interpolation: str = "linear",
+    fill: float | tuple[float, ...] = 0.0,
+    border: str = "constant",
 ) -> np.ndarray:
     """``img`` (H x W x C, uint8 or uint16) warped by ``m`` onto an ``out_w x out_h`` canvas;
-    uncovered pixels take ``fill``. The dtype and channel count are kept."""
-    return _warp(img, m, out_w, out_h, INTERPOLATIONS[interpolation], fill)
+    uncovered pixels take ``fill`` (one number, or one per channel), or image pixels for another
+    :data:`BORDERS` mode. The dtype and channel count are kept."""
+    return _warp(img, m, out_w, out_h, INTERPOLATIONS[interpolation], fill, BORDERS[border])
 
 
-def warp_mask(mask: np.ndarray, m: np.ndarray, out_w: int, out_h: int, fill: int) -> np.ndarray:
-    """A label image warped by nearest neighbour (no new values appear); uncovered pixels take ``fill``."""
-    return _warp(mask, m, out_w, out_h, cv2.INTER_NEAREST, float(fill))
+def warp_mask(
+    mask: np.ndarray, m: np.ndarray, out_w: int, out_h: int, fill: int, border: str = "constant"
+) -> np.ndarray:
+    """A label image warped by nearest neighbour (no new values appear); uncovered pixels take ``fill``
+    (``constant`` border) or the mask's own pixels (the image's other border modes)."""
+    return _warp(mask, m, out_w, out_h, cv2.INTER_NEAREST, float(fill), BORDERS[border])
+
+
+def crop(
+    a: np.ndarray, x0: int, y0: int, cw: int, ch: int, fill: float | tuple[float, ...] = 0.0, border: str = "constant"
+) -> np.ndarray:
+    """The ``cw x ch`` window of ``a`` (image or mask) whose top-left pixel is ``(x0, y0)``: exact
+    copies, no interpolation. Parts of the window outside ``a`` are padded as :func:`warp_image` fills."""
+    h, w = a.shape[:2]
+    top, left = max(0, -y0), max(0, -x0)
+    bottom, right = max(0, y0 + ch - h), max(0, x0 + cw - w)
+    if top or left or bottom or right:
+        channels = a.shape[2] if a.ndim == 3 else 0
+        padded = cv2.copyMakeBorder(a, top, bottom, left, right, BORDERS[border], value=_fill_value(fill, channels))
+        a = padded[:, :, None] if channels and padded.ndim == 2 else padded
+        x0, y0 = x0 + left, y0 + top
+    return np.ascontiguousarray(a[y0 : y0 + ch, x0 : x0 + cw])
+
+
+def resize(img: np.ndarray, out_w: int, out_h: int, interpolation: str = "linear") -> np.ndarray:
+    """``img`` (H x W x C) resized to ``out_w x out_h`` (pixel centres aligned, as :func:`crop_matrix`
+    maps boxes); dtype and channel count kept."""
+    if img.shape[:2] == (out_h, out_w):
+        return img
+    out = cv2.resize(img, (out_w, out_h), interpolation=INTERPOLATIONS[interpolation])
+    if img.ndim == 3 and out.ndim == 2:  # OpenCV drops a channel axis of size 1
+        out = out[:, :, None]
+    return out
+
+
+def resize_nearest(mask: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
+    """A label image resized by taking, for each output pixel, the input pixel under its centre."""
+    h, w = mask.shape[:2]
+    rows = ((2 * np.arange(out_h, dtype=np.int64) + 1) * h) // (2 * out_h)
+    cols = ((2 * np.arange(out_w, dtype=np.int64) + 1) * w) // (2 * out_w)
+    return np.ascontiguousarray(mask[rows][:, cols])
 
 
 def warp_boxes(boxes: np.ndarray, m: np.ndarray, out_w: int, out_h: int) -> tuple[np.ndarray, np.ndarray]:

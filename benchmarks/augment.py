@@ -1,0 +1,422 @@
+"""The augmentation cache: build speed, loader speed and accuracy parity (run by hand).
+
+    python benchmarks/augment.py speed --work /tmp/dlpack-augment-bench --json augment-speed.json
+    python benchmarks/augment.py accuracy --data DIR/fashion_mnist --json augment-accuracy.json
+    python benchmarks/augment.py speed --quick --work work --json speed.json    # the smoke run of the tests
+
+``speed`` makes (once, kept in ``--work``) ``--count`` generated RGB PNGs of ``--size`` px in 4
+class folders and a Zarr store of them, then measures, side by side in one process:
+
+- **build**: ``dlpack.augment`` of K = ``--k`` variants with ``--jobs 1`` and ``--jobs 2``, one of each
+  per repeat in a new order; variants/s and the jobs-2/jobs-1 ratio (target: at least 1.7x);
+- **loader**: whole epochs, random order, warm page cache, batch ``--batch-size``, the loader's
+  defaults (2 threads, prefetch 4), one epoch of each path per repeat in a new order:
+  - ``originals``: ``ds.loader()``;
+  - ``cached``: ``ds.loader(augment="cached")`` (target: at least 0.95x originals);
+  - ``cached + online``: the same with the cheap online layer (flips, brightness/contrast);
+  - ``on the fly, dlpack threads``: the store's pipeline applied to every image of every batch in the
+    loader's ``transform`` hook, on its reader threads;
+  - ``albumentations, DataLoader w2``: a ``torch.utils.data.DataLoader`` with 2 worker processes over
+    ``dlpack.torch.TorchDataset`` with the same pipeline run by albumentations per sample (the path
+    users take today; only when torch and albumentations are installed).
+
+``accuracy`` trains a small CNN on a real classification set (the Fashion-MNIST PNG folders
+``train/<class>/`` and ``test/<class>/``, ``--train-per-class`` images per class taken from train) with
+``--seeds`` seeds and ``--epochs`` epochs, and reports test accuracy per arm: no augmentation; the
+pipeline online (a new draw per sample and epoch on the loader threads); cached K in ``--ks``, each
+without and with the online layer. Target: each cached arm within max(0.5 points, 1 sd of the online
+runs) of online.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import dlpack
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _images import make_pngs  # noqa: E402
+
+TARGET_JOBS_RATIO = 1.7
+TARGET_CACHED_RATIO = 0.95
+
+#: The pipeline of the speed benchmark: the albumentations subset, as an albumentations 2.0 document.
+SPEED_CONFIG: dict[str, Any] = {
+    "__version__": "2.0.8",
+    "transform": {
+        "__class_fullname__": "Compose",
+        "p": 1.0,
+        "transforms": [
+            {"__class_fullname__": "HorizontalFlip", "p": 0.5},
+            {
+                "__class_fullname__": "Affine",
+                "p": 0.7,
+                "rotate": [-15, 15],
+                "scale": [0.9, 1.1],
+                "translate_percent": [-0.06, 0.06],
+            },
+            {
+                "__class_fullname__": "RandomBrightnessContrast",
+                "p": 0.5,
+                "brightness_limit": [-0.2, 0.2],
+                "contrast_limit": [-0.2, 0.2],
+            },
+            {"__class_fullname__": "GaussianBlur", "p": 0.2, "blur_limit": [3, 5]},
+        ],
+    },
+}
+#: The pipeline of the accuracy benchmark: what a Fashion-MNIST-sized part inspection would use.
+ACCURACY_CONFIG: dict[str, Any] = {
+    "__version__": "2.0.8",
+    "transform": {
+        "__class_fullname__": "Compose",
+        "p": 1.0,
+        "transforms": [
+            {"__class_fullname__": "HorizontalFlip", "p": 0.5},
+            {
+                "__class_fullname__": "Affine",
+                "p": 0.8,
+                "rotate": [-12, 12],
+                "scale": [0.9, 1.1],
+                "translate_percent": [-0.1, 0.1],
+            },
+            {
+                "__class_fullname__": "RandomBrightnessContrast",
+                "p": 0.5,
+                "brightness_limit": [-0.2, 0.2],
+                "contrast_limit": [-0.2, 0.2],
+            },
+        ],
+    },
+}
+ONLINE = {"hflip": True, "brightness": 0.05, "contrast": 0.05}
+
+
+def write_config(work: Path, doc: dict[str, Any], name: str) -> Path:
+    path = work / name
+    path.write_text(json.dumps(doc, indent=1))
+    return path
+
+
+def machine() -> dict[str, Any]:
+    import cv2
+    import h5py
+    import zarr
+
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    return {
+        "cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?"),
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "numpy": np.__version__,
+        "opencv": cv2.__version__,
+        "zarr": zarr.__version__,
+        "h5py": h5py.__version__,
+        "load_average": os.getloadavg(),
+    }
+
+
+# ---------------------------------------------------------------- speed
+
+
+def on_the_fly(pipeline: Any) -> Any:
+    """A loader ``transform`` that applies ``pipeline`` to every image of the batch, per (seed, i, epoch)."""
+    from dlpack.transforms.base import Targets
+
+    def transform(batch: dict[str, Any], sample_rng: Any) -> dict[str, Any]:
+        images = batch["image"]
+        for k, i in enumerate(batch["index"].tolist()):
+            out, _ = pipeline(Targets(images[k]), sample_rng(i))
+            images[k] = out.image
+        return batch
+
+    return transform
+
+
+def time_epoch(loader: Any) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    for batch in loader:
+        n += len(batch["index"]) if "index" in batch else len(batch["image"])
+    return n / (time.perf_counter() - t0)
+
+
+def albumentations_dataloader(store: Path, doc: dict[str, Any], batch_size: int) -> Any:
+    """The path users take today: torch DataLoader, 2 worker processes, albumentations per sample."""
+    import albumentations as A
+    import torch
+
+
+    compose = A.from_dict(doc)
+
+    class Augmented(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        """Each sample read from the store, augmented by albumentations, made a CHW tensor."""
+
+        def __init__(self) -> None:
+            self.ds = dlpack.Dataset(store)  # picklable: each worker opens its own handles
+
+        def __len__(self) -> int:
+            return len(self.ds)
+
+        def __getitem__(self, i: int) -> Any:
+            s = self.ds[i]
+            img = compose(image=s["image"])["image"]
+            return {
+                "image": torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1),
+                "label": s["label"],
+                "index": i,
+            }
+
+    return torch.utils.data.DataLoader(
+        Augmented(), batch_size=batch_size, shuffle=True, num_workers=2, persistent_workers=True
+    )
+
+
+def speed(a: argparse.Namespace) -> dict[str, Any]:
+    from dlpack.transforms import load_config
+
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / f"png{a.size}"
+    make_pngs(src, a.count, a.size, seed=(11, a.size))
+    store = work / f"s{a.size}-{a.count}.zarr"
+    if not (store / "zarr.json").exists():
+        shutil.rmtree(store, ignore_errors=True)
+        dlpack.build(src, store, size=(a.size, a.size), quiet=True)
+    cfg = write_config(work, SPEED_CONFIG, "speed-config.json")
+    rng = np.random.default_rng(3)
+
+    build_runs: dict[str, list[float]] = {"jobs 1": [], "jobs 2": []}
+    for _ in range(a.repeat):
+        for jobs in rng.permutation([1, 2]).tolist():
+            t0 = time.perf_counter()
+            dlpack.augment(store, k=a.k, config=cfg, seed=0, jobs=jobs, replace=True, quiet=True)
+            build_runs[f"jobs {jobs}"].append(len(dlpack.open(store)) * a.k / (time.perf_counter() - t0))
+    build_med = {k: statistics.median(v) for k, v in build_runs.items()}
+
+    ds = dlpack.open(store)
+    pipeline = load_config(cfg).augmenter
+    paths: dict[str, Any] = {
+        "originals": lambda: ds.loader(batch_size=a.batch_size, seed=0),
+        "cached": lambda: ds.loader(batch_size=a.batch_size, seed=0, augment="cached"),
+        "cached + online": lambda: ds.loader(batch_size=a.batch_size, seed=0, augment="cached", online=ONLINE),
+        "on the fly, dlpack threads": lambda: ds.loader(
+            batch_size=a.batch_size, seed=0, transform=on_the_fly(pipeline)
+        ),
+    }
+    try:
+        import albumentations  # noqa: F401
+        import torch  # noqa: F401
+
+        dl = albumentations_dataloader(store, SPEED_CONFIG, a.batch_size)
+        paths["albumentations, DataLoader w2"] = lambda: dl
+    except ImportError:
+        pass
+    loaders = {name: make() for name, make in paths.items()}
+    for loader in loaders.values():  # warm: page cache, threads, worker processes
+        time_epoch(loader)
+    load_runs: dict[str, list[float]] = {name: [] for name in loaders}
+    for _ in range(a.repeat):
+        for name in rng.permutation(list(loaders)).tolist():
+            load_runs[name].append(time_epoch(loaders[name]))
+    load_med = {k: statistics.median(v) for k, v in load_runs.items()}
+    base = load_med["originals"]
+    print(f"build, K={a.k}, {len(ds)} images of {a.size}x{a.size}x3 (variants/s, median of {a.repeat}):")
+    for k, v in build_med.items():
+        print(f"  {k}: {v:10.0f}")
+    print(f"  jobs 2 / jobs 1: {build_med['jobs 2'] / build_med['jobs 1']:.2f}x (target {TARGET_JOBS_RATIO}x)")
+    print(f"loader epochs, batch {a.batch_size} (images/s, median of {a.repeat}):")
+    for k, v in load_med.items():
+        print(f"  {k:<32} {v:10.0f}  {v / base:5.2f}x originals")
+    return {
+        "images": len(ds),
+        "size": a.size,
+        "k": a.k,
+        "build_runs_variants_per_s": build_runs,
+        "build_median_variants_per_s": build_med,
+        "build_jobs_ratio": build_med["jobs 2"] / build_med["jobs 1"],
+        "loader_runs_images_per_s": load_runs,
+        "loader_median_images_per_s": load_med,
+        "loader_ratio_to_originals": {k: v / base for k, v in load_med.items()},
+    }
+
+
+# ---------------------------------------------------------------- accuracy
+
+
+def accuracy_stores(a: argparse.Namespace, work: Path) -> tuple[Path, Path, Path]:
+    """The train subset folder, its store and the test store (made once)."""
+    data = Path(a.data)
+    sub = work / f"fmnist-train-{a.train_per_class}"
+    if not sub.exists():
+        tmp = work / (sub.name + ".part")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for cls in sorted(p for p in (data / "train").iterdir() if p.is_dir()):
+            (tmp / cls.name).mkdir(parents=True)
+            for f in sorted(cls.glob("*.png"))[: a.train_per_class]:
+                shutil.copyfile(f, tmp / cls.name / f.name)
+        tmp.rename(sub)
+    train, test = work / f"{sub.name}.zarr", work / "fmnist-test.zarr"
+    if not (train / "zarr.json").exists():
+        dlpack.build(sub, train, quiet=True)
+    if not (test / "zarr.json").exists():
+        dlpack.build(data / "test", test, quiet=True)
+    return sub, train, test
+
+
+def _net(classes: int) -> Any:
+    import torch
+
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64 * 7 * 7, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, classes),
+    )
+
+
+def train_once(loader: Any, test: dlpack.Dataset, classes: int, epochs: int, seed: int) -> float:
+    """Test accuracy (%) of the CNN after ``epochs`` epochs of ``loader``."""
+    import torch
+
+    torch.manual_seed(seed)
+    net = _net(classes)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for _ in range(epochs):
+        net.train()
+        for batch in loader:
+            x = torch.from_numpy(np.ascontiguousarray(batch["image"])).permute(0, 3, 1, 2).float() / 255.0
+            y = torch.from_numpy(np.asarray(batch["label"], np.int64))
+            opt.zero_grad()
+            loss_fn(net(x), y).backward()
+            opt.step()
+    net.eval()
+    correct = 0
+    with torch.no_grad():
+        for batch in test.loader(batch_size=1000, shuffle=False):
+            x = torch.from_numpy(np.ascontiguousarray(batch["image"])).permute(0, 3, 1, 2).float() / 255.0
+            correct += int((net(x).argmax(1).numpy() == np.asarray(batch["label"])).sum())
+    return 100.0 * correct / len(test)
+
+
+def accuracy(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from dlpack.transforms import load_config
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    _, train, test_path = accuracy_stores(a, work)
+    cfg = write_config(work, ACCURACY_CONFIG, "accuracy-config.json")
+    pipeline = load_config(cfg).augmenter
+    cached: dict[int, Path] = {}
+    for k in a.ks:
+        path = work / f"{train.stem}-k{k}.zarr"
+        if not (path / "zarr.json").exists() or dlpack.open(path).variants != k:
+            shutil.rmtree(path, ignore_errors=True)
+            shutil.copytree(train, path)
+            dlpack.augment(path, k=k, config=cfg, seed=0, quiet=True)
+        cached[k] = path
+    test = dlpack.open(test_path)
+    ds = dlpack.open(train)
+    classes = len(ds.classes)
+    opts = {"batch_size": a.batch_size, "drop_last": True}
+    arms: dict[str, Any] = {
+        "none": lambda s: ds.loader(seed=s, **opts),
+        "online": lambda s: ds.loader(seed=s, transform=on_the_fly(pipeline), **opts),
+    }
+    for k, path in cached.items():
+        opened = dlpack.open(path)
+        arms[f"cached K={k}"] = lambda s, d=opened: d.loader(seed=s, augment="cached", **opts)
+        arms[f"cached K={k} + online layer"] = lambda s, d=opened: d.loader(
+            seed=s, augment="cached", online=ONLINE, **opts
+        )
+    runs: dict[str, list[float]] = {name: [] for name in arms}
+    seconds: dict[str, list[float]] = {name: [] for name in arms}
+    for seed in a.seeds:
+        for name, make in arms.items():
+            t0 = time.perf_counter()
+            acc = train_once(make(seed), test, classes, a.epochs, seed)
+            runs[name].append(acc)
+            seconds[name].append(time.perf_counter() - t0)
+            print(f"  seed {seed} {name:<28} {acc:6.2f} %  ({seconds[name][-1]:.0f} s)", flush=True)
+    summary = {
+        name: {"mean": statistics.mean(v), "sd": statistics.stdev(v) if len(v) > 1 else 0.0, "runs": v}
+        for name, v in runs.items()
+    }
+    online = summary["online"]
+    tolerance = max(0.5, online["sd"])
+    print(f"accuracy on {len(test)} test images after {a.epochs} epochs, {len(a.seeds)} seeds (mean +- sd):")
+    for name, s in summary.items():
+        gap = s["mean"] - online["mean"]
+        mark = "" if not name.startswith("cached") else ("  within" if abs(gap) <= tolerance else "  OUTSIDE")
+        print(f"  {name:<28} {s['mean']:6.2f} +- {s['sd']:4.2f}  ({gap:+.2f} vs online){mark}")
+    return {
+        "train_images": len(ds),
+        "test_images": len(test),
+        "epochs": a.epochs,
+        "seeds": a.seeds,
+        "summary": summary,
+        "seconds": seconds,
+        "tolerance_points": tolerance,
+        "cached_within_tolerance": {
+            name: abs(s["mean"] - online["mean"]) <= tolerance
+            for name, s in summary.items()
+            if name.startswith("cached")
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["speed", "accuracy"])
+    p.add_argument("--work", default="/tmp/dlpack-augment-bench")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: the smoke run of the tests")
+    p.add_argument("--count", type=int, default=2000)
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=None, help="default: 256 (speed), 128 (accuracy)")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--data", default=None, help="accuracy: the fashion_mnist folder (train/ and test/ class folders)")
+    p.add_argument("--train-per-class", type=int, default=1000)
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--ks", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.count, a.size, a.k, a.repeat = min(a.count, 96), min(a.size, 32), min(a.k, 2), 1
+        a.epochs, a.seeds, a.ks, a.train_per_class = 1, a.seeds[:1], a.ks[:1], min(a.train_per_class, 20)
+    if a.batch_size is None:
+        a.batch_size = 256 if a.what == "speed" else 128
+    if a.what == "accuracy" and not a.data:
+        p.error("accuracy needs --data (the fashion_mnist folder)")
+    result = speed(a) if a.what == "speed" else accuracy(a)
+    out = {"settings": {k: v for k, v in vars(a).items() if k != "json"}, a.what: result, "machine": machine()}
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

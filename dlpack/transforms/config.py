@@ -1,0 +1,175 @@
+"""Augmentation config files: JSON or YAML, in albumentations' or HALCON's vocabulary.
+
+An albumentations file is the ``to_dict`` document albumentations saves (``A.save``), recognised
+by its ``__version__`` and ``transform`` keys; dlpack reads a core subset of its transforms itself,
+or hands the whole document to albumentations (``engine="albumentations"``). Any other file is a
+HALCON-style object of ``augment_dl_samples`` parameters (:mod:`.halcon_ops`). What a build
+records is the file's text verbatim, its name and format, and the normalised operation list
+(:meth:`AugmentConfig.manifest_record`, :meth:`AugmentConfig.operations`), so a store says exactly
+what made its variants (docs/augment.md, "Config files").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+
+from ..errors import ConfigError, MissingExtraError
+from .base import Pipeline, Targets
+
+__all__ = ["AugmentConfig", "AugmentEngine", "load_config", "read_operations", "register_operations", "ENGINES"]
+
+#: What runs a config: dlpack's own operations, or albumentations itself (installed by the user).
+ENGINES = ("dlpack", "albumentations")
+_FORMATS: dict[str, Literal["json", "yaml"]] = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+
+
+class AugmentEngine(Protocol):
+    """Something that makes variants like a :class:`~dlpack.transforms.base.Pipeline` does."""
+
+    engine: ClassVar[str]
+
+    def __call__(self, t: Targets, rng: np.random.Generator) -> tuple[Targets, list[dict[str, Any]]]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """A read config: what makes the variants, and what the manifest records about the file.
+
+    ``kind`` is the vocabulary (``"albumentations"`` or ``"halcon"``), ``format`` the file's
+    (``"json"`` or ``"yaml"``), ``text`` the file's text exactly as read and ``name`` its file name.
+    """
+
+    augmenter: Pipeline | AugmentEngine
+    kind: Literal["albumentations", "halcon"]
+    format: Literal["json", "yaml"]
+    text: str
+    name: str
+
+    @property
+    def engine(self) -> str:
+        """``"dlpack"``, or ``"albumentations"`` when albumentations runs the whole pipeline."""
+        return str(self.augmenter.engine)
+
+    def manifest_record(self) -> dict[str, str]:
+        """The manifest's ``augment.config``: ``{"kind", "format", "text", "name"}``."""
+        return {"kind": self.kind, "format": self.format, "text": self.text, "name": self.name}
+
+    def operations(self) -> dict[str, Any]:
+        """The normalised operation list (the manifest's ``augment.operations``)."""
+        return self.augmenter.to_dict()
+
+
+def register_operations() -> None:
+    """Make every operation dlpack reads known to the registry (importing a module registers its
+    operations), so reading a config or a manifest's operation list finds them all."""
+    from . import halcon_ops, ops  # noqa: F401
+
+
+def read_operations(d: Mapping[str, Any], where: str = "operations") -> Pipeline:
+    """The pipeline of a manifest's ``augment.operations`` (:meth:`AugmentConfig.operations` output)."""
+    register_operations()
+    return Pipeline.from_dict(d, where)
+
+
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any], *, engine: str = "dlpack", task: str | None = None
+) -> AugmentConfig:
+    """Read an augmentation config: a ``.json``, ``.yaml`` or ``.yml`` file, or an object already read.
+
+    ``engine="albumentations"`` delegates an albumentations document to albumentations itself
+    (a HALCON-style config is refused: albumentations does not read it). ``task`` is the store's
+    (:data:`dlpack.schema.TASKS`): HALCON's crop operations are refused for a store with labels
+    that move unless the config sets ``"allow_crop_with_labels": true``. Every problem, an
+    unreadable file, a syntax error (with its line), an unknown name, a bad value, is a
+    :class:`~dlpack.errors.ConfigError` naming the file and the field.
+    """
+    if engine not in ENGINES:
+        raise ConfigError(f"the augmentation engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    fmt: Literal["json", "yaml"] = "json"
+    if isinstance(source, Mapping):
+        doc: Any = source
+        text, name, where = json.dumps(source, indent=2), "<object>", "the augmentation config"
+    else:
+        path = Path(source)
+        name, where = path.name, str(path)
+        suffix = path.suffix.lower()
+        if suffix not in _FORMATS:
+            raise ConfigError(f"{path}: an augmentation config is a .json, .yaml or .yml file")
+        fmt = _FORMATS[suffix]
+        text = _read_text(path)
+        doc = _parse_yaml(text, path) if fmt == "yaml" else _parse_json(text, path)
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{where}: an augmentation config is an object (a mapping), got {type(doc).__name__}")
+    register_operations()
+    if _is_albumentations(doc):
+        from .albumentations import AlbumentationsEngine, pipeline_from_albumentations
+
+        augmenter: Pipeline | AugmentEngine = (
+            AlbumentationsEngine(doc, where) if engine == "albumentations" else pipeline_from_albumentations(doc, where)
+        )
+        return AugmentConfig(augmenter, "albumentations", fmt, text, name)
+    if engine == "albumentations":
+        raise ConfigError(
+            f"{where}: --augment-engine albumentations runs an albumentations config (with '__version__' and "
+            "'transform' keys); this is a HALCON-style one, which dlpack runs itself (engine dlpack)"
+        )
+    from .halcon_ops import pipeline_from_halcon
+
+    return AugmentConfig(pipeline_from_halcon(doc, where, task=task), "halcon", fmt, text, name)
+
+
+def _is_albumentations(doc: Mapping[str, Any]) -> bool:
+    """albumentations' ``to_dict`` documents have both keys (``is_albumentations`` says the same)."""
+    return "__version__" in doc and "transform" in doc
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the augmentation config: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: the augmentation config is not UTF-8 text (byte {exc.start})") from None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"the key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def _parse_json(text: str, path: Path) -> Any:
+    try:
+        return json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise MissingExtraError("yaml", "yaml", "a YAML augmentation config") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: {where}not valid YAML: {problem}") from None
