@@ -417,13 +417,31 @@ def test_the_online_layer_is_part_of_the_state(ds: dlpack.Dataset, online: Any) 
         ds.loader(batch_size=4).load_state_dict(state)
 
 
-def test_the_real_online_layer_when_it_is_there(ds: dlpack.Dataset) -> None:
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_real_online_layer_over_originals_and_cached_views(
+    ds: dlpack.Dataset, originals: list[dict[str, Any]], cached: bool
+) -> None:
     real = pytest.importorskip("dlpack.transforms.online")
-    opts = LoaderOptions(batch_size=4, online=True)
+    aug: dict[str, Any] = {"augment": "cached"} if cached else {}
+    opts = LoaderOptions(batch_size=4, online=True, seed=3, **aug)
     assert opts.online == real.OnlineAugment.from_value(True).to_dict()
     a = run(ds.loader(opts, workers=2), 2)
     b = run(ds.loader(opts, workers=0), 2)
-    assert all(np.array_equal(x["image"], y["image"]) for x, y in zip(a, b, strict=True))
+    for x, y in zip(a, b, strict=True):
+        assert np.array_equal(x["image"], y["image"]) and x["boxes"] == y["boxes"]
+    flips = 0
+    for x in a:  # every row is its view, left-right flipped or not, with its boxes
+        for r, i in enumerate(x["index"].tolist()):
+            want = expected_variant(originals[i], int(x["variant"][r]) if cached else 0)
+            flipped_row = not np.array_equal(x["image"][r], want["image"])
+            flips += flipped_row
+            image = want["image"][:, ::-1] if flipped_row else want["image"]
+            assert np.array_equal(x["image"][r], image)
+            boxes = want["boxes"].copy()
+            if flipped_row:
+                boxes[:, [0, 2]] = image.shape[1] - want["boxes"][:, [2, 0]]
+            np.testing.assert_allclose(x["boxes"][r], boxes, atol=1e-4)
+    assert 0 < flips < 2 * N
 
 
 # ---------------------------------------------------------------- the transform hook
