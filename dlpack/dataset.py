@@ -31,6 +31,7 @@ from .loader import Loader, LoaderOptions, source_loader
 from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
 
 if TYPE_CHECKING:
+    from .augment.views import CachedViews
     from .dldataset import DLDatasetView
 
 __all__ = ["Dataset", "open", "add_array"]
@@ -234,17 +235,7 @@ class Dataset:
     ) -> dict[str, Any]:
         """Samples ``indices`` stacked: ``image`` is B x H x W x C (a list for variable-size stores);
         ragged arrays as a :class:`~dlpack.ragged.RaggedBatch` (a sequence of B arrays). A store's samples do not depend on ``epoch``."""
-        n = len(self)
-        idx = np.asarray(indices).reshape(-1)
-        if idx.dtype.kind not in "iu" and idx.size:
-            raise SampleIndexError(f"sample indices must be integers, got dtype {idx.dtype}")
-        idx = idx.astype(np.int64, copy=False)
-        idx = np.where(idx < 0, idx + n, idx)
-        bad = (idx < 0) | (idx >= n)
-        if bad.any():
-            raise SampleIndexError(
-                f"sample index {np.asarray(indices).reshape(-1)[bad][0]} is out of range for {self.path} with {n} samples"
-            )
+        idx = self._batch_indices(indices)
         r = self._reader
         shape = self.manifest.image.shape
         positions = idx.tolist()
@@ -269,6 +260,21 @@ class Dataset:
                 batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch
 
+    def _batch_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``indices`` as int64 sample indices (negative ones from the end), or a SampleIndexError."""
+        n = len(self)
+        idx = np.asarray(indices).reshape(-1)
+        if idx.dtype.kind not in "iu" and idx.size:
+            raise SampleIndexError(f"sample indices must be integers, got dtype {idx.dtype}")
+        idx = idx.astype(np.int64, copy=False)
+        idx = np.where(idx < 0, idx + n, idx)
+        bad = (idx < 0) | (idx >= n)
+        if bad.any():
+            raise SampleIndexError(
+                f"sample index {np.asarray(indices).reshape(-1)[bad][0]} is out of range for {self.path} with {n} samples"
+            )
+        return idx
+
     def warm(self) -> None:
         """Open maps and read indexes now (the loader calls it before its threads start)."""
         self._reader.warm()
@@ -284,13 +290,22 @@ class Dataset:
         shape = self.manifest.image.shape
         return None if shape is None else (shape, self.manifest.image.dtype)
 
+    def cached_views(
+        self, seed: int = 0, *, original_rate: float | None = None, views_per_batch: int = 1
+    ) -> CachedViews:
+        """This store's augmentation views as a batch source (what ``loader(augment="cached")``
+        reads; docs/loader.md, "Cached augmentation views"). An OptionError without variants."""
+        from .augment.views import CachedViews
+
+        return CachedViews(self, seed, original_rate=original_rate, views_per_batch=views_per_batch)
+
     # ------------------------------------------------------------------ training
 
     def loader(
         self,
         options: LoaderOptions | None = None,
         *,
-        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        transform: Callable[..., dict[str, Any]] | None = None,
         split: str | None = None,
         indices: Sequence[int] | np.ndarray | None = None,
         **kwargs: Any,

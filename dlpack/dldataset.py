@@ -266,7 +266,7 @@ class DLDatasetView:
         self,
         options: LoaderOptions | None = None,
         *,
-        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        transform: Callable[..., dict[str, Any]] | None = None,
         split: str | None = None,
         indices: Sequence[int] | np.ndarray | None = None,
         **kwargs: Any,

@@ -191,6 +191,10 @@ def sample_batches(
     image_range: Sequence[float] = DEFAULT_IMAGE_RANGE,
     as_halcon: bool = True,
     halcon: Any = None,
+    augment: str | None = None,
+    original_rate: float | None = None,
+    views_per_batch: int = 1,
+    online: Any = None,
 ) -> Generator[list[Any], None, None]:
     """One epoch of a store as lists of DLSample dicts, for ``train_dl_model_batch(model, batch)``.
 
@@ -200,6 +204,12 @@ def sample_batches(
     HALCON dict (``halcon`` is the module to use; None imports it); otherwise the plain dicts
     of :func:`to_dlsample`. Images are float32, scaled to ``image_range``; the store's image size
     must be the model's input size (HALCON's preprocessing is not applied).
+
+    ``augment``, ``original_rate``, ``views_per_batch`` and ``online`` are the loader's
+    (docs/loader.md, "Cached augmentation views"): with ``augment="cached"`` each DLSample is the
+    view its schedule picks for ``epoch``, its boxes and label image that view's, and its
+    ``variant`` entry says which (0 the original); ``image_id`` stays the sample's index.
+    ``original_rate`` is HALCON's ``augmentation_percentage`` turned around: ``1 - percentage / 100``.
     """
     from .dataset import Dataset
 
@@ -228,14 +238,23 @@ def sample_batches(
         drop_last=drop_last,
         split=split,
         transform=mapping,  # scaling runs on the reader threads, ahead of the training step
+        augment=augment,
+        original_rate=original_rate,
+        views_per_batch=views_per_batch,
+        online=online,
     )
     loader.set_epoch(epoch)
     return _batches(loader, ha)
 
 
 def _map_batch(batch: dict[str, Any], **mapping: Any) -> dict[str, Any]:
-    """A loader batch as its DLSamples (the loader's ``transform``)."""
-    return {"index": batch["index"], "dlsamples": [to_dlsample(s, **mapping) for s in unbatch(batch)]}
+    """A loader batch as its DLSamples (the loader's ``transform``); a cached view's DLSample
+    carries its ``variant``."""
+    samples = [to_dlsample(s, **mapping) for s in unbatch(batch)]
+    if "variant" in batch:
+        for d, v in zip(samples, batch["variant"].tolist(), strict=True):
+            d["variant"] = int(v)
+    return {"index": batch["index"], "dlsamples": samples}
 
 
 def _batches(loader: Any, ha: Any) -> Generator[list[Any], None, None]:

@@ -83,6 +83,14 @@ class LoaderOptions:
     ``order=None`` means ``"random"`` when ``shuffle`` else ``"sequential"``. ``prefetch`` is the
     number of batches read ahead (4 by default: a read-ahead 3-6 batches deep keeps a GPU fed;
     0 reads each batch when asked). ``workers`` threads share that read-ahead.
+
+    Augmentation (docs/loader.md, "Cached augmentation views"): ``augment="cached"`` serves each
+    sample the stored view (original or variant) its schedule picks for the epoch;
+    ``original_rate`` serves the original with that probability per epoch instead;
+    ``views_per_batch=m`` puts m different views of each image into one batch (``batch_size``
+    rows, ``batch_size / m`` images); ``online`` (True, a dict or a
+    :class:`~dlpack.transforms.online.OnlineAugment`, kept as its dict) re-applies a cheap seeded
+    layer (flips, quarter turns, brightness/contrast) on the reader threads. All off by default.
     """
 
     batch_size: int = 32
@@ -98,6 +106,10 @@ class LoaderOptions:
     # shuffled inside windows of runs; 64 x 16 keeps reads sequential-ish and mixing wide.
     block_size: int = 64
     window: int = 16
+    augment: Literal["cached"] | None = None
+    original_rate: float | None = None
+    views_per_batch: int = 1
+    online: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, value: int, minimum: int = 1) -> None:
@@ -120,12 +132,86 @@ class LoaderOptions:
         object.__setattr__(self, "rank", int(rank))
         if self.order is not None and self.order not in ("random", "sequential", "block"):
             raise OptionError(f"order must be random, sequential or block, got {self.order!r}")
+        self._check_augment(positive)
+
+    def _check_augment(self, positive: Callable[[str, int, int], None]) -> None:
+        if self.augment not in (None, "cached"):
+            raise OptionError(
+                f"augment must be None or 'cached' (serve the store's augmentation variants), got {self.augment!r}"
+            )
+        positive("views_per_batch", self.views_per_batch, 1)
+        m = self.views_per_batch
+        if m > 1 and self.augment != "cached":
+            raise OptionError(
+                f"views_per_batch={m} serves {m} stored views of each image in a batch; pass augment='cached' "
+                "(a store with variants), or views_per_batch=1"
+            )
+        if self.batch_size % m:
+            raise OptionError(
+                f"views_per_batch={m} must divide batch_size={self.batch_size}: a batch holds batch_size / "
+                f"views_per_batch images, {m} rows each"
+            )
+        if self.original_rate is not None:
+            from .augment.schedule import check_rate
+
+            object.__setattr__(self, "original_rate", check_rate(self.original_rate))
+            if self.augment != "cached":
+                raise OptionError(
+                    "original_rate chooses between the original and the cached variants; pass augment='cached'"
+                )
+        object.__setattr__(self, "online", online_dict(self.online))
 
     @property
     def effective_order(self) -> Order:
         if self.order is not None:
             return self.order
         return "random" if self.shuffle else "sequential"
+
+
+def online_layer(value: Any) -> Any:
+    """The :class:`~dlpack.transforms.online.OnlineAugment` that ``online=`` names (imported on first use)."""
+    try:
+        from .transforms.online import OnlineAugment
+    except ImportError as exc:
+        raise OptionError(f"online= needs dlpack.transforms.online, which cannot be imported: {exc}") from exc
+    try:
+        return OnlineAugment.from_value(value)
+    except OptionError as exc:
+        if "online" in str(exc):
+            raise
+        raise OptionError(f"online: {exc}") from exc
+    except (TypeError, ValueError, KeyError) as exc:
+        raise OptionError(f"online must be True, a dict of OnlineAugment fields or an OnlineAugment: {exc}") from exc
+
+
+def online_dict(value: Any) -> dict[str, Any] | None:
+    """``online=`` in the form states keep: None when off, else the layer's JSON-ready dict."""
+    if value is None or value is False:
+        return None
+    out = online_layer(value).to_dict()
+    if not isinstance(out, dict):
+        raise OptionError(f"online: OnlineAugment.to_dict() gave {type(out).__name__}, not a dict")
+    return dict(out)
+
+
+#: Keywords a ``transform`` may declare to be given them: the epoch, the batch's sample indices,
+#: and ``sample_rng(index)``, the generator of one sample in this epoch (:func:`sample_rng`).
+HOOK_KEYWORDS = ("epoch", "indices", "sample_rng")
+
+
+def hook_keywords(transform: Callable[..., Any] | None) -> frozenset[str]:
+    """Which of :data:`HOOK_KEYWORDS` ``transform`` declares by name (its first parameter, the
+    batch, never counts); a callable whose signature cannot be read gets the batch alone."""
+    if transform is None:
+        return frozenset()
+    try:
+        params = list(inspect.signature(transform).parameters.values())
+    except (TypeError, ValueError):
+        return frozenset()
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if named and named[0].kind == named[0].POSITIONAL_OR_KEYWORD and named[0] is params[0]:
+        named = named[1:]
+    return frozenset(p.name for p in named if p.name in HOOK_KEYWORDS)
 
 
 def epoch_order(
@@ -200,31 +286,47 @@ def rank_indices(order: np.ndarray, rank: int, world_size: int, drop_last: bool)
     return order[rank * per : (rank + 1) * per]
 
 
+#: Where in a memory page a pooled batch array starts. ``np.empty`` puts a large array 16 bytes past
+#: a page boundary (the allocator's header), while image rows in memory maps mostly start on one
+#: (shards of whole-page chunks, aligned HDF5 datasets): a copy whose destination sits just past its
+#: source modulo 4096 runs several times slower (4K aliasing: loads wait on unrelated stores);
+#: 256x256x3 rows copied 11x slower into a ``np.empty`` batch than at this offset.
+_PAGE = 4096
+_PAGE_OFFSET = 2048
+
+
 class _BufferPool:
     """Batch arrays that are reused once nothing but the pool refers to them.
 
     A fresh 25 MB batch array costs page faults (glibc returns large blocks to the kernel), about
     15 % of loader throughput here. An array is recycled only when CPython's reference count says
     the caller dropped every batch, view and tensor made from it, so a batch that is still in use
-    is never overwritten.
+    is never overwritten. Each batch is a view of a pooled byte block (which every view made from
+    it refers to), placed at :data:`_PAGE_OFFSET` in its page.
     """
 
     def __init__(self, shape: tuple[int, ...], dtype: str, limit: int) -> None:
         self.shape, self.dtype, self.limit = shape, np.dtype(dtype), limit
+        self._nbytes = int(np.prod(shape)) * self.dtype.itemsize
         self._bufs: list[np.ndarray] = []
         self._lock = threading.Lock()
+
+    def _batch(self, block: np.ndarray, n: int) -> np.ndarray:
+        offset = (_PAGE_OFFSET - block.ctypes.data) % _PAGE
+        batch: np.ndarray = np.ndarray((n, *self.shape[1:]), dtype=self.dtype, buffer=block, offset=offset)
+        return batch
 
     def take(self, n: int) -> np.ndarray:
         """An array of ``n`` batch rows that nobody else holds."""
         with self._lock:
-            for buf in self._bufs:
-                # Referrers of a free array: the list, the loop variable and getrefcount's argument.
-                if sys.getrefcount(buf) <= 3:
-                    return buf[:n] if n < len(buf) else buf
+            for block in self._bufs:
+                # Referrers of a free block: the list, the loop variable and getrefcount's argument.
+                if sys.getrefcount(block) <= 3:
+                    return self._batch(block, n)
             if len(self._bufs) < self.limit:
-                buf = np.empty(self.shape, dtype=self.dtype)
-                self._bufs.append(buf)
-                return buf[:n] if n < len(buf) else buf
+                block = np.empty(self._nbytes + _PAGE, dtype=np.uint8)
+                self._bufs.append(block)
+                return self._batch(block, n)
         return np.empty((n, *self.shape[1:]), dtype=self.dtype)
 
 
@@ -250,7 +352,7 @@ class Loader:
         self,
         source: BatchSource,
         options: LoaderOptions | None = None,
-        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        transform: Callable[..., dict[str, Any]] | None = None,
         *,
         indices: Sequence[int] | np.ndarray | None = None,
         split: str | None = None,
@@ -259,9 +361,21 @@ class Loader:
             raise OptionError(
                 f"a Loader reads a BatchSource (len, get_batch, warm, fingerprint, image_layout); got {type(source).__name__}"
             )
-        self.source = source
         self.options = options or LoaderOptions()
+        o = self.options
+        if o.augment == "cached":  # the store serves its own views (the loader knows no store)
+            cached = getattr(source, "cached_views", None)
+            if cached is None:
+                where = getattr(source, "path", type(source).__name__)
+                raise OptionError(
+                    f"augment='cached' reads the variants of a dlpack store; {where} is not one (open a store with "
+                    "dlpack.open)"
+                )
+            source = cached(o.seed, original_rate=o.original_rate, views_per_batch=o.views_per_batch)
+        self.source = source
         self.transform = transform
+        self._hook = hook_keywords(transform)  # read once: inspecting a signature per batch costs microseconds
+        self._online = online_layer(o.online) if o.online is not None else None
         where = getattr(source, "path", type(source).__name__)
         #: The sample indices an epoch covers, in the order ``sequential`` reads them; None: all.
         self.selection: np.ndarray | None = None if indices is None else check_selection(indices, len(source), where)
@@ -310,9 +424,11 @@ class Loader:
     def batches(self, epoch: int | None = None) -> list[np.ndarray]:
         """The index batches of an epoch for this rank, in the order they are yielded."""
         idx = self._indices(self.epoch if epoch is None else epoch)
-        b = self.options.batch_size
+        m = self.options.views_per_batch
+        b = self.options.batch_size // m  # images per batch: m rows each
         stop = (len(idx) // b) * b if self.options.drop_last else len(idx)
-        return [idx[s : min(s + b, stop)] for s in range(0, stop, b)]
+        batches = [idx[s : min(s + b, stop)] for s in range(0, stop, b)]
+        return batches if m == 1 else [np.repeat(x, m) for x in batches]
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
@@ -352,7 +468,22 @@ class Loader:
     def _load(self, indices: np.ndarray, epoch: int) -> dict[str, Any]:
         out = self._pool.take(len(indices)) if self._pool is not None else None
         batch = self.source.get_batch(indices, epoch, out)
-        return self.transform(batch) if self.transform is not None else batch
+        if self._online is not None:
+            got = self._online.apply_batch(batch, self.options.seed, epoch)
+            batch = batch if got is None else got
+        if self.transform is None:
+            return batch
+        if not self._hook:
+            return self.transform(batch)
+        kw: dict[str, Any] = {}
+        if "epoch" in self._hook:
+            kw["epoch"] = epoch
+        if "indices" in self._hook:
+            kw["indices"] = indices
+        if "sample_rng" in self._hook:
+            seed = self.options.seed
+            kw["sample_rng"] = lambda index: sample_rng(seed, epoch, int(index))
+        return self.transform(batch, **kw)
 
     def _live_pass(self) -> Generator[dict[str, Any], None, None] | None:
         """The iterator of the pass in progress, or None."""
@@ -461,6 +592,14 @@ class Loader:
             raise StateError("not a dlpack loader state (no 'options' dict)")
         if state["version"] > STATE_VERSION:
             raise StateError(f"loader state version {state['version']} is newer than this dlpack ({STATE_VERSION})")
+        saved = state["options"]
+        mine = asdict(self.options)
+        for key in AUGMENT_OPTIONS:  # first: a state of cached views is also a state of other data
+            if _json(saved.get(key, AUGMENT_OPTIONS[key])) != _json(mine[key]):
+                raise StateError(
+                    f"this state was saved with {key}={saved.get(key, AUGMENT_OPTIONS[key])!r} but the loader has "
+                    f"{key}={mine[key]!r}; resume with the same augmentation options (they pick each epoch's views)"
+                )
         if state.get("dataset") != self._fingerprint() or state.get("count") != len(self.source):
             where = getattr(self.source, "path", type(self.source).__name__)
             raise StateError(
@@ -480,8 +619,6 @@ class Loader:
                 f"this state was saved for another selection of samples ({_describe(saved_sel)}); "
                 f"this loader selects {_describe(mine_sel)}; resume with the same split or indices"
             )
-        saved = state["options"]
-        mine = asdict(self.options)
         for key in (
             "world_size",
             "rank",
@@ -514,6 +651,15 @@ class Loader:
         return f"<dlpack.Loader epoch={self.epoch} position={self._position}{sel} {json.dumps(asdict(self.options))}>"
 
 
+#: The augmentation options a state records, and what a state written before them means.
+AUGMENT_OPTIONS: dict[str, Any] = {"augment": None, "original_rate": None, "views_per_batch": 1, "online": None}
+
+
+def _json(value: Any) -> str:
+    """``value`` as canonical JSON, so a state's option compares equal to the loader's after a JSON round trip."""
+    return json.dumps(value, sort_keys=True)
+
+
 def _describe(selection: dict[str, Any]) -> str:
     """``split 'train', 60000 samples, id 1a2b...`` for a state's selection record."""
     split = selection.get("split")
@@ -528,7 +674,7 @@ class _Selectable(BatchSource, Protocol):
 def source_loader(
     source: _Selectable,
     options: LoaderOptions | None,
-    transform: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    transform: Callable[..., dict[str, Any]] | None,
     split: str | None,
     indices: Sequence[int] | np.ndarray | None,
     kwargs: dict[str, Any],

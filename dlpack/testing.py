@@ -147,6 +147,16 @@ class BackendTests:
                 assert not spec.ragged and spec.shape == value.shape[1:] and np.dtype(spec.dtype) == value.dtype
                 out = np.empty((len(order), *value.shape[1:]), dtype=value.dtype)
                 assert np.array_equal(reader.read_into(name, order, out), value[order]), name
+                # rows=: sample order[k] into row rows[k] of a wider array, and nothing else written
+                rows = [2 * k + 1 for k in range(len(order))][::-1]
+                wide = np.zeros((2 * len(order) + 1, *value.shape[1:]), dtype=value.dtype)
+                reader.read_into(name, order, wide, rows=rows)
+                assert np.array_equal(wide[rows], value[order]) and not wide[::2].any(), name
+                # the same through the stored array itself, the path samples too large to cache take
+                wide[...] = 0
+                reader._stored(name).read_into(order, wide, rows)
+                assert np.array_equal(wide[rows], value[order]) and not wide[::2].any(), name
+                assert np.array_equal(reader._stored(name).read_into(order, out), value[order]), name
                 assert np.array_equal(reader.read(name, 5), value[5]), name
                 assert np.array_equal(reader.read_all(name), value), name
 
@@ -159,6 +169,26 @@ class BackendTests:
             assert reader.manifest.count == N
             assert set(reader.arrays) == set(arrays)
             self.assert_reads_back(reader, arrays)
+
+    def test_read_into_from_mixes_arrays_row_by_row(self, tmp_path: Path) -> None:
+        rng = np.random.default_rng(7)
+        big = rng.integers(0, 256, (N, 40, 40, 3), dtype=np.uint8)  # 4800 bytes a sample: read from the arrays
+        small = rng.integers(0, 256, (N, 4), dtype=np.uint8)  # read from a cached copy
+        arrays = {"a": big, "b": big[::-1].copy(), "c": small, "d": small[::-1].copy()}
+        for codec in ("none", *self.compressions[:1]):
+            path = self.build_store(tmp_path / codec, arrays, codec)
+            order, which = [N - 1, 0, 7, 7, 3, 22, 11], [0, 1, 1, 0, 1, 0, 1]
+            with open_reader(path) as reader:
+                for names in (["a", "b"], ["c", "d"]):
+                    values = [arrays[n] for n in names]
+                    out = np.zeros((len(order), *values[0].shape[1:]), dtype=np.uint8)
+                    reader.read_into_from(names, which, order, out)
+                    want = np.stack([values[w][i] for w, i in zip(which, order, strict=True)])
+                    assert np.array_equal(out, want), (codec, names)
+                    reader.read_into_from(names, [1] * len(order), order, out)  # one array: a plain gather
+                    assert np.array_equal(out, values[1][order]), (codec, names)
+                with pytest.raises(OptionError, match="different sample shapes"):
+                    reader.read_into_from(["a", "c"], which, order, np.zeros((7, 40, 40, 3), np.uint8))
 
     def test_compressed_arrays_round_trip(self, tmp_path: Path) -> None:
         if not self.compressions:

@@ -312,7 +312,9 @@ def torch_loader(
     """A loader over ``store`` yielding NCHW tensors (uint8, or float scaled and normalised).
 
     ``loader_kwargs`` are :class:`~dlpack.LoaderOptions` fields (``batch_size``, ``shuffle``,
-    ``seed``, ``prefetch``, ``workers``, ``rank``, ``world_size``, ...). ``split``/``indices``
+    ``seed``, ``prefetch``, ``workers``, ``rank``, ``world_size``, and the augmentation options
+    ``augment="cached"``, ``original_rate``, ``views_per_batch``, ``online``: batches of cached views
+    carry ``variant``, an int64 tensor). ``split``/``indices``
     select samples as in :meth:`dlpack.Dataset.loader`. ``pin_memory`` defaults to whether CUDA
     is available. A variable-size store is refused with :class:`~dlpack.OptionError` unless
     ``allow_lists=True`` (then ``image`` is a list of CHW tensors).

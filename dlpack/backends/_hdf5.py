@@ -13,7 +13,7 @@ import contextlib
 import mmap
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -396,10 +396,14 @@ class _MappedArray:
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         return np.array(self.view[start:stop])
 
-    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
+    def row_source(self) -> tuple[list[np.ndarray], int]:
+        return [self.view], max(1, len(self.view))
+
+    def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
         mm = self.view
+        dest = range(len(positions)) if rows is None else rows
         for k in sorted(range(len(positions)), key=positions.__getitem__):
-            out[k] = mm[positions[k]]
+            out[dest[k]] = mm[positions[k]]
         return out
 
     def warm(self) -> None:
@@ -426,10 +430,11 @@ class _H5Array:
         with _damage(self._path, f"samples {start}..{stop} of array {self._name!r}"):
             return np.asarray(self.ds[start:stop])
 
-    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
+    def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+        dest = range(len(positions)) if rows is None else rows
         with _damage(self._path, f"samples of array {self._name!r}"):
             for k, i in enumerate(positions):
-                self.ds.read_direct(out, np.s_[int(i)], np.s_[k])
+                self.ds.read_direct(out, np.s_[int(i)], np.s_[int(dest[k])])
         return out
 
     def warm(self) -> None:

@@ -12,6 +12,7 @@ import json
 import math
 import mmap
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -341,20 +342,29 @@ class ShardedArray:
 
     read_range = read_rows
 
-    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
-        """Gather rows ``positions`` into ``out[:len(positions)]``; rows must exist (caller-checked)."""
+    def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+        """Gather rows ``positions`` into ``out[:len(positions)]`` (with ``rows``: row ``positions[k]``
+        into ``out[rows[k]]``); rows must exist (caller-checked)."""
         views, rps = self.shard_views(), self.shard_rows
+        dest = range(len(positions)) if rows is None else rows
         # Sorted reads are sequential within shards when the page cache is cold, and cost nothing warm.
         for k in sorted(range(len(positions)), key=positions.__getitem__):
-            i = positions[k]
+            i, r = positions[k], dest[k]
             view = views[i // rps]
             if view is not None:
-                out[k] = view[i % rps]
+                out[r] = view[i % rps]
             elif self.chunk_len == 1:
-                self.chunk_into(i, out[k : k + 1])
+                self.chunk_into(i, out[r : r + 1])
             else:
-                out[k] = self.chunk(i // self.chunk_len)[i % self.chunk_len]
+                out[r] = self.chunk(i // self.chunk_len)[i % self.chunk_len]
         return out
+
+    def row_source(self) -> tuple[list[np.ndarray], int] | None:
+        """``(per-shard views, rows per shard)`` when every shard is stored raw and in order, else None."""
+        views = self.shard_views()
+        if any(v is None for v in views):
+            return None
+        return [v for v in views if v is not None], self.shard_rows
 
     def close(self) -> None:
         """Unmap every shard."""

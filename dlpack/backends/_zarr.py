@@ -548,9 +548,13 @@ class _ZarrPythonArray:
         except Exception as exc:  # codec and chunk errors come in many types; all mean a damaged array
             raise StoreError(f"rows {start}..{stop} of array {self.path} cannot be read: {exc!r}") from exc
 
-    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray:
+    def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
         try:
-            out[: len(positions)] = self._arr.get_orthogonal_selection((np.asarray(positions, dtype=np.int64),))
+            got = self._arr.get_orthogonal_selection((np.asarray(positions, dtype=np.int64),))
+            if rows is None:
+                out[: len(positions)] = got
+            else:
+                out[np.asarray(rows, dtype=np.int64)] = got
         except Exception as exc:  # as in read_rows
             raise StoreError(f"samples of array {self.path} cannot be read: {exc!r}") from exc
         return out

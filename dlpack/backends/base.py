@@ -47,6 +47,8 @@ _SMALL_ARRAY = 64 * 2**20
 #: Attribute of every stored array's metadata (Zarr ``zarr.json`` attributes, HDF5 dataset
 #: attribute): the SHA-256 of its bytes once committed, "" while it is being written.
 DIGEST_ATTR = "dlpack_sha256"
+#: :meth:`StoreReader.read_into_from` over arrays it cannot read in one pass.
+_NO_PLAN = object()
 #: Rows hashed per read when checksumming a whole array (bounded memory).
 _HASH_BYTES = 32 * 2**20
 
@@ -130,7 +132,11 @@ class ArrayAccess(Protocol):
 
     def read_rows(self, start: int, stop: int) -> np.ndarray: ...
 
-    def read_into(self, positions: list[int], out: np.ndarray) -> np.ndarray: ...
+    def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray: ...
+
+    # Optional: ``row_source() -> (views, rows_per_view) | None``, where row ``i`` is
+    # ``views[i // rows_per_view][i % rows_per_view]`` (raw, in-memory rows; None when not so), so
+    # that :meth:`StoreReader.read_into_from` can mix arrays in one pass.
 
     def warm(self) -> None: ...
 
@@ -153,6 +159,8 @@ class StoreReader(ABC):
         #: The same offsets as int64 arrays, for gathering a batch's rows in one step.
         self._offsets_np: dict[str, np.ndarray] = {}
         self._offsets_twin: dict[str, str] = {}
+        self._row_sources: dict[str, tuple[ArrayAccess, Any]] = {}
+        self._mixes: dict[tuple[str, ...], Any] = {}
         self._sources: tuple[bytes, list[int]] | None = None
         #: SHA-256 of the manifest text this reader opened: every later (re)open must find the same.
         self._pin: str | None = None
@@ -336,13 +344,90 @@ class StoreReader(ABC):
                 return acc.read_rows(0, acc.shape[0])
         raise StoreError(f"store {self.path} has no array {name!r}")
 
-    def read_into(self, name: str, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Gather samples ``indices`` of fixed array ``name`` into ``out[:len(indices)]``."""
+    def read_into(
+        self, name: str, indices: Sequence[int] | np.ndarray, out: np.ndarray, rows: Sequence[int] | None = None
+    ) -> np.ndarray:
+        """Gather samples ``indices`` of fixed array ``name`` into ``out[:len(indices)]``, or, with
+        ``rows``, sample ``indices[k]`` into ``out[rows[k]]`` (how a batch of mixed views fills
+        one batch array from several arrays without a copy)."""
         spec = self._fixed(name)
+        if rows is not None and len(rows) != len(indices):
+            raise OptionError(f"read_into got {len(indices)} indices but {len(rows)} rows of out to fill")
         if self._small(spec):
-            np.take(self.read_all(name), np.asarray(indices, dtype=np.int64), axis=0, out=out[: len(indices)])
+            picked = np.asarray(indices, dtype=np.int64)
+            if rows is None:
+                np.take(self.read_all(name), picked, axis=0, out=out[: len(indices)])
+            else:
+                out[np.asarray(rows, dtype=np.int64)] = self.read_all(name).take(picked, axis=0)
             return out
-        return self._stored(name).read_into([int(i) for i in indices], out)
+        positions = indices.tolist() if isinstance(indices, np.ndarray) else [int(i) for i in indices]
+        return self._stored(name).read_into(positions, out, None if rows is None else list(rows))
+
+    def read_into_from(
+        self,
+        names: Sequence[str],
+        which: Sequence[int] | np.ndarray,
+        indices: Sequence[int] | np.ndarray,
+        out: np.ndarray,
+    ) -> np.ndarray:
+        """Gather row ``k`` of ``out`` from sample ``indices[k]`` of fixed array ``names[which[k]]``
+        (arrays of one sample shape and dtype): one pass over the batch, however many arrays it mixes.
+
+        How cached augmentation views fill a batch of originals and variants in place at the cost
+        of a batch of originals (rows are read in array, then sample order).
+        """
+        plan = self._mixes.get(tuple(names))
+        if plan is None:  # checked and looked up once per list of arrays: this runs for every batch
+            plan = self._mix_plan(names)
+        src = np.asarray(which, dtype=np.int64).reshape(-1)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(src) != len(idx):
+            raise OptionError(f"read_into_from got {len(idx)} indices but {len(src)} array choices")
+        lo, hi = (int(src.min()), int(src.max())) if len(src) else (0, 0)
+        if lo < 0 or hi >= len(names):
+            raise OptionError(f"read_into_from: array choices must be 0..{len(names) - 1}")
+        if plan is _NO_PLAN or lo == hi:
+            used = np.flatnonzero(np.bincount(src, minlength=len(names))).tolist()
+            if len(used) == 1:
+                return self.read_into(names[used[0]], idx, out)
+            for u in used:  # array by array, each into its rows of out
+                rows = np.flatnonzero(src == u)
+                self.read_into(names[u], idx[rows], out, rows=rows.tolist())
+            return out
+        flat, first, per = plan
+        step = per[src]
+        at, within = (first[src] + idx // step).tolist(), (idx % step).tolist()
+        for k in np.argsort(src * (len(self) + 1) + idx, kind="stable").tolist():
+            out[k] = flat[at[k]][within[k]]
+        return out
+
+    def _mix_plan(self, names: Sequence[str]) -> Any:
+        """For :meth:`read_into_from`: every array's in-memory views in one list (row ``i`` of array
+        ``u`` is ``flat[first[u] + i // per[u]][i % per[u]]``), or ``_NO_PLAN`` when some array has
+        no such views (small arrays, read from a cached copy, or compressed ones)."""
+        specs = [self._fixed(n) for n in names]
+        if any((s.shape, np.dtype(s.dtype)) != (specs[0].shape, np.dtype(specs[0].dtype)) for s in specs):
+            raise OptionError(f"read_into_from mixes arrays of different sample shapes or dtypes: {list(names)}")
+        plan: Any = _NO_PLAN
+        sources = [None if self._small(s) else self._row_source(n) for s, n in zip(specs, names, strict=True)]
+        if all(src is not None for src in sources):
+            flat: list[np.ndarray] = []
+            first = np.zeros(len(names), dtype=np.int64)
+            per = np.ones(len(names), dtype=np.int64)
+            for u, (views, rows_per_view) in enumerate(sources):  # type: ignore[misc]
+                first[u], per[u] = len(flat), rows_per_view
+                flat.extend(views)
+            plan = (flat, first, per)
+        self._mixes[tuple(names)] = plan
+        return plan
+
+    def _row_source(self, name: str) -> Any:
+        """The stored array's ``row_source()`` (None when it has none), kept while the array is open."""
+        acc = self._stored(name)
+        got = self._row_sources.get(name)
+        if got is None or got[0] is not acc:
+            got = self._row_sources[name] = (acc, getattr(acc, "row_source", lambda: None)())
+        return got[1]
 
     def _ragged_offsets(self, name: str) -> list[int]:
         off = self._offsets.get(name)
@@ -528,6 +613,9 @@ class StoreReader(ABC):
     def warm(self) -> None:
         """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads start)."""
         for name, spec in self.arrays.items():
+            variant = schema.variant_of(name)
+            if variant is not None and variant[0] == schema.AUGMENT:
+                continue  # the records of what made each variant: read one by one, never by a loader
             if spec.ragged:
                 self._ragged_offsets(name)
                 self._stored(name + "_data").warm()
@@ -541,6 +629,8 @@ class StoreReader(ABC):
 
     def close(self) -> None:
         """Release open handles and maps; the reader reopens lazily if used again."""
+        self._row_sources.clear()  # they hold views of the maps closed next
+        self._mixes.clear()
         for acc in self._access.values():
             acc.close()
         self._access.clear()
