@@ -158,7 +158,6 @@ def albumentations_dataloader(store: Path, doc: dict[str, Any], batch_size: int)
     import albumentations as A
     import torch
 
-
     compose = A.from_dict(doc)
 
     class Augmented(torch.utils.data.Dataset):  # type: ignore[type-arg]
