@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import operator
 import os
-import shutil
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -17,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import schema
-from .backends import StoreReader, open_reader, open_writer
+from .backends import StoreReader, open_reader
 from .errors import (
     DlpackError,
     OptionError,
@@ -42,7 +40,8 @@ BASE_KEYS = schema.BASE_KEYS
 PROTECTED_ARRAYS = schema.PROTECTED_ARRAYS
 #: Arrays add_array may replace whose values index a manifest list: (key, stored dtype, list field).
 CODED_ARRAYS = {name: (role.key, role.dtypes[0], role.codes) for name, role in schema.CODED.items()}
-#: Names add_array gives the arrays it moves aside while switching one in (HDF5): users' names never start so.
+#: Names add_array gives the arrays it moves aside while switching one in (HDF5): users' names never start so
+#: (the same as :data:`dlpack.pack.transaction.STAGED_PREFIX`).
 STAGED_PREFIX = "dlpack_"
 
 
@@ -514,11 +513,18 @@ def add_array(
             reader.close()
         spec, data = _checked_array(out, manifest, name, values, key, ragged, replace, compression)
         existing = manifest.arrays.get(name)
+        from .pack.transaction import ArrayTransaction
+
+        # Zarr: the next generation beside the store, published whole; HDF5: staged, then one switch.
+        txn = ArrayTransaction(out, manifest, [existing.name] if existing is not None else [], beside_path(out))
         try:
-            if out.is_dir():  # Zarr
-                _add_beside(out, manifest, spec, data, existing)
-            else:
-                _add_in_place(out, manifest, spec, data, existing)
+            try:
+                txn.begin()
+                txn.write_values(spec, data)
+                txn.commit(manifest)
+            except BaseException:
+                txn.abort()
+                raise
         except StoreError as exc:
             if type(exc) is not StoreError or os.fspath(out) in str(exc):
                 raise
@@ -658,96 +664,7 @@ def _coded_array(
     return spec, parts[0].astype(dtype)
 
 
-def _write_values(writer: Any, spec: ArraySpec, data: np.ndarray | list[np.ndarray], n: int) -> None:
-    writer.create_array(spec, n)
-    if spec.ragged:
-        writer.write_block(spec.name, 0, data)
-        return
-    step = writer.shard_rows(spec.name)
-    for s in range(0, n, step):
-        writer.write_block(spec.name, s, data[s : s + step])
-
-
-def _add_beside(
-    out: Path, manifest: Manifest, spec: ArraySpec, data: np.ndarray | list[np.ndarray], existing: ArraySpec | None
-) -> None:
-    """Zarr: write the new store generation beside the store (every other file shared by a hard
-    link), then publish it as a build publishes, so the store is the old one or the new one, whole."""
-    from .backends._zarr import clear_beside, prepare_beside
-    from .pack.publish import publish_stage
-
-    stage = beside_path(out)
-    clear_beside(out, stage)
-    writer = None
-    try:
-        prepare_beside(out, stage, skip=existing.stored_names() if existing is not None else ())
-        taken = [n for n in spec.stored_names() if (stage / n).exists() or (stage / n).is_symlink()]
-        if taken:
-            raise StoreError(
-                f"{out} holds {', '.join(taken)}, which is not one of its arrays; choose another array name"
-            )
-        writer = open_writer(stage, "r+")
-        if existing is not None:
-            writer.delete_array(existing.name)
-        _write_values(writer, spec, data, manifest.count)
-        writer.commit(manifest)
-        publish_stage(stage, out, overwrite=True)
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        if stage.exists():
-            shutil.rmtree(stage, ignore_errors=True)  # made by this call, under the lock
-        raise
-
-
 def beside_path(out: str | os.PathLike[str]) -> Path:
     """Where ``add_array`` writes the next generation of a Zarr store: ``.NAME.dlpack-add`` next to it."""
     p = Path(out)
     return p.parent / f".{p.name}.dlpack-add"
-
-
-def _add_in_place(
-    out: Path, manifest: Manifest, spec: ArraySpec, data: np.ndarray | list[np.ndarray], existing: ArraySpec | None
-) -> None:
-    """HDF5: the new array is written and committed under a temporary name, without a key. Then,
-    in one session of the HDF5 library (which writes the file when it closes it), the array it
-    replaces moves aside, the new one takes its name and the manifest is rewritten; only then is
-    the old one deleted. Whatever fails is undone in that session, so the file holds a complete
-    store whenever the library writes it."""
-    from .backends._hdf5 import ensure_space
-
-    writer = open_writer(out, "r+")
-    tag = hashlib.sha256(spec.name.encode()).hexdigest()[:16]
-    staged, retired = STAGED_PREFIX + "new_" + tag, STAGED_PREFIX + "old_" + tag
-    try:
-        writer.clear_debris()
-        for leftover in [n for n in writer.arrays if n.startswith(STAGED_PREFIX)]:
-            writer.delete_array(leftover)  # committed by a call killed before it finished
-        _write_values(writer, dataclasses.replace(spec, name=staged, key=None), data, manifest.count)
-        writer.commit(manifest)
-        ensure_space(out, 4 * len(manifest.to_json().encode("utf-8")) + 2**20, "the manifest")
-        old = None
-        try:
-            if existing is not None:
-                writer.rename_array(existing.name, retired)
-                old = writer.arrays.pop(retired)  # no longer listed, deleted once the switch is written
-            writer.rename_array(staged, spec.name, spec.key)
-            writer.commit(manifest)  # the switch
-        except BaseException:
-            if spec.name in writer.arrays and staged not in writer.arrays:
-                writer.rename_array(spec.name, staged)
-            if existing is not None and old is not None:
-                writer.arrays[retired] = old
-                writer.rename_array(retired, existing.name, existing.key)
-            raise
-        if old is not None:
-            writer.arrays[retired] = old
-            writer.delete_array(retired)  # listed by no manifest: a kill before this leaves debris, removed next time
-    except BaseException:
-        if staged in writer.arrays:  # failed before the switch: take the staged array out again
-            with contextlib.suppress(Exception):
-                writer.delete_array(staged)
-                writer.commit(manifest)
-        raise
-    finally:
-        writer.abort()
