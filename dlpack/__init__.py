@@ -18,6 +18,7 @@ from .manifest import FORMAT_VERSION, ArraySpec, ImageSpec, Manifest
 from .options import BuildOptions
 
 if TYPE_CHECKING:
+    from .augment import AugmentResult, augment
     from .bench import BenchOptions, BenchReport, run_bench
     from .dataset import Dataset, add_array, open
     from .exports import ExportResult, export
@@ -41,6 +42,8 @@ _LAZY: dict[str, str] = {
     "Loader": "loader",
     "LoaderOptions": "loader",
     "RaggedBatch": "ragged",
+    "augment": "augment",
+    "AugmentResult": "augment",
 }
 
 __all__ = [
@@ -60,6 +63,8 @@ __all__ = [
     "Loader",
     "LoaderOptions",
     "RaggedBatch",
+    "augment",
+    "AugmentResult",
     "Manifest",
     "ImageSpec",
     "ArraySpec",

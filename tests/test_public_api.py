@@ -34,6 +34,8 @@ PUBLIC = {
     "Loader",
     "LoaderOptions",
     "RaggedBatch",
+    "augment",
+    "AugmentResult",
     "Manifest",
     "ImageSpec",
     "ArraySpec",
