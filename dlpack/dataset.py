@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import operator
 import os
 import time
@@ -226,6 +227,74 @@ class Dataset:
                 sample[key] = r.read(spec.name, j)
         return sample
 
+    # ------------------------------------------------------------------ augmentation variants
+
+    @property
+    def variants(self) -> int:
+        """The number K of augmentation variants per image (0 without; see ``dlpack augment``)."""
+        return self.manifest.variants
+
+    def _variant_index(self, i: int, v: int) -> tuple[int, int]:
+        j = self._index(i)
+        k = self.variants
+        try:
+            w = operator.index(v)
+        except TypeError:
+            raise SampleIndexError(f"variant must be an integer, got {v!r}") from None
+        if not 0 <= w <= k:
+            has = (
+                f"K={k} variants per image (0 is the original)"
+                if k
+                else "no augmentation variants (run dlpack augment)"
+            )
+            raise SampleIndexError(f"variant {v} is out of range for {self.path}: it has {has}")
+        return j, w
+
+    def _variant_array(self, base: str, v: int) -> str:
+        name = schema.variant_array(base, v)
+        if name not in self.manifest.arrays:
+            raise StoreError(
+                f"store {self.path} records {self.variants} variants but has no array {name!r}; the store is "
+                "damaged: run dlpack augment on it again with --replace"
+            )
+        return name
+
+    def variant(self, i: int, v: int) -> dict[str, Any]:
+        """Variant ``v`` of sample ``i`` as a sample dict like ``ds[i]`` (``image``, ``label``,
+        ``index``, ``source``, the split and keyed arrays), with the variant's ``image`` and its
+        ``boxes``, ``box_labels``, ``box_crowd`` and ``mask`` where the store has them, plus
+        ``"variant": v``. ``v = 0`` is the original; ``1 .. K`` the stored variants.
+
+        Raises :class:`~dlpack.SampleIndexError` for a sample or variant out of range (naming K).
+        """
+        j, w = self._variant_index(i, v)
+        sample = self[j]
+        sample["variant"] = w
+        if w == 0:
+            return sample
+        r = self._reader
+        sample["image"] = r.read(self._variant_array(schema.IMAGES, w), j)
+        for base in (schema.MASK, schema.BOXES, "box_labels", "box_crowd"):
+            spec = self.manifest.arrays.get(base)
+            if spec is not None and spec.key:
+                sample[spec.key] = r.read(self._variant_array(base, w), j)
+        return sample
+
+    def augmentation(self, i: int, v: int) -> list[dict[str, Any]]:
+        """What was applied to make variant ``v`` of sample ``i``: the record ``[{"op": NAME, **params},
+        ...]`` (``[]`` for the original, ``v = 0``, and for a variant nothing was applied to)."""
+        j, w = self._variant_index(i, v)
+        if w == 0:
+            return []
+        raw = self._reader.read(self._variant_array(schema.AUGMENT, w), j)
+        try:
+            record = json.loads(np.ascontiguousarray(raw, dtype=np.uint8).tobytes().decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise StoreError(f"augment_v{w} of {self.path} holds no JSON record for sample {j}: {exc}") from exc
+        if not isinstance(record, list):
+            raise StoreError(f"augment_v{w} of {self.path} holds {type(record).__name__} for sample {j}, not a list")
+        return record
+
     # ------------------------------------------------------------------ BatchSource
 
     def get_batch(
@@ -349,10 +418,18 @@ class Dataset:
         return report.mismatched
 
     def check(self) -> VerifyReport:
-        """What :meth:`verify` checks, as a report naming every damaged array instead of raising."""
+        """What :meth:`verify` checks, as a report naming every damaged array instead of raising.
+
+        A store with augmentation variants has each variant image compared with its
+        ``checksum_v{v}`` too; a variant that does not match is named (``images_v{v}``) in ``damaged``.
+        """
         r = self._reader
         image_arrays = r.spec(schema.image_array(self.manifest.image.layout)).stored_names()
-        damaged = r.array_problems(skip=image_arrays)
+        variant_images = [
+            name for v in range(1, self.variants + 1) if (name := schema.variant_array(schema.IMAGES, v)) in r.arrays
+        ]
+        pixels = [*image_arrays, *variant_images]
+        damaged = r.array_problems(skip=pixels)
         broken = {name for name, _ in damaged}
         damaged += [(n, why) for n, why in r.code_problems() if not broken & {n, n + "_data", n + "_offsets"}]
         bad: list[tuple[int, str]] = []
@@ -367,12 +444,45 @@ class Dataset:
                         bad.append((i, r.source(i)))
             except StoreError as exc:
                 damaged.append((image_arrays[0], str(exc)))
+            damaged += self._variant_problems(broken)
         if not bad and not damaged:
             # The images' own checksum covers bytes the per-image CRCs do not (none, today).
-            damaged = r.array_problems(
-                skip=[n for s in r.arrays.values() for n in s.stored_names() if n not in image_arrays]
-            )
+            damaged = r.array_problems(skip=[n for s in r.arrays.values() for n in s.stored_names() if n not in pixels])
         return VerifyReport(str(self.path), len(self), bad, damaged)
+
+    def _variant_problems(self, broken: set[str | None]) -> list[tuple[str | None, str]]:
+        """Each variant's images against ``checksum_v{v}``, and the variant arrays the store must hold."""
+        r, m = self._reader, self.manifest
+        problems: list[tuple[str | None, str]] = []
+        bases = [schema.IMAGES, schema.CHECKSUM, schema.AUGMENT]
+        bases += [b for b in (schema.MASK, schema.BOXES, "box_labels", "box_crowd") if b in m.arrays]
+        for v in range(1, self.variants + 1):
+            missing = [n for b in bases if (n := schema.variant_array(b, v)) not in m.arrays]
+            if missing:
+                problems.append((None, f"variant {v} lacks the array(s) {', '.join(missing)}"))
+                continue
+            images, checksums = schema.variant_array(schema.IMAGES, v), schema.variant_array(schema.CHECKSUM, v)
+            if checksums in broken:
+                continue
+            try:
+                expected = r.read_all(checksums)
+                wrong = [
+                    i
+                    for i in range(len(self))
+                    if zlib.crc32(np.ascontiguousarray(r.read(images, i)).data) != int(expected[i])
+                ]
+            except StoreError as exc:
+                problems.append((images, f"variant {v}: {exc}"))
+                continue
+            if wrong:
+                shown = ", ".join(f"{i} ({r.source(i)})" for i in wrong[:5]) + (", ..." if len(wrong) > 5 else "")
+                problems.append(
+                    (
+                        images,
+                        f"variant {v}: {len(wrong)} image(s) of {images} do not match {checksums}: samples {shown}",
+                    )
+                )
+        return problems
 
     def info(self) -> dict[str, Any]:
         """Facts for ``dlpack info``."""
@@ -417,7 +527,24 @@ class Dataset:
             }
             | ({"mask_ignore": m.mask_ignore} if m.mask_ignore is not None else {})
             | ({"defects": list(m.defects)} if m.defects else {})
+            | ({"augment": _augment_info(m.augment)} if m.augment else {})
         )
+
+
+def _augment_info(record: dict[str, Any]) -> dict[str, Any]:
+    """The facts ``info`` shows of a store's variants (the manifest has the whole record)."""
+    found = record.get("config")
+    config: dict[str, Any] = found if isinstance(found, dict) else {}
+    ops = record.get("operations")
+    transforms = ops.get("transforms") if isinstance(ops, dict) else None
+    return {
+        "k": record.get("k"),
+        "seed": record.get("seed"),
+        "engine": record.get("engine"),
+        "config": config.get("name"),
+        "kind": config.get("kind"),
+        "operations": len(transforms) if isinstance(transforms, list) else None,
+    }
 
 
 def _shown(spec: ArraySpec) -> str:
@@ -564,6 +691,12 @@ def _checked_array(
         raise OptionError(
             f"array {name!r} identifies or protects the samples (or --update relies on it): it cannot be replaced "
             "or written by add_array"
+        )
+    variant = schema.variant_of(name)
+    if variant is not None:
+        raise OptionError(
+            f"array name {name!r} is the {variant[0]} array of augmentation variant {variant[1]}: variant arrays are "
+            "written only by dlpack augment (dlpack.augment), with their checksums and records; choose another name"
         )
     existing = manifest.arrays.get(name)
     if existing is not None and not replace:

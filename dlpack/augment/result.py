@@ -45,7 +45,8 @@ class AugmentResult:
     def summary(self) -> str:
         """One line: the variants, the rate, the store (and the resume note, and what was replaced)."""
         line = (
-            f"augmented {self.count} images x {self.k} variants ({self.variants} variants, {self.written} computed) "
+            f"augmented {self.count} images x {self.k} variant{'s' if self.k != 1 else ''} "
+            f"({self.variants} variants, {self.written} computed) "
             f"in {self.seconds:.1f} s ({self.variants_per_s:.0f} variants/s) -> {shown(self.path)}"
         )
         notes = [self.resume] if self.resume else []
