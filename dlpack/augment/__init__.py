@@ -6,12 +6,13 @@ on every core and switches the arrays ``images_v{v}`` (and ``mask_v{v}``, ``boxe
 ``checksum_v{v}``, ``augment_v{v}``) into the store in one step (docs/format.md, "Augmentation
 variants"). ``ds.variant(i, v)`` reads one back.
 
-This package is also reachable as ``dlpack.augment``, where the function is expected: importing
-a module of the package binds the package there, so the package itself calls :func:`augment`.
+``dlpack.augment`` is this package (importing any of its modules binds the package to that name,
+so a function there would not stay), and calling the package calls :func:`augment`.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import types
@@ -90,3 +91,4 @@ class _CallablePackage(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallablePackage
+__signature__ = inspect.signature(augment)

@@ -120,7 +120,10 @@ class ArrayTransaction:
         writer = self._writer = open_writer(self.stage, "r+", shard_bytes=self.shard_bytes)
         for name in self.drop:
             if name in writer.arrays:
-                writer.delete_array(name)
+                if resume:  # never copied into the stage: a folder of that name is a new array of this change
+                    del writer.arrays[name]
+                else:
+                    writer.delete_array(name)
         for spec in resume:
             self.attach(spec)
         if resume:
@@ -136,7 +139,8 @@ class ArrayTransaction:
         for spec in resume:
             self.attach(spec)
         writer.clear_debris()  # what killed writers left, but the arrays kept
-        for leftover in [n for n in writer.arrays if n.startswith(STAGED_PREFIX)]:
+        kept = {staged_name(name) for name in self.created}
+        for leftover in [n for n in writer.arrays if n.startswith(STAGED_PREFIX) and n not in kept]:
             writer.delete_array(leftover)  # committed by a call killed before its switch
 
     # ------------------------------------------------------------------ arrays
