@@ -549,3 +549,43 @@ def test_cli_augment_exit_codes_and_messages(
     doc = json.loads(capsys.readouterr().out)
     assert (doc["k"], doc["variants"], doc["replaced"], doc["resume"]) == (1, aug.N_IMAGES, 2, "")
     assert doc["variants_per_s"] > 0
+
+
+def test_compressed_stores_get_compressed_variants_written_the_same_for_any_jobs(
+    make_tree: MakeTree, tmp_path: Path, backend: str
+) -> None:
+    """Compressed HDF5 arrays are written through the HDF5 library by this process alone (the workers
+    compute from blocks it reads); such a run keeps no journal, as a compressed HDF5 build keeps none."""
+    pytest.importorskip("hdf5plugin")
+    one = aug.detection_store(make_tree, tmp_path / "a", backend, compression="lz4")
+    two = _copy(one, tmp_path / "b" / backend)
+    dlpack.augment(one, 2, aug.config(), jobs=1, quiet=True)
+    dlpack.augment(two, 2, aug.config(), jobs=2, quiet=True)
+    assert aug.content(one) == aug.content(two)
+    with dlpack.open(one) as ds:
+        assert ds.manifest.arrays["images_v2"].compression == "lz4" and ds.verify() == []
+        assert ds.manifest.arrays["mask_v1"].compression == ds.manifest.arrays["mask"].compression
+    assert leftovers(one) == []
+
+
+def test_ctrl_c_during_the_variants_of_a_build_says_how_to_add_them(
+    make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dlpack.augment.run as run
+    from dlpack.cli import main
+
+    aug.install_loader(monkeypatch.setitem)
+    config = aug.write_config(tmp_path / "c.json")
+    src = make_tree({f"c{k % 2}/{k}.png": ("rgb", 24, 16) for k in range(4)})
+    out = tmp_path / "out.zarr"
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "augment_locked", interrupted)
+    args = ["build", str(src), str(out), "--augment", "2", "--augment-config", str(config), "--quiet", "--jobs", "1"]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert f"dlpack: interrupted; {out} was built, but not its augmentation variants: run dlpack augment {out}" in err
+    with dlpack.open(out) as ds:
+        assert len(ds) == 4 and ds.variants == 0

@@ -323,24 +323,25 @@ def augment_locked(
         todo = [(v, s) for v, s in units if plan.unit(v, s) not in done]
         n_jobs = _n_jobs(jobs)
         names = {v: (txn.name(a), None if b is None else txn.name(b)) for v, (a, b) in fixed.items()}
+        pooled = _parallel.pooled(n_jobs, len(todo))
         from joblib import delayed
 
         def calls(progress: _parallel.BlockProgress) -> Iterator[Any]:
             for j, (v, s) in enumerate(todo):
                 labels = _block_labels(rows, s, s + plan.rows(s))
                 if in_workers:
-                    yield delayed(variant_block)(plan, v, s, labels, writer, names[v], None, progress.ticks(j))
+                    yield delayed(variant_block)(plan, v, s, labels, writer, names[v], None, progress.ticks(j), pooled)
                 else:  # the store's only handle is this process's writer: read here, compute there
                     e = s + plan.rows(s)
                     originals = writer.read_block(schema.IMAGES, s, e)
                     masks = None if mask is None else writer.read_block(schema.MASK, s, e)
                     yield delayed(variant_block)(
-                        plan, v, s, labels, None, names[v], (originals, masks), progress.ticks(j)
+                        plan, v, s, labels, None, names[v], (originals, masks), progress.ticks(j), pooled
                     )
 
         with (
             _parallel.progress(k * m.count, "augmenting", quiet) as bar,
-            _parallel.BlockProgress(bar, len(todo), _parallel.pooled(n_jobs, len(todo))) as progress,
+            _parallel.BlockProgress(bar, len(todo), pooled) as progress,
         ):
             bar.update(sum(len(r) for r in done.values()))
             results = _parallel.parallel(n_jobs, calls(progress), len(todo))

@@ -158,6 +158,7 @@ def variant_block(
     names: tuple[str, str | None],
     inputs: tuple[np.ndarray, np.ndarray | None] | None = None,
     ticks: Ticks | None = None,
+    pooled: bool = False,
 ) -> tuple[list[VariantRecord], np.ndarray | None, np.ndarray | None]:
     """Variants ``v`` of samples ``start .. start + len(labels)``.
 
@@ -165,7 +166,13 @@ def variant_block(
     is not parallel-safe: the parent holds the store's only handle); otherwise this worker reads
     them itself. With ``writer``, the image block (and mask block) is written here under ``names``
     and only the records return; without, the pixels return too, for the parent to write.
+    ``pooled``: this is one of ``--jobs`` worker processes, one per core, so OpenCV runs single-threaded
+    in it (its own threads would oversubscribe the cores: measured slower than one thread on small images).
     """
+    if pooled:
+        import cv2
+
+        cv2.setNumThreads(1)
     n = len(labels)
     stop = start + n
     if inputs is None:
