@@ -589,3 +589,33 @@ def test_ctrl_c_during_the_variants_of_a_build_says_how_to_add_them(
     assert f"dlpack: interrupted; {out} was built, but not its augmentation variants: run dlpack augment {out}" in err
     with dlpack.open(out) as ds:
         assert len(ds) == 4 and ds.variants == 0
+
+
+def test_dlpack_augment_killed_at_every_durable_step_reruns_to_the_same_store(
+    make_tree: MakeTree, tmp_path: Path, backend: str
+) -> None:
+    """SIGKILL right after each rename, replace and fsync of a replacing ``dlpack augment`` (one point per
+    run), then the same command again: it ends with what an uninterrupted run writes (Zarr: the same files)."""
+    from test_kill_points import drive
+
+    template = tmp_path / "template"
+    src = make_tree({f"c{k % 2}/{k:02d}.png": ("rgb", aug.WIDTH, aug.HEIGHT) for k in range(20)})  # 2 blocks
+    dlpack.build(src, template / backend, jobs=1, quiet=True, shard_bytes=2**16)
+    dlpack.augment(template / backend, 1, aug.config(), seed=1, jobs=1, quiet=True)  # the variants it replaces
+    aug.write_config(template / "c.json")
+    args = ["augment", "{work}/" + backend, "--augment", "2", "--augment-config", "{work}/c.json", "--replace",
+            "--jobs", "1", "--quiet"]  # fmt: skip
+    preload = f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import _augment; _augment.install_loader()"
+    result = drive(tmp_path, template, backend, args, content=True, preload=preload)
+    ref = result["ref"]
+    assert ref["rc"] == 0 and ref["calls"] >= 5, ref
+    assert ref["content"]["manifest"]["augment"]["k"] == 2
+    assert [p["n"] for p in result["points"]] == list(range(1, ref["calls"] + 1))
+    for p in result["points"]:
+        where = f"killed after durable step {p['n']} of {ref['calls']} ({ref['steps'][p['n'] - 1]})"
+        assert p["killed"], f"{where}: not killed there ({p['kill']})"
+        assert p["rerun"].get("rc") == 0, f"{where}: the rerun failed: {p['rerun_log']}"
+        assert p["siblings"] == ref["siblings"], f"{where}: leftovers {p['siblings']}"
+        assert p["content"] == ref["content"], f"{where}: other content"
+        if backend.endswith(".zarr"):
+            assert p["files"] == ref["files"], f"{where}: not the same files"
