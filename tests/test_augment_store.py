@@ -619,3 +619,33 @@ def test_dlpack_augment_killed_at_every_durable_step_reruns_to_the_same_store(
         assert p["content"] == ref["content"], f"{where}: other content"
         if backend.endswith(".zarr"):
             assert p["files"] == ref["files"], f"{where}: not the same files"
+
+
+def test_ctrl_c_keeps_the_written_blocks_and_the_same_command_resumes(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dlpack.pack.journal as journal
+    from dlpack.cli import main
+
+    aug.install_loader(monkeypatch.setitem)
+    config = aug.write_config(tmp_path / "c.json")
+    append = journal.Journal.append_block
+
+    def interrupted_at_the_third(self: Any, *args: Any, **kwargs: Any) -> None:
+        append(self, *args, **kwargs)
+        if self.blocks == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(journal.Journal, "append_block", interrupted_at_the_third)
+    args = ["augment", str(store), "--augment", "2", "--augment-config", str(config), "--jobs", "1", "--quiet"]
+    assert main(args) == 130
+    assert "dlpack: interrupted; run the same command again to resume" in capsys.readouterr().err
+    with dlpack.open(store) as ds:
+        assert ds.variants == 0
+    monkeypatch.setattr(journal.Journal, "append_block", append)
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["resume"] == "resumed: 3 of 6 blocks already written" and doc["blocks_written"] == 3
+    assert leftovers(store) == []
+    with dlpack.open(store) as ds:
+        assert ds.variants == 2 and ds.verify() == []

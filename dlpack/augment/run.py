@@ -211,11 +211,10 @@ def augment_locked(
     replace: bool,
     quiet: bool,
     no_resume: bool,
-    started: float | None = None,
 ) -> AugmentResult:
     """Compute and switch in K variants of every image of the complete store ``out``; call only
     while holding its build lock (``dlpack build --augment`` calls it right after publishing)."""
-    t0 = time.perf_counter() if started is None else started
+    t0 = time.perf_counter()
     check_arguments(k, seed, jobs, engine)
     clear_leftovers(out)  # a killed publish of an earlier run is finished or undone first
     reader = open_reader(out)
@@ -238,31 +237,34 @@ def augment_locked(
     _check_journal_path(jpath)
     old = [name for name in m.arrays if schema.variant_of(name) is not None]
     config_name = str(record["config"].get("name", "")) if isinstance(record["config"], dict) else ""
-    result = dict(path=out, k=k, count=m.count, seed=seed, engine=engine, config=config_name, replaced=m.variants)
+
+    def result(**fields: Any) -> AugmentResult:
+        return AugmentResult(
+            path=out, k=k, count=m.count, seed=seed, engine=engine, config=config_name,
+            seconds=time.perf_counter() - t0, **fields,
+        )  # fmt: skip
+
     if m.augment is not None or old:
         if _published_by_stopped_run(jpath, m, record):
             remove_store(jpath)
             blocks = len(range(0, m.count, block_len)) * k
-            return AugmentResult(
-                **result,  # type: ignore[arg-type]
-                seconds=time.perf_counter() - t0,
-                written=0,
-                blocks=blocks,
-                blocks_written=0,
-                resume="published already: the stopped run had finished it",
+            return result(
+                written=0, blocks=blocks, blocks_written=0, resume="published already: the stopped run had finished it"
             )
         if not replace:
             raise StoreExistsError(
                 f"{out} already has {m.variants} augmentation variants per image; pass replace=True to replace them"
             )
     mask = inputs.get(schema.MASK)
+    shape = m.image.shape
+    assert shape is not None  # a fixed layout: input_arrays refuses others
     plan = VariantPlan(
         store=os.fspath(out),
         pin=pin,
         k=k,
         seed=seed,
         augmenter=cfg.augmenter,
-        shape=m.image.shape,  # type: ignore[arg-type]  # fixed layout (input_arrays checked)
+        shape=shape,
         dtype=m.image.dtype,
         mask_dtype=None if mask is None else mask.dtype,
         boxes="boxes" in inputs,
@@ -284,30 +286,30 @@ def augment_locked(
     journal: Journal[VariantRecord] | None = None
     done: dict[int, list[VariantRecord]] = {}
     note = ""
-    if os.path.lexists(jpath):
-        try:
-            if no_resume:
-                raise Restart("--no-resume")
-            state = read_journal(jpath, VariantRecord.from_record)
-            if state.header.get("fingerprint") != header["fingerprint"]:
-                raise Restart(_changed(state.header, header))
-            if state.commit:
-                raise Restart("it was stopped while committing")
-            try:
-                txn.begin(resume=fixed_specs)
-                if not all(txn.writer.parallel_safe(txn.name(s.name)) for s in fixed_specs):
-                    raise StoreError("its blocks were not written as independent units")
-            except (StoreError, OptionError) as exc:
-                txn.abort()
-                raise Restart(f"its variant arrays cannot be continued ({exc})") from exc
-            done = _verified(txn, plan, state.blocks, fixed)
-            # Rewritten without the lines that did not hold up, so it says exactly what the arrays hold.
-            journal = Journal.create(jpath, header, done)
-            note = f"resumed: {len(done)} of {len(units)} blocks already written"
-        except Restart as exc:
-            note = f"started over: {exc}"
-            txn = ArrayTransaction(out, m, old, stage, shard_bytes)
     try:
+        if os.path.lexists(jpath):
+            try:
+                if no_resume:
+                    raise Restart("--no-resume")
+                state = read_journal(jpath, VariantRecord.from_record)
+                if state.header.get("fingerprint") != header["fingerprint"]:
+                    raise Restart(_changed(state.header, header))
+                if state.commit:
+                    raise Restart("it was stopped while committing")
+                try:
+                    txn.begin(resume=fixed_specs)
+                    if not all(txn.writer.parallel_safe(txn.name(s.name)) for s in fixed_specs):
+                        raise StoreError("its blocks were not written as independent units")
+                except (StoreError, OptionError) as exc:
+                    txn.abort()
+                    raise Restart(f"its variant arrays cannot be continued ({exc})") from exc
+                done = _verified(txn, plan, state.blocks, fixed)
+                # Rewritten without the lines that did not hold up, so it says exactly what the arrays hold.
+                journal = Journal.create(jpath, header, done)
+                note = f"resumed: {len(done)} of {len(units)} blocks already written"
+            except Restart as exc:
+                note = f"started over: {exc}"
+                txn = ArrayTransaction(out, m, old, stage, shard_bytes)
         if journal is None:
             remove_store(jpath)
             txn.begin()
@@ -346,10 +348,11 @@ def augment_locked(
             bar.update(sum(len(r) for r in done.values()))
             results = _parallel.parallel(n_jobs, calls(progress), len(todo))
             for slot, ((v, s), (records, block, masks)) in enumerate(zip(todo, results, strict=True)):
+                image_name, mask_name = names[v]
                 if block is not None:
-                    writer.write_block(names[v][0], s, block)
-                    if masks is not None and names[v][1] is not None:
-                        writer.write_block(names[v][1], s, masks)  # type: ignore[arg-type]
+                    writer.write_block(image_name, s, block)
+                if masks is not None and mask_name is not None:
+                    writer.write_block(mask_name, s, masks)
                 if journal is not None:
                     journal.append_block(plan.unit(v, s), records)
                 done[plan.unit(v, s)] = records
@@ -359,7 +362,8 @@ def augment_locked(
         _commit_arrays(txn, plan, specs, done)
         txn.commit(dataclasses.replace(m, augment=record))
     except BaseException as exc:
-        keep = isinstance(exc, KeyboardInterrupt) and journal is not None
+        # Interrupted: the blocks stay for the next run, while a journal describes them.
+        keep = isinstance(exc, KeyboardInterrupt) and jpath.is_file()
         if journal is not None:
             journal.close()
         txn.abort(keep=keep)
@@ -370,13 +374,12 @@ def augment_locked(
         if journal is not None:
             journal.close()
         remove_store(jpath)
-        return AugmentResult(
-            **result,  # type: ignore[arg-type]
-            seconds=time.perf_counter() - t0,
+        return result(
             written=sum(plan.rows(s) for _, s in todo),
             blocks=len(units),
             blocks_written=len(todo),
             resume=note,
+            replaced=m.variants,
         )
     except KeyboardInterrupt:
         raise PublishedInterrupt(out) from None
