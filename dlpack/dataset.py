@@ -338,8 +338,10 @@ class Dataset:
         return batch
 
     def warm(self) -> None:
-        """Open maps and read indexes now (the loader calls it before its threads start)."""
-        self._reader.warm()
+        """Open maps and read indexes now (the loader calls it before its threads start), of the
+        arrays samples and batches read: not of the augmentation variants (K times the images), which
+        a reader of variants warms itself (``reader.warm()`` warms every array)."""
+        self._reader.warm(skip=[name for name in self.manifest.arrays if schema.variant_of(name) is not None])
 
     def fingerprint(self) -> str:
         """An id of the content: the sample count and every image's checksum."""

@@ -649,3 +649,18 @@ def test_ctrl_c_keeps_the_written_blocks_and_the_same_command_resumes(
     assert leftovers(store) == []
     with dlpack.open(store) as ds:
         assert ds.variants == 2 and ds.verify() == []
+
+
+def test_samples_batches_and_the_loader_of_a_store_with_variants_are_the_originals(store: Path) -> None:
+    with dlpack.open(store) as ds:
+        plain = ds.get_batch([0, 5, 9])
+    dlpack.augment(store, 2, aug.config(flip=1.0), jobs=1, quiet=True)
+    with dlpack.open(store) as ds:
+        batch = ds.get_batch([0, 5, 9])
+        assert set(batch) == set(plain) and np.array_equal(batch["image"], plain["image"])
+        assert [b.tolist() for b in batch["boxes"]] == [b.tolist() for b in plain["boxes"]]
+        ds.warm()  # what a plain loader opens: never the variants (K times the images)
+        opened = {*ds.reader._access, *ds.reader._whole}
+        assert opened and not [name for name in opened if "_v" in name]
+        seen = sorted(i for b in ds.loader(batch_size=8, workers=2) for i in b["index"].tolist())
+        assert seen == list(range(len(ds)))

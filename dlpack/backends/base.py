@@ -23,7 +23,7 @@ import hashlib
 import os
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -525,9 +525,12 @@ class StoreReader(ABC):
             return self.path.stat().st_size
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
 
-    def warm(self) -> None:
-        """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads start)."""
+    def warm(self, skip: Collection[str] = ()) -> None:
+        """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads
+        start), of every array but those named in ``skip``."""
         for name, spec in self.arrays.items():
+            if name in skip:
+                continue
             if spec.ragged:
                 self._ragged_offsets(name)
                 self._stored(name + "_data").warm()
