@@ -664,3 +664,22 @@ def test_samples_batches_and_the_loader_of_a_store_with_variants_are_the_origina
         assert opened and not [name for name in opened if "_v" in name]
         seen = sorted(i for b in ds.loader(batch_size=8, workers=2) for i in b["index"].tolist())
         assert seen == list(range(len(ds)))
+
+
+@pytest.mark.parametrize("kind", ["gray", "gray16", "rgb16"])
+def test_gray_and_16_bit_stores_get_variants_of_their_own_type(
+    make_tree: MakeTree, tmp_path: Path, backend: str, kind: str
+) -> None:
+    src = make_tree({f"c{k % 2}/{k}.png": (kind, 20, 12) for k in range(6)})
+    out = tmp_path / backend
+    dlpack.build(src, out, jobs=1, quiet=True)
+    dlpack.augment(out, 2, aug.config(flip=1.0, brightness=1.0), jobs=1, quiet=True)
+    with dlpack.open(out) as ds:
+        assert ds.verify() == []
+        for i in range(len(ds)):
+            original, variant = ds[i]["image"], ds.variant(i, 1)["image"]
+            assert variant.shape == original.shape and variant.dtype == original.dtype
+            (offset,) = [e["offset"] for e in ds.augmentation(i, 1) if e["op"] == "TestStoreBrightness"]
+            top = np.iinfo(original.dtype).max
+            want = np.clip(original[:, ::-1].astype(np.int64) + offset, 0, top).astype(original.dtype)
+            assert np.array_equal(variant, want)

@@ -142,6 +142,7 @@ class ArrayTransaction:
         kept = {staged_name(name) for name in self.created}
         for leftover in [n for n in writer.arrays if n.startswith(STAGED_PREFIX) and n not in kept]:
             writer.delete_array(leftover)  # committed by a call killed before its switch
+        writer.abort()  # closes the file: worker processes may read it and write raw blocks next
 
     # ------------------------------------------------------------------ arrays
 
