@@ -25,7 +25,9 @@ __all__ = [
     "AugmentConfigLike",
     "VariantPlan",
     "check_arguments",
+    "input_arrays",
     "resolve_config",
+    "store_identity",
     "variant_specs",
     "manifest_record",
     "journal_header",
@@ -36,7 +38,7 @@ __all__ = [
 ENGINES = ("dlpack", "albumentations")
 #: ``format`` of the manifest's ``augment`` record.
 RECORD_FORMAT = 1
-#: The label arrays a variant carries when the store has them (base name -> the row shape it must have).
+#: The ragged label arrays a variant carries when the store has them (moved with its boxes).
 LABEL_BASES = ("boxes", "box_labels", "box_crowd")
 
 
