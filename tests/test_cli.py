@@ -29,6 +29,7 @@ def store(src: Path, tmp_path: Path) -> Path:
     return out
 
 
+
 def flip_image_byte(out: Path, index: int) -> None:
     """Flip one byte of image ``index`` (8 x 10 x 3) of the uncompressed HDF5 store ``out``."""
     import h5py
@@ -38,7 +39,6 @@ def flip_image_byte(out: Path, index: int) -> None:
     data = bytearray(out.read_bytes())
     data[offset + 8 * 10 * 3 * index + 5] ^= 0xFF
     out.write_bytes(bytes(data))
-
 
 def test_build_returns_0_and_writes_an_openable_store(store: Path) -> None:
     with dlpack.open(store) as ds:

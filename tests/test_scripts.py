@@ -91,11 +91,7 @@ def _check_versions(out: str, work: Path) -> None:
     assert {k: len(r) for k, r in doc["runs"].items()} == {
         f"{k} {v}": 1 for k in ("build j1", "build j2", "loader") for v in ("before", "after")
     }
-    assert all(rate > 0 for rate in doc["medians"].values()) and set(doc["ratios"]) == {
-        "build j1",
-        "build j2",
-        "loader",
-    }
+    assert all(rate > 0 for rate in doc["medians"].values()) and set(doc["ratios"]) == {"build j1", "build j2", "loader"}
 
 
 def _check_labels(out: str, work: Path) -> None:
