@@ -18,6 +18,7 @@ from .manifest import FORMAT_VERSION, ArraySpec, ImageSpec, Manifest
 from .options import BuildOptions
 
 if TYPE_CHECKING:
+    from .augment import AugmentResult, augment
     from .bench import BenchOptions, BenchReport, run_bench
     from .dataset import Dataset, add_array, open
     from .exports import ExportResult, export
@@ -41,6 +42,8 @@ _LAZY: dict[str, str] = {
     "Loader": "loader",
     "LoaderOptions": "loader",
     "RaggedBatch": "ragged",
+    "augment": "augment",
+    "AugmentResult": "augment",
 }
 
 __all__ = [
@@ -60,6 +63,8 @@ __all__ = [
     "Loader",
     "LoaderOptions",
     "RaggedBatch",
+    "augment",
+    "AugmentResult",
     "Manifest",
     "ImageSpec",
     "ArraySpec",
@@ -68,12 +73,18 @@ __all__ = [
 __all__ += _errors.__all__
 
 
+#: Public functions that share their package's name (``dlpack.augment``): importing any module of the
+#: package binds the package to that name, so the name holds the package, which calls the function.
+_CALLABLE_PACKAGES = frozenset({"augment"})
+
+
 def __getattr__(name: str) -> Any:
     """Import the module behind a public name on first access and cache the name here."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    imported = importlib.import_module(f".{module}", __name__)
+    value = imported if name in _CALLABLE_PACKAGES else getattr(imported, name)
     globals()[name] = value
     return value
 

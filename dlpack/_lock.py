@@ -30,7 +30,15 @@ from typing import Any
 
 from .errors import StoreError, StoreLockedError
 
-__all__ = ["BuildLock", "lock_path", "partial_path", "old_path", "journal_path"]
+__all__ = [
+    "BuildLock",
+    "lock_path",
+    "partial_path",
+    "old_path",
+    "journal_path",
+    "augment_stage_path",
+    "augment_journal_path",
+]
 
 # msvcrt locks byte ranges, mandatory on Windows: lock one byte far past the holder text so that
 # a second process can still read who holds it.
@@ -60,6 +68,17 @@ def journal_path(out: str | os.PathLike[str]) -> Path:
     """The journal of builds into ``out``: ``.NAME.dlpack-journal``, beside the partial store."""
     p = Path(out)
     return p.parent / f".{p.name}.dlpack-journal"
+
+
+def augment_stage_path(out: str | os.PathLike[str]) -> Path:
+    """Where ``dlpack augment`` prepares the next generation of a Zarr store: ``.NAME.dlpack-augment``."""
+    return _sibling(Path(out), "augment")
+
+
+def augment_journal_path(out: str | os.PathLike[str]) -> Path:
+    """The journal of ``dlpack augment`` runs on ``out``: ``.NAME.dlpack-augment-journal`` (a build's
+    journal is another file, so neither ever takes the other's for its own)."""
+    return _sibling(Path(out), "augment-journal")
 
 
 def _try_lock(fd: int) -> bool:

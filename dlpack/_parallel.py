@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -25,9 +25,15 @@ def pooled(n_jobs: int, n_calls: int) -> bool:
     return not (n_jobs == 1 or n_calls <= 1)
 
 
-def parallel(n_jobs: int, calls: list[Any]) -> Iterator[Any]:
-    """Run delayed calls in order; in-process for one job (no pickling, honest --jobs 1 figures)."""
-    if not pooled(n_jobs, len(calls)):
+def parallel(n_jobs: int, calls: Iterable[Any], count: int | None = None) -> Iterator[Any]:
+    """Run delayed calls in order; in-process for one job (no pickling, honest --jobs 1 figures).
+
+    ``calls`` may be a generator (``count`` then says how many it yields): it is drawn from only as
+    workers take calls (at most two per job ahead), so calls that carry data (a block of pixels)
+    hold no more of it in memory than the pool works on.
+    """
+    n = count if count is not None else len(calls) if isinstance(calls, Sized) else 2
+    if not pooled(n_jobs, n):
         for fn, args, kwargs in calls:
             yield fn(*args, **kwargs)
         return

@@ -363,6 +363,82 @@ def _run_build(a: argparse.Namespace) -> int:
     return 1 if result.skipped else 0
 
 
+#: The ``dlpack build`` flags ``dlpack augment`` takes as they are (the fields' help and defaults).
+_AUGMENT_FLAGS = ("augment", "augment_config", "augment_seed", "augment_engine")
+AUGMENT_EXIT_CODES = (
+    "exit codes: 0 success, 2 usage or input errors (no store, a bad config, variants present without "
+    "--replace), 3 internal error, 130 interrupted (run the same command again to resume)"
+)
+
+
+def _add_augment_flags(p: argparse.ArgumentParser) -> None:
+    from .options import BuildOptions
+
+    add_option_arguments(
+        p, BuildOptions, skip=[f.name for f in dataclasses.fields(BuildOptions) if f.name not in _AUGMENT_FLAGS]
+    )
+    # The same fields as build's flags (and defaults), said of this command.
+    jobs = next(f for f in dataclasses.fields(BuildOptions) if f.name == "jobs")
+    p.add_argument(
+        "--jobs",
+        type=_integer,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help=f"worker processes, -1 for every core; at most the core count (default: {jobs.default})",
+    )
+    p.add_argument(
+        "--no-resume",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="start over instead of continuing a stopped run's finished blocks",
+    )
+    p.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bar or summary")
+
+
+def _add_augment(sub: Any) -> None:
+    p = sub.add_parser(
+        "augment",
+        help="add (or replace) K augmentation variants of every image of a store, on every core",
+        epilog=AUGMENT_EXIT_CODES,
+        add_flags=_add_augment_flags,
+    )
+    p.add_argument("store", help="a fixed-size dlpack store (DIR.zarr, FILE.h5)")
+    p.add_argument("--replace", action="store_true", help="replace the variants the store has")
+    _add_json_flags(p, "what was computed (the store, K, variants, seconds, variants/s, resume note)")
+    p.set_defaults(run=_run_augment)
+
+
+def _run_augment(a: argparse.Namespace) -> int:
+    from .augment import augment
+    from .errors import StoreExistsError
+    from .options import BuildOptions
+
+    if not getattr(a, "augment", 0):
+        raise OptionError("dlpack augment needs --augment K (variants per image, K >= 1) and --augment-config FILE")
+    opts = options_from_args(BuildOptions, a)
+    _check_json_file(a)
+    try:
+        result = augment(
+            a.store,
+            opts.augment,
+            opts.augment_config,
+            seed=opts.augment_seed,
+            jobs=opts.jobs,
+            engine=opts.augment_engine,
+            replace=a.replace,
+            quiet=opts.quiet,
+            no_resume=opts.no_resume,
+        )
+    except StoreExistsError as exc:
+        raise StoreExistsError(str(exc).replace("replace=True", "--replace")) from exc
+    if a.json or a.json_file is not None:
+        doc = {**dataclasses.asdict(result), "variants": result.variants, "variants_per_s": result.variants_per_s}
+        _emit_json(a, doc)
+    if not opts.quiet and not a.json:
+        _say(result.summary())
+    return 0
+
+
 def _add_info(sub: Any) -> None:
     p = sub.add_parser("info", help="describe a store", epilog=EXIT_CODES)
     p.add_argument("store")
@@ -412,6 +488,11 @@ def _run_info(a: argparse.Namespace) -> int:
         rows.insert(4, ("class ids", ", ".join(map(str, info["class_ids"]))))
     if "defects" in info:
         rows.insert(5, ("defects", ", ".join(info["defects"])))
+    if "augment" in info:
+        aug = info["augment"]
+        what = f"{aug['k']} per image (seed {aug['seed']}, engine {aug['engine']}"
+        what += f", config {shown(aug['config'])})" if aug.get("config") else ")"
+        rows.insert(3, ("variants", what))
     rows[4:4] = counts  # after the classes
     if info["conversions"]:
         rows.append(("converted", ", ".join(f"{k}: {v}" for k, v in info["conversions"].items())))
@@ -573,7 +654,7 @@ def _run_export(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_info, _add_verify, _add_bench, _add_export]
+COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_augment, _add_info, _add_verify, _add_bench, _add_export]
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -654,7 +735,12 @@ def _main(argv: list[str]) -> int:
             _say(f"dlpack: interrupted, but {published} was already published and is complete", err=True)
             return EXIT_OK
         message = "interrupted"
-        if args.run is _run_build and _resume_kept(args.out):
+        hint = getattr(exc, "hint", None)
+        if isinstance(hint, str):  # the store is complete, but not what it was to get next
+            message += f"; {hint}"
+        elif (args.run is _run_build and _resume_kept(args.out)) or (
+            args.run is _run_augment and _augment_kept(args.store)
+        ):
             message += "; run the same command again to resume"
         _say(f"dlpack: {message}", err=True)
         _fail_json(args, "KeyboardInterrupt", message, EXIT_INTERRUPTED)
@@ -702,6 +788,13 @@ def _resume_kept(out: str) -> bool:
     from ._lock import journal_path, partial_path
 
     return journal_path(out).is_file() and os.path.lexists(partial_path(out))
+
+
+def _augment_kept(store: str) -> bool:
+    """Whether the interrupted ``dlpack augment`` of ``store`` left its journal to resume from."""
+    from ._lock import augment_journal_path
+
+    return augment_journal_path(store).is_file()
 
 
 def _fail_json(args: argparse.Namespace, kind: str, message: str, code: int) -> None:

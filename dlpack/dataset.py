@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
+import json
 import operator
 import os
-import shutil
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import schema
-from .backends import StoreReader, open_reader, open_writer
+from .backends import StoreReader, open_reader
 from .errors import (
     DlpackError,
     OptionError,
@@ -43,7 +42,8 @@ BASE_KEYS = schema.BASE_KEYS
 PROTECTED_ARRAYS = schema.PROTECTED_ARRAYS
 #: Arrays add_array may replace whose values index a manifest list: (key, stored dtype, list field).
 CODED_ARRAYS = {name: (role.key, role.dtypes[0], role.codes) for name, role in schema.CODED.items()}
-#: Names add_array gives the arrays it moves aside while switching one in (HDF5): users' names never start so.
+#: Names add_array gives the arrays it moves aside while switching one in (HDF5): users' names never start so
+#: (the same as :data:`dlpack.pack.transaction.STAGED_PREFIX`).
 STAGED_PREFIX = "dlpack_"
 
 
@@ -228,6 +228,74 @@ class Dataset:
                 sample[key] = r.read(spec.name, j)
         return sample
 
+    # ------------------------------------------------------------------ augmentation variants
+
+    @property
+    def variants(self) -> int:
+        """The number K of augmentation variants per image (0 without; see ``dlpack augment``)."""
+        return self.manifest.variants
+
+    def _variant_index(self, i: int, v: int) -> tuple[int, int]:
+        j = self._index(i)
+        k = self.variants
+        try:
+            w = operator.index(v)
+        except TypeError:
+            raise SampleIndexError(f"variant must be an integer, got {v!r}") from None
+        if not 0 <= w <= k:
+            has = (
+                f"K={k} variants per image (0 is the original)"
+                if k
+                else "no augmentation variants (run dlpack augment)"
+            )
+            raise SampleIndexError(f"variant {v} is out of range for {self.path}: it has {has}")
+        return j, w
+
+    def _variant_array(self, base: str, v: int) -> str:
+        name = schema.variant_array(base, v)
+        if name not in self.manifest.arrays:
+            raise StoreError(
+                f"store {self.path} records {self.variants} variants but has no array {name!r}; the store is "
+                "damaged: run dlpack augment on it again with --replace"
+            )
+        return name
+
+    def variant(self, i: int, v: int) -> dict[str, Any]:
+        """Variant ``v`` of sample ``i`` as a sample dict like ``ds[i]`` (``image``, ``label``,
+        ``index``, ``source``, the split and keyed arrays), with the variant's ``image`` and its
+        ``boxes``, ``box_labels``, ``box_crowd`` and ``mask`` where the store has them, plus
+        ``"variant": v``. ``v = 0`` is the original; ``1 .. K`` the stored variants.
+
+        Raises :class:`~dlpack.SampleIndexError` for a sample or variant out of range (naming K).
+        """
+        j, w = self._variant_index(i, v)
+        sample = self[j]
+        sample["variant"] = w
+        if w == 0:
+            return sample
+        r = self._reader
+        sample["image"] = r.read(self._variant_array(schema.IMAGES, w), j)
+        for base in (schema.MASK, schema.BOXES, "box_labels", "box_crowd"):
+            spec = self.manifest.arrays.get(base)
+            if spec is not None and spec.key:
+                sample[spec.key] = r.read(self._variant_array(base, w), j)
+        return sample
+
+    def augmentation(self, i: int, v: int) -> list[dict[str, Any]]:
+        """What was applied to make variant ``v`` of sample ``i``: the record ``[{"op": NAME, **params},
+        ...]`` (``[]`` for the original, ``v = 0``, and for a variant nothing was applied to)."""
+        j, w = self._variant_index(i, v)
+        if w == 0:
+            return []
+        raw = self._reader.read(self._variant_array(schema.AUGMENT, w), j)
+        try:
+            record = json.loads(np.ascontiguousarray(raw, dtype=np.uint8).tobytes().decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise StoreError(f"augment_v{w} of {self.path} holds no JSON record for sample {j}: {exc}") from exc
+        if not isinstance(record, list):
+            raise StoreError(f"augment_v{w} of {self.path} holds {type(record).__name__} for sample {j}, not a list")
+        return record
+
     # ------------------------------------------------------------------ BatchSource
 
     def get_batch(
@@ -276,8 +344,10 @@ class Dataset:
         return idx
 
     def warm(self) -> None:
-        """Open maps and read indexes now (the loader calls it before its threads start)."""
-        self._reader.warm()
+        """Open maps and read indexes now (the loader calls it before its threads start), of the
+        arrays samples and batches read: not of the augmentation variants (K times the images), which
+        a reader of variants warms itself (``reader.warm()`` warms every array)."""
+        self._reader.warm(skip=[name for name in self.manifest.arrays if schema.variant_of(name) is not None])
 
     def fingerprint(self) -> str:
         """An id of the content: the sample count and every image's checksum."""
@@ -365,10 +435,18 @@ class Dataset:
         return report.mismatched
 
     def check(self) -> VerifyReport:
-        """What :meth:`verify` checks, as a report naming every damaged array instead of raising."""
+        """What :meth:`verify` checks, as a report naming every damaged array instead of raising.
+
+        A store with augmentation variants has each variant image compared with its
+        ``checksum_v{v}`` too; a variant that does not match is named (``images_v{v}``) in ``damaged``.
+        """
         r = self._reader
         image_arrays = r.spec(schema.image_array(self.manifest.image.layout)).stored_names()
-        damaged = r.array_problems(skip=image_arrays)
+        variant_images = [
+            name for v in range(1, self.variants + 1) if (name := schema.variant_array(schema.IMAGES, v)) in r.arrays
+        ]
+        pixels = [*image_arrays, *variant_images]
+        damaged = r.array_problems(skip=pixels)
         broken = {name for name, _ in damaged}
         damaged += [(n, why) for n, why in r.code_problems() if not broken & {n, n + "_data", n + "_offsets"}]
         bad: list[tuple[int, str]] = []
@@ -383,12 +461,45 @@ class Dataset:
                         bad.append((i, r.source(i)))
             except StoreError as exc:
                 damaged.append((image_arrays[0], str(exc)))
+            damaged += self._variant_problems(broken)
         if not bad and not damaged:
             # The images' own checksum covers bytes the per-image CRCs do not (none, today).
-            damaged = r.array_problems(
-                skip=[n for s in r.arrays.values() for n in s.stored_names() if n not in image_arrays]
-            )
+            damaged = r.array_problems(skip=[n for s in r.arrays.values() for n in s.stored_names() if n not in pixels])
         return VerifyReport(str(self.path), len(self), bad, damaged)
+
+    def _variant_problems(self, broken: set[str | None]) -> list[tuple[str | None, str]]:
+        """Each variant's images against ``checksum_v{v}``, and the variant arrays the store must hold."""
+        r, m = self._reader, self.manifest
+        problems: list[tuple[str | None, str]] = []
+        bases = [schema.IMAGES, schema.CHECKSUM, schema.AUGMENT]
+        bases += [b for b in (schema.MASK, schema.BOXES, "box_labels", "box_crowd") if b in m.arrays]
+        for v in range(1, self.variants + 1):
+            missing = [n for b in bases if (n := schema.variant_array(b, v)) not in m.arrays]
+            if missing:
+                problems.append((None, f"variant {v} lacks the array(s) {', '.join(missing)}"))
+                continue
+            images, checksums = schema.variant_array(schema.IMAGES, v), schema.variant_array(schema.CHECKSUM, v)
+            if checksums in broken:
+                continue
+            try:
+                expected = r.read_all(checksums)
+                wrong = [
+                    i
+                    for i in range(len(self))
+                    if zlib.crc32(np.ascontiguousarray(r.read(images, i)).data) != int(expected[i])
+                ]
+            except StoreError as exc:
+                problems.append((images, f"variant {v}: {exc}"))
+                continue
+            if wrong:
+                shown = ", ".join(f"{i} ({r.source(i)})" for i in wrong[:5]) + (", ..." if len(wrong) > 5 else "")
+                problems.append(
+                    (
+                        images,
+                        f"variant {v}: {len(wrong)} image(s) of {images} do not match {checksums}: samples {shown}",
+                    )
+                )
+        return problems
 
     def info(self) -> dict[str, Any]:
         """Facts for ``dlpack info``."""
@@ -433,7 +544,24 @@ class Dataset:
             }
             | ({"mask_ignore": m.mask_ignore} if m.mask_ignore is not None else {})
             | ({"defects": list(m.defects)} if m.defects else {})
+            | ({"augment": _augment_info(m.augment)} if m.augment else {})
         )
+
+
+def _augment_info(record: dict[str, Any]) -> dict[str, Any]:
+    """The facts ``info`` shows of a store's variants (the manifest has the whole record)."""
+    found = record.get("config")
+    config: dict[str, Any] = found if isinstance(found, dict) else {}
+    ops = record.get("operations")
+    transforms = ops.get("transforms") if isinstance(ops, dict) else None
+    return {
+        "k": record.get("k"),
+        "seed": record.get("seed"),
+        "engine": record.get("engine"),
+        "config": config.get("name"),
+        "kind": config.get("kind"),
+        "operations": len(transforms) if isinstance(transforms, list) else None,
+    }
 
 
 def _shown(spec: ArraySpec) -> str:
@@ -529,11 +657,18 @@ def add_array(
             reader.close()
         spec, data = _checked_array(out, manifest, name, values, key, ragged, replace, compression)
         existing = manifest.arrays.get(name)
+        from .pack.transaction import ArrayTransaction
+
+        # Zarr: the next generation beside the store, published whole; HDF5: staged, then one switch.
+        txn = ArrayTransaction(out, manifest, [existing.name] if existing is not None else [], beside_path(out))
         try:
-            if out.is_dir():  # Zarr
-                _add_beside(out, manifest, spec, data, existing)
-            else:
-                _add_in_place(out, manifest, spec, data, existing)
+            try:
+                txn.begin()
+                txn.write_values(spec, data)
+                txn.commit(manifest)
+            except BaseException:
+                txn.abort()
+                raise
         except StoreError as exc:
             if type(exc) is not StoreError or os.fspath(out) in str(exc):
                 raise
@@ -573,6 +708,12 @@ def _checked_array(
         raise OptionError(
             f"array {name!r} identifies or protects the samples (or --update relies on it): it cannot be replaced "
             "or written by add_array"
+        )
+    variant = schema.variant_of(name)
+    if variant is not None:
+        raise OptionError(
+            f"array name {name!r} is the {variant[0]} array of augmentation variant {variant[1]}: variant arrays are "
+            "written only by dlpack augment (dlpack.augment), with their checksums and records; choose another name"
         )
     existing = manifest.arrays.get(name)
     if existing is not None and not replace:
@@ -673,96 +814,7 @@ def _coded_array(
     return spec, parts[0].astype(dtype)
 
 
-def _write_values(writer: Any, spec: ArraySpec, data: np.ndarray | list[np.ndarray], n: int) -> None:
-    writer.create_array(spec, n)
-    if spec.ragged:
-        writer.write_block(spec.name, 0, data)
-        return
-    step = writer.shard_rows(spec.name)
-    for s in range(0, n, step):
-        writer.write_block(spec.name, s, data[s : s + step])
-
-
-def _add_beside(
-    out: Path, manifest: Manifest, spec: ArraySpec, data: np.ndarray | list[np.ndarray], existing: ArraySpec | None
-) -> None:
-    """Zarr: write the new store generation beside the store (every other file shared by a hard
-    link), then publish it as a build publishes, so the store is the old one or the new one, whole."""
-    from .backends._zarr import clear_beside, prepare_beside
-    from .pack.publish import publish_stage
-
-    stage = beside_path(out)
-    clear_beside(out, stage)
-    writer = None
-    try:
-        prepare_beside(out, stage, skip=existing.stored_names() if existing is not None else ())
-        taken = [n for n in spec.stored_names() if (stage / n).exists() or (stage / n).is_symlink()]
-        if taken:
-            raise StoreError(
-                f"{out} holds {', '.join(taken)}, which is not one of its arrays; choose another array name"
-            )
-        writer = open_writer(stage, "r+")
-        if existing is not None:
-            writer.delete_array(existing.name)
-        _write_values(writer, spec, data, manifest.count)
-        writer.commit(manifest)
-        publish_stage(stage, out, overwrite=True)
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        if stage.exists():
-            shutil.rmtree(stage, ignore_errors=True)  # made by this call, under the lock
-        raise
-
-
 def beside_path(out: str | os.PathLike[str]) -> Path:
     """Where ``add_array`` writes the next generation of a Zarr store: ``.NAME.dlpack-add`` next to it."""
     p = Path(out)
     return p.parent / f".{p.name}.dlpack-add"
-
-
-def _add_in_place(
-    out: Path, manifest: Manifest, spec: ArraySpec, data: np.ndarray | list[np.ndarray], existing: ArraySpec | None
-) -> None:
-    """HDF5: the new array is written and committed under a temporary name, without a key. Then,
-    in one session of the HDF5 library (which writes the file when it closes it), the array it
-    replaces moves aside, the new one takes its name and the manifest is rewritten; only then is
-    the old one deleted. Whatever fails is undone in that session, so the file holds a complete
-    store whenever the library writes it."""
-    from .backends._hdf5 import ensure_space
-
-    writer = open_writer(out, "r+")
-    tag = hashlib.sha256(spec.name.encode()).hexdigest()[:16]
-    staged, retired = STAGED_PREFIX + "new_" + tag, STAGED_PREFIX + "old_" + tag
-    try:
-        writer.clear_debris()
-        for leftover in [n for n in writer.arrays if n.startswith(STAGED_PREFIX)]:
-            writer.delete_array(leftover)  # committed by a call killed before it finished
-        _write_values(writer, dataclasses.replace(spec, name=staged, key=None), data, manifest.count)
-        writer.commit(manifest)
-        ensure_space(out, 4 * len(manifest.to_json().encode("utf-8")) + 2**20, "the manifest")
-        old = None
-        try:
-            if existing is not None:
-                writer.rename_array(existing.name, retired)
-                old = writer.arrays.pop(retired)  # no longer listed, deleted once the switch is written
-            writer.rename_array(staged, spec.name, spec.key)
-            writer.commit(manifest)  # the switch
-        except BaseException:
-            if spec.name in writer.arrays and staged not in writer.arrays:
-                writer.rename_array(spec.name, staged)
-            if existing is not None and old is not None:
-                writer.arrays[retired] = old
-                writer.rename_array(retired, existing.name, existing.key)
-            raise
-        if old is not None:
-            writer.arrays[retired] = old
-            writer.delete_array(retired)  # listed by no manifest: a kill before this leaves debris, removed next time
-    except BaseException:
-        if staged in writer.arrays:  # failed before the switch: take the staged array out again
-            with contextlib.suppress(Exception):
-                writer.delete_array(staged)
-                writer.commit(manifest)
-        raise
-    finally:
-        writer.abort()

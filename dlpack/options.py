@@ -311,6 +311,31 @@ class BuildOptions:
         default=(),
         metadata={"help": "with --update: comma list of arrays (added with add_array) to drop", "metavar": "LIST"},
     )
+    # Augmentation variants (docs/format.md, "Augmentation variants"); `dlpack augment` takes the same flags.
+    augment: int = field(
+        default=0,
+        metadata={
+            "help": "K augmentation variants of every stored image, with --augment-config (dlpack build adds them "
+            "once the store is published; a stopped run is resumed by dlpack augment)",
+            "metavar": "K",
+        },
+    )
+    augment_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --augment: the augmentation config, JSON or YAML: an albumentations to_dict document or "
+            "an object of HALCON augment_dl_samples parameters",
+            "metavar": "FILE",
+        },
+    )
+    augment_seed: int = field(default=0, metadata={"help": "with --augment: the seed of the variants", "metavar": "S"})
+    augment_engine: Literal["dlpack", "albumentations"] = field(
+        default="dlpack",
+        metadata={
+            "help": "with --augment: dlpack (its own operations) or albumentations (the whole pipeline run by an "
+            "installed albumentations)"
+        },
+    )
 
     def __post_init__(self) -> None:
         exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
@@ -387,11 +412,51 @@ class BuildOptions:
                 f"size {w}x{h} is {w * h} pixels per image, more than max_pixels={self.max_pixels} (--max-pixels); "
                 "choose a smaller size, or raise max_pixels if the machine has the memory"
             )
+        self._check_augment()
         if self.shard_bytes < 2**16:
             raise OptionError(f"shard_bytes must be at least 65536, got {self.shard_bytes}")
         # A shard is written from one block held in memory.
         if self.shard_bytes > 2**31:
             raise OptionError(f"shard_bytes must be at most 2147483648 (2 GiB), got {self.shard_bytes}")
+
+    def _check_augment(self) -> None:
+        k, seed = self.augment, self.augment_seed
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise OptionError(f"augment (--augment K) must be an integer >= 0 (variants per image), got {k!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise OptionError(f"augment_seed (--augment-seed) must be an integer >= 0, got {seed!r}")
+        _choice("augment_engine", self.augment_engine, ("dlpack", "albumentations"))
+        if self.augment_config is not None and (not isinstance(self.augment_config, str) or not self.augment_config):
+            raise OptionError(f"augment_config (--augment-config) must be a file path, got {self.augment_config!r}")
+        if k and self.augment_config is None:
+            raise OptionError(
+                "augment (--augment K) needs augment_config (--augment-config FILE): the operations to apply"
+            )
+        if not k:
+            given = [
+                name
+                for name, value, default in (
+                    ("augment_config", self.augment_config, None),
+                    ("augment_seed", seed, 0),
+                    ("augment_engine", self.augment_engine, "dlpack"),
+                )
+                if value != default
+            ]
+            if given:
+                raise OptionError(
+                    f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with augment=K (--augment K)"
+                )
+            return
+        if self.format == "dldataset":
+            raise OptionError(
+                "augment writes variants into a store; a DLDataset folder holds none: build a store with --augment, "
+                "then export it (dlpack export STORE --to dldataset OUT)"
+            )
+        if self.update:
+            raise OptionError(
+                "augment with update: update the store first, then run dlpack augment OUT --augment K "
+                "--augment-config FILE --replace to compute its variants again"
+            )
 
     @property
     def label_kind(self) -> str:

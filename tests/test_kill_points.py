@@ -33,6 +33,7 @@ b = importlib.import_module("dlpack.pack.publish")
 
 cfg = json.loads(sys.argv[1])
 template, work, out, args = cfg["template"], cfg["work"], cfg["out"], cfg["args"]
+exec(cfg.get("preload") or "")  # what the command needs set up first (a test's config reader)
 
 
 SIG = signal.SIGINT if cfg["signal"] == "INT" else signal.SIGKILL
@@ -140,9 +141,17 @@ print(json.dumps(results))
 
 
 def drive(
-    tmp_path: Path, template: Path, out_name: str, args: list[str], sig: str = "KILL", content: bool = False
+    tmp_path: Path,
+    template: Path,
+    out_name: str,
+    args: list[str],
+    sig: str = "KILL",
+    content: bool = False,
+    preload: str = "",
 ) -> dict[str, Any]:
-    """Run the driver: the reference run, then every kill point and its rerun (see the module docstring)."""
+    """Run the driver: the reference run, then every kill point and its rerun (see the module docstring).
+
+    ``preload``: Python the driver runs once, before the reference run (a test's config reader, say)."""
     work, logs = tmp_path / "work", tmp_path / "logs"
     logs.mkdir()
     out = work / out_name
@@ -153,6 +162,7 @@ def drive(
         "logs": str(logs),
         "signal": sig,
         "content": content,
+        "preload": preload,
         "args": [a.replace("{work}", str(work)) for a in args],
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(dlpack.__file__).parents[1]), *sys.path])}

@@ -34,6 +34,8 @@ PUBLIC = {
     "Loader",
     "LoaderOptions",
     "RaggedBatch",
+    "augment",
+    "AugmentResult",
     "Manifest",
     "ImageSpec",
     "ArraySpec",
@@ -178,3 +180,13 @@ def test_an_unknown_keyword_is_an_option_error_with_close_matches(make_tree: Any
     with pytest.raises(dlpack.OptionError, match=r"unknown keyword 'zzz' \(its keywords are BuildOptions fields\)$"):
         dlpack.build(src, tmp_path / "p.zarr", zzz=1)
     assert len(ds.loader(batch_size=2)) == 1  # a known keyword still works
+
+
+def test_augment_is_callable_whether_its_package_or_a_module_of_it_is_imported_first() -> None:
+    # dlpack.augment is the package (importing any of its modules binds it there); calling it augments.
+    code = (
+        "import inspect, dlpack.augment.workers, dlpack; from dlpack.augment import AugmentResult, augment; "
+        "print(callable(dlpack.augment), dlpack.augment.augment is augment, dlpack.AugmentResult is AugmentResult, "
+        "list(inspect.signature(dlpack.augment).parameters)[:3])"
+    )
+    assert _fresh_python(code).split() == ["True", "True", "True", "['store',", "'k',", "'config']"]

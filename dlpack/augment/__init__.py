@@ -1,2 +1,94 @@
-"""Augmentation variants of a store: the loader's view schedule (:mod:`dlpack.augment.schedule`)
-and the batch source that serves them (:mod:`dlpack.augment.views`)."""
+"""Augmentation variants: K deterministic augmented copies of every stored image, cached in the store.
+
+``dlpack.augment(store, k, config)`` (``dlpack augment STORE --augment K --augment-config FILE``)
+computes variant ``v`` of sample ``i`` as ``augmenter(stored original, variant_rng(seed, i, v))``
+on every core and switches the arrays ``images_v{v}`` (and ``mask_v{v}``, ``boxes_v{v}``, ...,
+``checksum_v{v}``, ``augment_v{v}``) into the store in one step (docs/format.md, "Augmentation
+variants"). ``ds.variant(i, v)`` reads one back.
+
+``dlpack.augment`` is this package (importing any of its modules binds the package to that name,
+so a function there would not stay), and calling the package calls :func:`augment`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import types
+from typing import Any
+
+from .result import AugmentResult
+
+__all__ = ["augment", "AugmentResult"]
+
+
+def augment(
+    store: str | os.PathLike[str],
+    k: int,
+    config: Any,
+    *,
+    seed: int = 0,
+    jobs: int = -1,
+    engine: str = "dlpack",
+    replace: bool = False,
+    quiet: bool = False,
+    no_resume: bool = False,
+) -> AugmentResult:
+    """Add (or replace) ``k`` augmentation variants of every image of a store.
+
+    Variant ``v`` of sample ``i`` is a pure function of ``(seed, i, v)``, the config and the stored
+    original (at the training resolution, with its boxes and mask), so the bytes are the same for
+    any ``jobs``. Everything is checked before anything is written; a failure leaves the store as
+    it was, and a killed or interrupted run is continued by the same call (see ``no_resume``).
+
+    Parameters
+    ----------
+    store
+        A complete fixed-size dlpack store (Zarr or HDF5).
+    k
+        Variants per image (``--augment K``).
+    config
+        The path of an augmentation config (albumentations ``to_dict`` JSON/YAML, or a HALCON-style
+        object of ``augment_dl_samples`` parameters), or a loaded config: anything with an
+        ``augmenter``, ``manifest_record()`` and ``operations()``
+        (:class:`~dlpack.augment.plan.AugmentConfigLike`).
+    seed
+        The variants' seed (``--augment-seed``).
+    jobs
+        Worker processes, -1 for every core (at most the core count).
+    engine
+        ``"dlpack"`` (dlpack's own operations) or ``"albumentations"`` (the whole pipeline run by an
+        installed albumentations).
+    replace
+        Replace the variants the store has; without it such a store is refused.
+    quiet
+        No progress bar.
+    no_resume
+        Start over instead of continuing a stopped run's journalled blocks.
+
+    Raises
+    ------
+    StoreExistsError
+        The store has variants and ``replace`` is false.
+    OptionError
+        A variable-size store, a bad argument, or a config that cannot be read (``ConfigError``).
+    StoreLockedError
+        A build, update, ``add_array`` or another ``augment`` holds the store's lock.
+    """
+    from .run import augment_store
+
+    return augment_store(
+        store, k, config, seed=seed, jobs=jobs, engine=engine, replace=replace, quiet=quiet, no_resume=no_resume
+    )
+
+
+class _CallablePackage(types.ModuleType):
+    """The package, callable as :func:`augment` (so ``dlpack.augment(...)`` works whichever it is)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> AugmentResult:
+        return augment(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+__signature__ = inspect.signature(augment)

@@ -23,7 +23,7 @@ import hashlib
 import os
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -610,9 +610,12 @@ class StoreReader(ABC):
             return self.path.stat().st_size
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
 
-    def warm(self) -> None:
-        """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads start)."""
+    def warm(self, skip: Collection[str] = ()) -> None:
+        """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads
+        start), of every array but those named in ``skip``."""
         for name, spec in self.arrays.items():
+            if name in skip:
+                continue
             variant = schema.variant_of(name)
             if variant is not None and variant[0] == schema.AUGMENT:
                 continue  # the records of what made each variant: read one by one, never by a loader

@@ -26,7 +26,7 @@ from typing import Any
 
 from .._lock import BuildLock, journal_path, partial_path
 from ..backends import Backend, backend_for_path, remove_store
-from ..errors import OptionError, SourceError, StoreExistsError
+from ..errors import DlpackError, OptionError, SourceError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
 from .arrays import manifest_stage
@@ -44,7 +44,14 @@ from .inputs import (
     split_stage,
 )
 from .plan import BuildPlan, plan_stage
-from .publish import PublishedInterrupt, check_replaceable, clear_leftovers, publish, published_by_killed_build
+from .publish import (
+    PublishedInterrupt,
+    UnfinishedInterrupt,
+    check_replaceable,
+    clear_leftovers,
+    publish,
+    published_by_killed_build,
+)
 from .result import BuildResult, label_summary
 from .update import recorded_label_options, update_stage
 from .workers import jobs_of, validate_stage
@@ -124,6 +131,59 @@ def _existing_result(
     )
 
 
+def _variant_config(opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> Any:
+    """The augmentation config of a build with ``augment`` (read before anything is packed, so a bad
+    config costs nothing), or None without."""
+    if not opts.augment:
+        return None
+    if plan.image.layout != "fixed":
+        raise OptionError(
+            "augment needs one stored size: the images would be stored at their own sizes; pass --size WxH "
+            "(or --max-side N with --resize fit)"
+        )
+    from ..augment.plan import resolve_config
+
+    task = plan.labels.task if plan.labels is not None else ("classification" if scan.classes else "none")
+    return resolve_config(opts.augment_config, opts.augment_engine, task)
+
+
+def _with_variants(result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float) -> BuildResult:
+    """``result`` once the published store ``out`` has its variants (``--augment``). The store is
+    complete without them; a stopped or failed variant run says how to add them (it resumes)."""
+    if config is None:
+        return result
+    from dataclasses import replace
+
+    from ..augment.run import augment_locked
+
+    command = f"dlpack augment {out} --augment {opts.augment} --augment-config {opts.augment_config}"
+    if opts.augment_seed:
+        command += f" --augment-seed {opts.augment_seed}"
+    if opts.augment_engine != "dlpack":
+        command += f" --augment-engine {opts.augment_engine}"
+    hint = f"{out} was built, but not its augmentation variants: run {command} to add them (it resumes)"
+    try:
+        done = augment_locked(
+            out, opts.augment, config, opts.augment_seed, opts.jobs, opts.augment_engine, False, opts.quiet,
+            opts.no_resume,
+        )  # fmt: skip
+    except PublishedInterrupt:
+        raise
+    except KeyboardInterrupt:
+        raise UnfinishedInterrupt(hint) from None
+    except DlpackError as exc:
+        text = f"{hint}; the variants failed: {exc}"
+        try:
+            wrapped = type(exc)(text)
+        except TypeError:  # an error class with its own arguments
+            wrapped = DlpackError(text)
+        raise wrapped from exc
+    note = f"{done.k} augmentation variants per image: {done.variants} variants ({done.variants_per_s:.0f} variants/s)"
+    if done.resume:
+        note += f" ({done.resume})"
+    return replace(result, seconds=time.perf_counter() - t0, augment=note)
+
+
 def build(
     src: Source | str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -196,11 +256,14 @@ def build(
             scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         probes = probe_stage(root, scan.items, opts)
         plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(root))
+        variants = _variant_config(opts, plan, scan)
         if published is not None:
             # The same build was killed just after it published OUT: it is done.
             if not published_by_killed_build(backend, out_path, plan, published):
                 raise StoreExistsError(exists)
-            return _existing_result(backend, out_path, plan, scan, sel, probes, t0)
+            return _with_variants(
+                _existing_result(backend, out_path, plan, scan, sel, probes, t0), out_path, opts, variants, t0
+            )
         if sel.errors and opts.on_error == "fail":
             pairs = jobs_of(scan.items, probes, sel.keep)
             found = validate_stage(os.fspath(root), plan, pairs, opts)
@@ -218,7 +281,7 @@ def build(
         finally:
             remove_store(journal_path(out_path))
         try:
-            return BuildResult(
+            result = BuildResult(
                 path=out_path,
                 count=plan.count,
                 skipped=manifest.skipped,
@@ -237,3 +300,4 @@ def build(
             )
         except KeyboardInterrupt:
             raise PublishedInterrupt(out_path) from None
+        return _with_variants(result, out_path, opts, variants, t0)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import schema
 from .._names import shown as shown_name
 from ..backends import ArraySpec, StoreWriter
 from ..errors import BadInputsError, InputFileError, OptionError, SourceError
@@ -66,6 +67,11 @@ UPDATE_OPTIONS: dict[str, str] = {
     "fill": "applied",
     "drop_array": "applied",
     "overwrite": "refused",
+    # An update never computes variants: an update that changes samples drops them, saying so.
+    "augment": "refused",
+    "augment_config": "refused",
+    "augment_seed": "refused",
+    "augment_engine": "refused",
 }
 
 
@@ -304,9 +310,16 @@ def user_arrays(m: Manifest, opts: BuildOptions, out: Path) -> list[ArraySpec]:
     built = (
         _UPDATE_BUILT | ({"split"} if m.splits else set()) | (_LABEL_BUILT if (m.plan or {}).get("labels") else set())
     )
-    user = {name: spec for name, spec in sorted(m.arrays.items()) if name not in built}
+    user = {
+        name: spec for name, spec in sorted(m.arrays.items()) if name not in built and schema.variant_of(name) is None
+    }
     fills = opts.fill_values
     for name in (*fills, *opts.drop_array):
+        if schema.variant_of(name) is not None and name in m.arrays:
+            raise OptionError(
+                f"array {name!r} of {out} belongs to its augmentation variants, which an update keeps or drops "
+                'whole (docs/format.md, "Updates"): it cannot be filled or dropped alone'
+            )
         if name in built:
             raise OptionError(
                 f"array {name!r} of {out} is built by dlpack; an update rebuilds it (it cannot be filled or dropped)"
@@ -326,6 +339,29 @@ def user_arrays(m: Manifest, opts: BuildOptions, out: Path) -> list[ArraySpec]:
         if float(cast.real if cast.dtype.kind == "c" else cast) != value:
             raise OptionError(f"fill value {value:g} does not fit array {name!r} of dtype {np.dtype(spec.dtype)}")
     return [spec for name, spec in user.items() if name not in opts.drop_array]
+
+
+def variant_arrays(m: Manifest) -> list[ArraySpec]:
+    """The arrays of a store's augmentation variants (``images_v1`` ...), which an update carries only
+    while every sample keeps its index and pixels."""
+    return [spec for name, spec in sorted(m.arrays.items()) if schema.variant_of(name) is not None]
+
+
+def dropped_variants_note(m: Manifest, out: Path) -> str:
+    """What an update that changed samples says about the variants it dropped, with the command
+    that computes them again."""
+    rec = m.augment or {}
+    config = rec.get("config") if isinstance(rec.get("config"), dict) else {}
+    name = (config or {}).get("name") or "FILE"
+    command = f"dlpack augment {out} --augment {m.variants} --augment-config {name}"
+    if rec.get("seed"):
+        command += f" --augment-seed {rec['seed']}"
+    if rec.get("engine", "dlpack") != "dlpack":
+        command += f" --augment-engine {rec['engine']}"
+    return (
+        f"dropped its {m.variants} augmentation variants per image (made from samples this update changed); "
+        f"run {command} to compute them again"
+    )
 
 
 def unfilled_error(missing: Sequence[ArraySpec], appended: int, replaced: int, out: Path) -> OptionError:

@@ -185,6 +185,15 @@ class PublishedInterrupt(KeyboardInterrupt):
         super().__init__(f"interrupted after {published} was published; the store is complete")
 
 
+class UnfinishedInterrupt(KeyboardInterrupt):
+    """Ctrl-C arrived once the store was published, before what it was to get next (its
+    augmentation variants): ``hint`` says how to finish (the CLI prints it and exits 130)."""
+
+    def __init__(self, hint: str) -> None:
+        self.hint = hint
+        super().__init__(hint)
+
+
 def _identity(path: Path) -> tuple[int, int] | None:
     try:
         st = os.lstat(path)

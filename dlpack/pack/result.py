@@ -50,6 +50,8 @@ class BuildResult:
     boxes_dropped: int = 0
     #: What the label source changed or did not use (``SourceScan.notes``).
     label_notes: tuple[str, ...] = ()
+    #: ``--augment``: the variants added to the store ("K augmentation variants per image: ..."), or "".
+    augment: str = ""
 
     @property
     def images_per_s(self) -> float:
@@ -103,6 +105,8 @@ class BuildResult:
         if self.splits:
             lines.append("splits: " + ", ".join(f"{shown_name(name)} {n}" for name, n in sorted(self.splits.items())))
         lines += self.notes
+        if self.augment:
+            lines.append(self.augment)
         if verbose:
             lines += [f"  excluded {shown_name(p)}" for p in self.excluded]
             lines += [f"  not an image: {shown_name(p)}" for p in self.ignored]

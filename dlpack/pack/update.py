@@ -29,6 +29,7 @@ from .changes import (
     check_update_options,
     class_aliases,
     codes_outside,
+    dropped_variants_note,
     gone_error,
     label_changes,
     new_label_paths,
@@ -39,6 +40,7 @@ from .changes import (
     unfilled_error,
     update_reason,
     user_arrays,
+    variant_arrays,
 )
 from .inputs import Probe, Selection, bad_inputs, probe_stage, scan_stage, split_names, split_per_file
 from .plan import BuildPlan, image_array, label_plan, order_digest, source_digest
@@ -171,6 +173,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                 excluded=scan.excluded,
                 ignored=scan.ignored,
             )
+        # Variants are made from the samples' indices and pixels: kept only while no sample changes.
+        variants = variant_arrays(m)
+        keep_variants = bool(variants) and not (added or ch.replaced or ch.removed)
         images = image_array(plan0.image, plan0.compression)
         count = len(items)
         plan = replace(
@@ -230,6 +235,8 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                 writer, reader, out, plan0, plan, origin, scan, probes, root, opts
             )
             carry_arrays(writer, reader, out, user, rows, fills)
+            if keep_variants:
+                carry_arrays(writer, reader, out, variants, rows, {})
             osz, tr, crc = reader.meta("original_size"), reader.meta("transform"), reader.meta("checksum")
             stat0, sha0 = reader.meta("source_stat"), reader.meta("source_sha256")
             stored = StoredLabels(reader, plan)
@@ -272,6 +279,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
                 splits=splits,
                 conversions=dict(sorted(conversions.items())),
                 history=(*m.history, entry),
+                augment=m.augment if keep_variants else None,
             )
         except BaseException as exc:
             discard_partial(partial, out, exc)
@@ -292,6 +300,12 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
     )
     if opts.drop_array:
         note += f"; dropped array(s) {', '.join(opts.drop_array)}"
+    if m.augment is not None or variants:
+        note += (
+            f"; kept its {m.variants} augmentation variants per image"
+            if keep_variants
+            else "; " + dropped_variants_note(m, out)
+        )
     if carried:
         what = "1 entry that is" if len(carried) == 1 else f"{len(carried)} entries that are"
         note += f"; kept {what} not dlpack's ({', '.join(shown_name(c) for c in carried[:5])})"

@@ -1,0 +1,385 @@
+"""The variant build: K augmented variants of every stored image, computed in parallel, switched in at once.
+
+Under the store's build lock: read what the variants are made from, plan them, then write them
+through an :class:`~dlpack.pack.transaction.ArrayTransaction` (Zarr: the next generation beside
+the store; HDF5: staged arrays in the file), one shard block of one variant per worker call, each
+block journalled once written (``.NAME.dlpack-augment-journal``); the small per-sample outputs are
+written as arrays at commit, with the manifest's ``augment`` record. A failed run leaves the store
+as it was; a killed or interrupted one leaves its blocks and journal, which the same command run
+again continues (docs/format.md, "Augmentation variants").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import _parallel, schema
+from .._lock import BuildLock, augment_journal_path, augment_stage_path
+from ..backends import ArraySpec, StoreReader, detect_backend, open_reader, remove_store
+from ..backends.base import DEFAULT_SHARD_BYTES
+from ..errors import DlpackError, OptionError, StoreError, StoreExistsError, StoreNotFoundError
+from ..manifest import Manifest
+from ..options import available_cores
+from ..pack.journal import Journal, Restart, is_journal, read_journal
+from ..pack.publish import PublishedInterrupt, clear_leftovers
+from ..pack.transaction import ArrayTransaction
+from .plan import (
+    VariantPlan,
+    check_arguments,
+    input_arrays,
+    journal_header,
+    manifest_record,
+    resolve_config,
+    same_variants,
+    store_identity,
+    variant_specs,
+)
+from .result import AugmentResult
+from .workers import LabelRows, VariantRecord, variant_block
+
+__all__ = ["augment_store", "augment_locked"]
+
+#: The bases of the arrays written block by block (by the workers); the rest are written at commit.
+_BLOCK_BASES = (schema.IMAGES, schema.MASK)
+
+
+def augment_store(
+    store: str | os.PathLike[str],
+    k: int,
+    config: Any,
+    *,
+    seed: int = 0,
+    jobs: int = -1,
+    engine: str = "dlpack",
+    replace: bool = False,
+    quiet: bool = False,
+    no_resume: bool = False,
+) -> AugmentResult:
+    """:func:`dlpack.augment.augment`: take the store's lock (refusing while another dlpack process
+    holds it, naming the holder) and run :func:`augment_locked`."""
+    check_arguments(k, seed, jobs, engine)
+    out = Path(store)
+    if out.is_symlink():  # the store the link names is the one changed (and locked)
+        out = out.resolve()
+    if not out.exists():
+        raise StoreNotFoundError(f"no store at {out} to augment")
+    with BuildLock(out):
+        return augment_locked(out, k, config, seed, jobs, engine, replace, quiet, no_resume)
+
+
+def _n_jobs(jobs: int) -> int:
+    cores = available_cores()
+    return cores if jobs == -1 else min(jobs, cores)
+
+
+def _label_rows(reader: StoreReader, inputs: Mapping[str, ArraySpec]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The stored label rows the variants move, each ragged array read whole once: ``(data, offsets)``."""
+    rows = {}
+    for base in ("boxes", "box_labels", "box_crowd"):
+        if base in inputs:
+            rows[base] = (reader.meta(base + "_data"), reader.meta(base + "_offsets"))
+    if "boxes" in rows:
+        for base in ("box_labels", "box_crowd"):
+            if base in rows and not np.array_equal(rows[base][1], rows["boxes"][1]):
+                raise StoreError(f"{base} of {reader.path} has other row counts than boxes; the store is damaged")
+    return rows
+
+
+def _block_labels(rows: Mapping[str, tuple[np.ndarray, np.ndarray]], start: int, stop: int) -> list[LabelRows]:
+    def take(base: str, i: int) -> np.ndarray | None:
+        if base not in rows:
+            return None
+        data, off = rows[base]
+        return np.asarray(data[int(off[i]) : int(off[i + 1])])
+
+    return [(take("boxes", i), take("box_labels", i), take("box_crowd", i)) for i in range(start, stop)]
+
+
+def _check_journal_path(path: Path) -> None:
+    """Refuse anything at the journal's names that is not a dlpack journal (it is left alone)."""
+    for p in (path, path.with_name(path.name + ".tmp")):
+        if (p.exists() or p.is_symlink()) and not is_journal(p):
+            raise StoreError(
+                f"{p} is where dlpack augment keeps its journal, but it is not a dlpack journal; it was left "
+                "untouched: remove or rename it, then run the command again"
+            )
+    remove_store(path.with_name(path.name + ".tmp"))
+
+
+def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    keys = sorted(key for key in new if key != "fingerprint" and old.get(key) != new[key])
+    if "store" in keys:
+        return "the store changed since it was stopped"
+    return f"the variants changed ({', '.join(keys) or 'fingerprint'})"
+
+
+def _published_by_stopped_run(path: Path, m: Manifest, record: Mapping[str, Any]) -> bool:
+    """Whether the store holds the variants a stopped run of this very request committed and
+    published (it was killed before it removed its journal)."""
+    if not path.exists():
+        return False
+    try:
+        state = read_journal(path, VariantRecord.from_record)
+    except Restart:
+        return False
+    header = state.header
+    return (
+        state.commit
+        and header.get("store") != store_identity(m)
+        and same_variants(header, m.augment)
+        and same_variants(header, record)
+    )
+
+
+def _verified(
+    txn: ArrayTransaction,
+    plan: VariantPlan,
+    blocks: Mapping[int, list[VariantRecord]],
+    fixed: Mapping[int, tuple[str, str | None]],
+) -> dict[int, list[VariantRecord]]:
+    """The journalled blocks still good: whole aligned blocks whose variant images (and masks)
+    read back with their recorded CRC-32."""
+    done = {}
+    for unit, records in sorted(blocks.items()):
+        if not 0 <= unit < plan.k * plan.count:
+            continue
+        v, start = plan.of_unit(unit)
+        if start % plan.block_len or len(records) != plan.rows(start):
+            continue
+        image_name, mask_name = fixed[v]
+        try:
+            stored = txn.writer.read_block(txn.name(image_name), start, start + len(records))
+            masks = (
+                None if mask_name is None else txn.writer.read_block(txn.name(mask_name), start, start + len(records))
+            )
+        except StoreError:
+            continue
+        if any(
+            zlib.crc32(np.ascontiguousarray(img).data) != r.checksum for img, r in zip(stored, records, strict=True)
+        ):
+            continue
+        if masks is not None and any(
+            zlib.crc32(np.ascontiguousarray(mk).data) != r.mask_crc for mk, r in zip(masks, records, strict=True)
+        ):
+            continue
+        done[unit] = records
+    return done
+
+
+def _commit_arrays(
+    txn: ArrayTransaction,
+    plan: VariantPlan,
+    specs: Sequence[tuple[int, ArraySpec]],
+    done: Mapping[int, list[VariantRecord]],
+) -> None:
+    """Write every array that is not written block by block: checksums, records and moved labels."""
+    for v, spec in specs:
+        base = schema.variant_of(spec.name)
+        assert base is not None
+        if base[0] in _BLOCK_BASES:
+            continue
+        recs = [r for s in range(0, plan.count, plan.block_len) for r in done[plan.unit(v, s)]]
+        values: np.ndarray | list[np.ndarray]
+        if base[0] == schema.CHECKSUM:
+            values = np.array([r.checksum for r in recs], dtype="<u4")
+        elif base[0] == schema.AUGMENT:
+            values = [np.frombuffer(r.applied.encode("utf-8"), dtype=np.uint8) for r in recs]
+        elif base[0] == "boxes":
+            values = [np.array(r.boxes or (), dtype="<f4").reshape(-1, 4) for r in recs]
+        elif base[0] == "box_labels":
+            values = [np.array(r.box_labels or (), dtype="<i4") for r in recs]
+        else:
+            values = [np.array(r.box_crowd or (), dtype="|u1") for r in recs]
+        txn.write_values(spec, values)
+
+
+def augment_locked(
+    out: Path,
+    k: int,
+    config: Any,
+    seed: int,
+    jobs: int,
+    engine: str,
+    replace: bool,
+    quiet: bool,
+    no_resume: bool,
+) -> AugmentResult:
+    """Compute and switch in K variants of every image of the complete store ``out``; call only
+    while holding its build lock (``dlpack build --augment`` calls it right after publishing)."""
+    t0 = time.perf_counter()
+    check_arguments(k, seed, jobs, engine)
+    clear_leftovers(out)  # a killed publish of an earlier run is finished or undone first
+    reader = open_reader(out)
+    try:
+        m = reader.manifest
+        pin = reader.__getstate__()["pin"]
+        inputs = input_arrays(m, out)
+        rows = _label_rows(reader, inputs)
+        shard_bytes = int((m.plan or {}).get("shard_bytes") or DEFAULT_SHARD_BYTES)
+        block_len = reader.shard_len(schema.IMAGES) or detect_backend(out).shard_rows(
+            inputs[schema.IMAGES], m.count, shard_bytes
+        )
+    finally:
+        reader.close()  # an HDF5 store is written next, which HDF5 refuses while a reader has it open
+    cfg = resolve_config(config, engine, m.resolved_task)  # config errors before anything is written
+    fill = m.mask_ignore if m.mask_ignore is not None else 0
+    record = manifest_record(cfg, k, seed, engine, fill)
+    header = journal_header(m, record, block_len)
+    jpath = augment_journal_path(out)
+    _check_journal_path(jpath)
+    old = [name for name in m.arrays if schema.variant_of(name) is not None]
+    config_name = str(record["config"].get("name", "")) if isinstance(record["config"], dict) else ""
+
+    def result(**fields: Any) -> AugmentResult:
+        return AugmentResult(
+            path=out, k=k, count=m.count, seed=seed, engine=engine, config=config_name,
+            seconds=time.perf_counter() - t0, **fields,
+        )  # fmt: skip
+
+    if m.augment is not None or old:
+        if _published_by_stopped_run(jpath, m, record):
+            remove_store(jpath)
+            blocks = len(range(0, m.count, block_len)) * k
+            return result(
+                written=0, blocks=blocks, blocks_written=0, resume="published already: the stopped run had finished it"
+            )
+        if not replace:
+            raise StoreExistsError(
+                f"{out} already has {m.variants} augmentation variants per image; pass replace=True to replace them"
+            )
+    mask = inputs.get(schema.MASK)
+    shape = m.image.shape
+    assert shape is not None  # a fixed layout: input_arrays refuses others
+    plan = VariantPlan(
+        store=os.fspath(out),
+        pin=pin,
+        k=k,
+        seed=seed,
+        augmenter=cfg.augmenter,
+        shape=shape,
+        dtype=m.image.dtype,
+        mask_dtype=None if mask is None else mask.dtype,
+        boxes="boxes" in inputs,
+        box_labels="box_labels" in inputs,
+        box_crowd="box_crowd" in inputs,
+        fill_mask=fill,
+        count=m.count,
+        block_len=block_len,
+    )
+    specs = variant_specs(m, inputs, k)
+    fixed_specs = [s for _, s in specs if (schema.variant_of(s.name) or ("",))[0] in _BLOCK_BASES]
+    fixed = {
+        v: (schema.variant_array(schema.IMAGES, v), schema.variant_array(schema.MASK, v) if mask is not None else None)
+        for v in range(1, k + 1)
+    }
+    units = plan.blocks()
+    stage = augment_stage_path(out)
+    txn = ArrayTransaction(out, m, old, stage, shard_bytes)
+    journal: Journal[VariantRecord] | None = None
+    done: dict[int, list[VariantRecord]] = {}
+    note = ""
+    try:
+        if os.path.lexists(jpath):
+            try:
+                if no_resume:
+                    raise Restart("--no-resume")
+                state = read_journal(jpath, VariantRecord.from_record)
+                if state.header.get("fingerprint") != header["fingerprint"]:
+                    raise Restart(_changed(state.header, header))
+                if state.commit:
+                    raise Restart("it was stopped while committing")
+                try:
+                    txn.begin(resume=fixed_specs)
+                    if not all(txn.writer.parallel_safe(txn.name(s.name)) for s in fixed_specs):
+                        raise StoreError("its blocks were not written as independent units")
+                except (StoreError, OptionError) as exc:
+                    txn.abort()
+                    raise Restart(f"its variant arrays cannot be continued ({exc})") from exc
+                done = _verified(txn, plan, state.blocks, fixed)
+                # Rewritten without the lines that did not hold up, so it says exactly what the arrays hold.
+                journal = Journal.create(jpath, header, done)
+                note = f"resumed: {len(done)} of {len(units)} blocks already written"
+            except Restart as exc:
+                note = f"started over: {exc}"
+                txn = ArrayTransaction(out, m, old, stage, shard_bytes)
+        if journal is None:
+            remove_store(jpath)
+            txn.begin()
+            for spec in fixed_specs:
+                txn.create(spec, rows=block_len)  # sharded like images: a worker writes whole shards
+            if all(txn.writer.parallel_safe(txn.name(s.name)) for s in fixed_specs):
+                # Created after the arrays: a journal always describes a transaction that holds them.
+                journal = Journal.create(jpath, header)
+        writer = txn.writer
+        if writer.shard_rows(txn.name(fixed_specs[0].name)) != block_len:  # pragma: no cover - one rule for both
+            raise DlpackError(f"the variant arrays of {out} were laid out in other blocks than its images")
+        in_workers = journal is not None
+        todo = [(v, s) for v, s in units if plan.unit(v, s) not in done]
+        n_jobs = _n_jobs(jobs)
+        names = {v: (txn.name(a), None if b is None else txn.name(b)) for v, (a, b) in fixed.items()}
+        pooled = _parallel.pooled(n_jobs, len(todo))
+        from joblib import delayed
+
+        def calls(progress: _parallel.BlockProgress) -> Iterator[Any]:
+            for j, (v, s) in enumerate(todo):
+                labels = _block_labels(rows, s, s + plan.rows(s))
+                if in_workers:
+                    yield delayed(variant_block)(plan, v, s, labels, writer, names[v], None, progress.ticks(j), pooled)
+                else:  # the store's only handle is this process's writer: read here, compute there
+                    e = s + plan.rows(s)
+                    originals = writer.read_block(schema.IMAGES, s, e)
+                    masks = None if mask is None else writer.read_block(schema.MASK, s, e)
+                    yield delayed(variant_block)(
+                        plan, v, s, labels, None, names[v], (originals, masks), progress.ticks(j), pooled
+                    )
+
+        with (
+            _parallel.progress(k * m.count, "augmenting", quiet) as bar,
+            _parallel.BlockProgress(bar, len(todo), pooled) as progress,
+        ):
+            bar.update(sum(len(r) for r in done.values()))
+            results = _parallel.parallel(n_jobs, calls(progress), len(todo))
+            for slot, ((v, s), (records, block, masks)) in enumerate(zip(todo, results, strict=True)):
+                image_name, mask_name = names[v]
+                if block is not None:
+                    writer.write_block(image_name, s, block)
+                if masks is not None and mask_name is not None:
+                    writer.write_block(mask_name, s, masks)
+                if journal is not None:
+                    journal.append_block(plan.unit(v, s), records)
+                done[plan.unit(v, s)] = records
+                progress.finished(slot, len(records))
+        if journal is not None:
+            journal.mark_commit()
+        _commit_arrays(txn, plan, specs, done)
+        txn.commit(dataclasses.replace(m, augment=record))
+    except BaseException as exc:
+        # Interrupted: the blocks stay for the next run, while a journal describes them.
+        keep = isinstance(exc, KeyboardInterrupt) and jpath.is_file()
+        if journal is not None:
+            journal.close()
+        txn.abort(keep=keep)
+        if not keep:
+            remove_store(jpath)
+        raise
+    try:
+        if journal is not None:
+            journal.close()
+        remove_store(jpath)
+        return result(
+            written=sum(plan.rows(s) for _, s in todo),
+            blocks=len(units),
+            blocks_written=len(todo),
+            resume=note,
+            replaced=m.variants,
+        )
+    except KeyboardInterrupt:
+        raise PublishedInterrupt(out) from None
