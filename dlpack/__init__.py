@@ -18,13 +18,13 @@ from .manifest import FORMAT_VERSION, ArraySpec, ImageSpec, Manifest
 from .options import BuildOptions
 
 if TYPE_CHECKING:
-    from .augment import AugmentResult, augment
     from .bench import BenchOptions, BenchReport, run_bench
     from .dataset import Dataset, add_array, open
     from .exports import ExportResult, export
     from .loader import BatchSource, Loader, LoaderOptions
     from .pack import BuildResult, build
     from .ragged import RaggedBatch
+    from .variants import AugmentResult, augment
 
 #: Public name -> the module that defines it, for the names loaded on first use.
 _LAZY: dict[str, str] = {
@@ -42,8 +42,8 @@ _LAZY: dict[str, str] = {
     "Loader": "loader",
     "LoaderOptions": "loader",
     "RaggedBatch": "ragged",
-    "augment": "augment",
-    "AugmentResult": "augment",
+    "augment": "variants",
+    "AugmentResult": "variants",
 }
 
 __all__ = [
@@ -73,18 +73,13 @@ __all__ = [
 __all__ += _errors.__all__
 
 
-#: Public functions that share their package's name (``dlpack.augment``): importing any module of the
-#: package binds the package to that name, so the name holds the package, which calls the function.
-_CALLABLE_PACKAGES = frozenset({"augment"})
-
-
 def __getattr__(name: str) -> Any:
     """Import the module behind a public name on first access and cache the name here."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     imported = importlib.import_module(f".{module}", __name__)
-    value = imported if name in _CALLABLE_PACKAGES else getattr(imported, name)
+    value = getattr(imported, name)
     globals()[name] = value
     return value
 

@@ -409,9 +409,9 @@ def _add_augment(sub: Any) -> None:
 
 
 def _run_augment(a: argparse.Namespace) -> int:
-    from .augment import augment
     from .errors import StoreExistsError
     from .options import BuildOptions
+    from .variants import augment
 
     if not getattr(a, "augment", 0):
         raise OptionError("dlpack augment needs --augment K (variants per image, K >= 1) and --augment-config FILE")

@@ -30,8 +30,8 @@ from .loader import Loader, LoaderOptions, source_loader
 from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
 
 if TYPE_CHECKING:
-    from .augment.views import CachedViews
     from .dldataset import DLDatasetView
+    from .variants.views import CachedViews
 
 __all__ = ["Dataset", "open", "add_array"]
 
@@ -365,7 +365,7 @@ class Dataset:
     ) -> CachedViews:
         """This store's augmentation views as a batch source (what ``loader(augment="cached")``
         reads; docs/loader.md, "Cached augmentation views"). An OptionError without variants."""
-        from .augment.views import CachedViews
+        from .variants.views import CachedViews
 
         return CachedViews(self, seed, original_rate=original_rate, views_per_batch=views_per_batch)
 

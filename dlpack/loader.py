@@ -152,7 +152,7 @@ class LoaderOptions:
                 f"views_per_batch images, {m} rows each"
             )
         if self.original_rate is not None:
-            from .augment.schedule import check_rate
+            from .variants.schedule import check_rate
 
             object.__setattr__(self, "original_rate", check_rate(self.original_rate))
             if self.augment != "cached":

@@ -291,7 +291,7 @@ def test_a_second_process_holding_the_lock_is_named(store: Path) -> None:
 def test_a_failure_mid_run_leaves_the_store_and_its_old_variants(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dlpack.augment(store, 2, aug.config(), jobs=1, quiet=True)
     before = aug.content(store)
-    import dlpack.augment.workers as workers
+    import dlpack.variants.workers as workers
 
     real = workers._variant
 
@@ -466,7 +466,7 @@ def test_build_with_augment_needs_a_config_that_reads_before_anything_is_packed(
 def test_a_failed_variant_run_of_a_build_keeps_the_store_and_names_the_command(
     make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dlpack.augment.workers as workers
+    import dlpack.variants.workers as workers
 
     aug.install_loader(monkeypatch.setitem)
     config = aug.write_config(tmp_path / "c.json")
@@ -571,7 +571,7 @@ def test_compressed_stores_get_compressed_variants_written_the_same_for_any_jobs
 def test_ctrl_c_during_the_variants_of_a_build_says_how_to_add_them(
     make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import dlpack.augment.run as run
+    import dlpack.variants.run as run
     from dlpack.cli import main
 
     aug.install_loader(monkeypatch.setitem)

@@ -28,9 +28,9 @@ from _variants import expected_variant, store_with_variants
 import dlpack
 import dlpack.halcon
 from dlpack import LoaderOptions, OptionError, StateError
-from dlpack.augment.schedule import view_schedule
-from dlpack.augment.views import CachedViews
 from dlpack.loader import sample_rng
+from dlpack.variants.schedule import view_schedule
+from dlpack.variants.views import CachedViews
 
 K = 3
 N = 24

@@ -182,11 +182,11 @@ def test_an_unknown_keyword_is_an_option_error_with_close_matches(make_tree: Any
     assert len(ds.loader(batch_size=2)) == 1  # a known keyword still works
 
 
-def test_augment_is_callable_whether_its_package_or_a_module_of_it_is_imported_first() -> None:
-    # dlpack.augment is the package (importing any of its modules binds it there); calling it augments.
+def test_augment_stays_the_function_whichever_module_is_imported_first() -> None:
+    # The variants live in dlpack.variants, so importing its modules never rebinds dlpack.augment.
     code = (
-        "import inspect, dlpack.augment.workers, dlpack; from dlpack.augment import AugmentResult, augment; "
-        "print(callable(dlpack.augment), dlpack.augment.augment is augment, dlpack.AugmentResult is AugmentResult, "
-        "list(inspect.signature(dlpack.augment).parameters)[:3])"
+        "import inspect, types, dlpack.variants.workers, dlpack.variants.views, dlpack; "
+        "from dlpack.variants import AugmentResult, augment; print(isinstance(dlpack.augment, types.FunctionType), "
+        "dlpack.augment is augment, dlpack.AugmentResult is AugmentResult, list(inspect.signature(dlpack.augment).parameters)[:3])"
     )
     assert _fresh_python(code).split() == ["True", "True", "True", "['store',", "'k',", "'config']"]

@@ -141,7 +141,7 @@ def _variant_config(opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> An
             "augment needs one stored size: the images would be stored at their own sizes; pass --size WxH "
             "(or --max-side N with --resize fit)"
         )
-    from ..augment.plan import resolve_config
+    from ..variants.plan import resolve_config
 
     task = plan.labels.task if plan.labels is not None else ("classification" if scan.classes else "none")
     return resolve_config(opts.augment_config, opts.augment_engine, task)
@@ -154,7 +154,7 @@ def _with_variants(result: BuildResult, out: Path, opts: BuildOptions, config: A
         return result
     from dataclasses import replace
 
-    from ..augment.run import augment_locked
+    from ..variants.run import augment_locked
 
     command = f"dlpack augment {out} --augment {opts.augment} --augment-config {opts.augment_config}"
     if opts.augment_seed:

@@ -6,16 +6,13 @@ on every core and switches the arrays ``images_v{v}`` (and ``mask_v{v}``, ``boxe
 ``checksum_v{v}``, ``augment_v{v}``) into the store in one step (docs/format.md, "Augmentation
 variants"). ``ds.variant(i, v)`` reads one back.
 
-``dlpack.augment`` is this package (importing any of its modules binds the package to that name,
-so a function there would not stay), and calling the package calls :func:`augment`.
+The package also serves the variants: the loader's view schedule (:mod:`.schedule`), the batch
+source that reads them (:mod:`.views`), and a contact sheet to check them by eye (:mod:`.preview`).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
-import sys
-import types
 from typing import Any
 
 from .result import AugmentResult
@@ -52,7 +49,7 @@ def augment(
         The path of an augmentation config (albumentations ``to_dict`` JSON/YAML, or a HALCON-style
         object of ``augment_dl_samples`` parameters), or a loaded config: anything with an
         ``augmenter``, ``manifest_record()`` and ``operations()``
-        (:class:`~dlpack.augment.plan.AugmentConfigLike`).
+        (:class:`~dlpack.variants.plan.AugmentConfigLike`).
     seed
         The variants' seed (``--augment-seed``).
     jobs
@@ -81,14 +78,3 @@ def augment(
     return augment_store(
         store, k, config, seed=seed, jobs=jobs, engine=engine, replace=replace, quiet=quiet, no_resume=no_resume
     )
-
-
-class _CallablePackage(types.ModuleType):
-    """The package, callable as :func:`augment` (so ``dlpack.augment(...)`` works whichever it is)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> AugmentResult:
-        return augment(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage
-__signature__ = inspect.signature(augment)

@@ -63,7 +63,7 @@ def augment_store(
     quiet: bool = False,
     no_resume: bool = False,
 ) -> AugmentResult:
-    """:func:`dlpack.augment.augment`: take the store's lock (refusing while another dlpack process
+    """:func:`dlpack.variants.augment`: take the store's lock (refusing while another dlpack process
     holds it, naming the holder) and run :func:`augment_locked`."""
     check_arguments(k, seed, jobs, engine)
     out = Path(store)

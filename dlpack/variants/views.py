@@ -1,5 +1,5 @@
 """``CachedViews``: the batch source of ``loader(augment="cached")``, serving each sample the view
-its schedule picks for the epoch (:mod:`dlpack.augment.schedule`), straight from the stored arrays.
+its schedule picks for the epoch (:mod:`dlpack.variants.schedule`), straight from the stored arrays.
 
 Each row of a batch is one read of one stored image, the original (``images``) or a variant
 (``images_v{v}``), gathered into the loader's batch array in place: an epoch of cached views costs
