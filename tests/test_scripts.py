@@ -160,7 +160,50 @@ def _check_train_folder(out: str, work: Path) -> None:
     assert "training on cpu from folder" in out and "epoch 0: 8 images in" in out
 
 
+def _check_augment_speed(out: str, work: Path) -> None:
+    doc = json.loads((work / "speed.json").read_text())["speed"]
+    assert doc["images"] == 96 and doc["k"] == 2
+    assert set(doc["build_median_variants_per_s"]) == {"jobs 1", "jobs 2"}
+    assert {"originals", "cached", "cached + online", "on the fly, dlpack threads"} <= set(
+        doc["loader_median_images_per_s"]
+    )
+    assert all(v > 0 for v in doc["loader_median_images_per_s"].values())
+    assert "jobs 2 / jobs 1" in out and "x originals" in out
+
+
+def _fmnist_like(work: Path) -> None:
+    """Two tiny splits of 28x28 gray PNGs in three class folders, laid out like Fashion-MNIST's."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in range(3):
+            d = work / "fm" / split / f"{c}_class"
+            d.mkdir(parents=True)
+            for i in range(8):
+                img = np.full((28, 28), 40 + 80 * c, np.uint8) + rng.integers(0, 20, (28, 28), dtype=np.uint8)
+                cv2.imwrite(str(d / f"{i}.png"), img)
+
+
+def _check_augment_accuracy(out: str, work: Path) -> None:
+    doc = json.loads((work / "acc.json").read_text())["accuracy"]
+    assert doc["train_images"] == 3 * 8 and doc["test_images"] == 3 * 8
+    assert set(doc["summary"]) == {"none", "online", "cached K=4", "cached K=4 + online layer"}
+    assert all(0.0 <= s["mean"] <= 100.0 for s in doc["summary"].values())
+    assert "accuracy on 24 test images after 1 epochs" in out
+
+
 RUNS: dict[str, list[Run]] = {
+    "benchmarks/augment.py": [
+        Run(("speed", "--quick", "--work", "work", "--json", "speed.json"), _check_augment_speed),
+        Run(
+            ("accuracy", "--quick", "--data", "fm", "--work", "work", "--json", "acc.json"),
+            _check_augment_accuracy,
+            needs=("torch",),
+            setup=_fmnist_like,
+        ),
+    ],
     "benchmarks/build.py": [
         Run(
             ("--count", "8", "--image-size", "64", "--size", "32x32", "--repeat", "1", "--jobs", "1")
