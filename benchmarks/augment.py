@@ -190,9 +190,8 @@ def speed(a: argparse.Namespace) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     src = work / f"png{a.size}"
     make_pngs(src, a.count, a.size, seed=(11, a.size))
-    store = work / f"s{a.size}-{a.count}.zarr"
-    if not (store / "zarr.json").exists():
-        shutil.rmtree(store, ignore_errors=True)
+    store = work / f"s{a.size}-{a.count}{'.zarr' if a.backend == 'zarr' else '.h5'}"
+    if not store.exists():
         dlpack.build(src, store, size=(a.size, a.size), quiet=True)
     cfg = write_config(work, SPEED_CONFIG, "speed-config.json")
     rng = np.random.default_rng(3)
@@ -232,7 +231,7 @@ def speed(a: argparse.Namespace) -> dict[str, Any]:
             load_runs[name].append(time_epoch(loaders[name]))
     load_med = {k: statistics.median(v) for k, v in load_runs.items()}
     base = load_med["originals"]
-    print(f"build, K={a.k}, {len(ds)} images of {a.size}x{a.size}x3 (variants/s, median of {a.repeat}):")
+    print(f"build, K={a.k}, {len(ds)} images of {a.size}x{a.size}x3, {a.backend} (variants/s, median of {a.repeat}):")
     for k, v in build_med.items():
         print(f"  {k}: {v:10.0f}")
     print(f"  jobs 2 / jobs 1: {build_med['jobs 2'] / build_med['jobs 1']:.2f}x (target {TARGET_JOBS_RATIO}x)")
@@ -242,6 +241,7 @@ def speed(a: argparse.Namespace) -> dict[str, Any]:
     return {
         "images": len(ds),
         "size": a.size,
+        "backend": a.backend,
         "k": a.k,
         "build_runs_variants_per_s": build_runs,
         "build_median_variants_per_s": build_med,
@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=2000)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--k", type=int, default=8)
+    p.add_argument("--backend", choices=["zarr", "hdf5"], default="zarr", help="speed: the store's format")
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 (speed), 128 (accuracy)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--data", default=None, help="accuracy: the fashion_mnist folder (train/ and test/ class folders)")
