@@ -1,5 +1,5 @@
 # Quick start targets. `make demo` packs the built-in sample, and a labelled one that it also exports as a
-# HALCON DLDataset; `make test` runs the test suite.
+# HALCON DLDataset, gives cached augmentation variants and previews; `make test` runs the test suite.
 # `make test-min` runs the tests against the lowest supported dependency versions in a separate venv.
 PYTHON ?= python3
 VENV ?= .venv
@@ -35,10 +35,14 @@ demo: install
 	# Where the time goes: the scattered folder vs the packed stores, random order, warm cache.
 	$(VENV)/bin/dlpack bench $(DEMO)/raw $(DEMO)/train.zarr $(DEMO)/train.h5 --order random --cache warm --seconds 2 --repeat 1 --step-ms 50 --plot $(DEMO)/bench.png
 	# Labels: a small labelled sample (COCO boxes and polygons of the defects), packed with its boxes and
-	# masks, then written out as a HALCON DLDataset (dataset.json, images/, to_hdict.py). A few seconds.
+	# masks, then written out as a HALCON DLDataset (dataset.json, images/, to_hdict.py). Then the
+	# augmentation cache: 4 variants of every image from a HALCON-style config (boxes and masks follow),
+	# and a contact sheet of 6 originals and their variants to check by eye (demo/preview.png). A few seconds.
 	$(PY) -m dlpack.sample $(DEMO)/labelled --count 48 --size 512 --labels
 	$(VENV)/bin/dlpack build $(DEMO)/labelled/images $(DEMO)/labelled.zarr --labels coco:$(DEMO)/labelled/annotations.json --size 256x256
 	$(VENV)/bin/dlpack export $(DEMO)/labelled.zarr --to dldataset $(DEMO)/labelled-halcon
+	$(VENV)/bin/dlpack augment $(DEMO)/labelled.zarr --augment 4 --augment-config examples/augment_halcon.json
+	$(VENV)/bin/dlpack preview $(DEMO)/labelled.zarr $(DEMO)/preview.png --count 6
 
 # pytest exits 5 when it collected no tests; that is a failure here like any other non-zero status
 # (a renamed folder or a bad -k must not pass CI silently).

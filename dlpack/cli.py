@@ -654,7 +654,43 @@ def _run_export(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[Any], None]] = [_add_build, _add_augment, _add_info, _add_verify, _add_bench, _add_export]
+def _add_preview(sub: Any) -> None:
+    p = sub.add_parser(
+        "preview",
+        help="draw a contact sheet (PNG) of originals and their augmentation variants, boxes and masks drawn",
+        epilog=EXIT_CODES,
+    )
+    p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
+    p.add_argument("out", metavar="OUT.png", help="the PNG to write (replaced if it exists)")
+    p.add_argument("--count", type=_integer, default=8, metavar="N", help="samples, one row each (default: 8)")
+    p.add_argument("--seed", type=_integer, default=0, metavar="S", help="which samples are drawn (default: 0)")
+    p.add_argument("--tile", type=_integer, default=160, metavar="PX", help="side of each view's cell (default: 160)")
+    p.add_argument("--max-variants", type=_integer, default=8, metavar="M", help="variants shown per row (default: 8)")
+    _add_json_flags(p, "what was drawn (the PNG, the store, the sample indices, variants per row)")
+    p.set_defaults(run=_run_preview)
+
+
+def _run_preview(a: argparse.Namespace) -> int:
+    from .variants.preview import preview
+
+    _check_json_file(a)
+    result = preview(a.store, a.out, count=a.count, seed=a.seed, tile=a.tile, max_variants=a.max_variants)
+    if a.json or a.json_file is not None:
+        _emit_json(a, dataclasses.asdict(result))
+    if not a.json:
+        _say(result.summary())
+    return 0
+
+
+COMMANDS: list[Callable[[Any], None]] = [
+    _add_build,
+    _add_augment,
+    _add_preview,
+    _add_info,
+    _add_verify,
+    _add_bench,
+    _add_export,
+]
 
 
 def make_parser() -> argparse.ArgumentParser:

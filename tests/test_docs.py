@@ -2,7 +2,8 @@
 
 - A fenced ``python`` block is executed on its own, in a fresh folder holding ``raw/`` (a small
   sample source tree with class folders), ``sample/`` (the same images with their labels, as
-  ``python -m dlpack.sample sample --labels`` writes them) and the stores the docs read,
+  ``python -m dlpack.sample sample --labels`` writes them), ``examples/`` (the repository's example
+  augmentation configs, as a reader in the repository's root has them) and the stores the docs read,
   ``train.zarr`` and ``train.h5`` (512x512, built from ``raw/``). A store the block builds itself is left out.
 - In a shell block (no language, ``sh``, ``shell``, ``bash``, ``console``), every line that starts
   with ``dlpack `` (after an optional ``$ `` prompt) runs through ``dlpack.cli.main`` in order, in
@@ -142,13 +143,17 @@ def test_every_not_run_marker_gives_a_reason_and_sits_on_a_block(path: Path) -> 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``raw/`` (12 sample images, 4 classes, mixed formats, about 640 px), the stores built from it, and
-    ``sample/``: the same images with their labels (``python -m dlpack.sample sample --labels``)."""
+    """``raw/`` (12 sample images, 4 classes, mixed formats, about 640 px), the stores built from it,
+    ``sample/``: the same images with their labels (``python -m dlpack.sample sample --labels``), and
+    ``examples/``: the repository's augmentation configs."""
     base = tmp_path_factory.mktemp("docs-base")
     make_sample(base / "raw", 12, size=640, seed=0)
     make_sample(base / "sample", 12, size=640, seed=0, labels=True)
     for name in STORES:
         dlpack.build(base / "raw", base / name, size=(512, 512), jobs=1, quiet=True)
+    (base / "examples").mkdir()
+    for config in sorted((ROOT / "examples").glob("augment_*")):
+        shutil.copyfile(config, base / "examples" / config.name)
     return base
 
 

@@ -75,10 +75,18 @@ def export(
     if to not in FORMATS:
         raise OptionError(f"export format must be one of {', '.join(FORMATS)}, got {to!r}")
     if include_variants and to != "dldataset":
-        raise OptionError(f"include_variants applies to the dldataset export, not {to}")
+        raise OptionError(
+            f"--include-variants (include_variants=True) applies to --to dldataset only, not {to}: a {to} "
+            "export has no key to point a variant back at its original"
+        )
     from ..dataset import open as open_store
 
     with open_store(store) as ds:
+        if include_variants and not getattr(ds, "variants", 0):
+            raise OptionError(
+                f"store {store} has no augmentation variants to include; add them with "
+                "dlpack augment STORE --augment K --augment-config FILE, or export without --include-variants"
+            )
         view = describe(ds)
         notes = Notes()
         final = Path(os.path.abspath(out))

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .._names import shown
-from ..errors import OptionError, StoreError
+from ..errors import StoreError
 from ._common import (
     Notes,
     Sample,
@@ -102,7 +102,8 @@ def export_dldataset(
             counts["no_split"] += 1
         if task == "classification":
             if s.label < 0:
-                left_out.append(s.source)
+                if not s.variant:  # a variant of a sample left out is left out with it, uncounted
+                    left_out.append(s.source)
                 return
             entry["image_label_id"] = view.class_id(s.label)
         elif task == "detection":
@@ -118,7 +119,8 @@ def export_dldataset(
         elif task == "anomaly":
             label = anomaly_label(view, s)
             if label is None:
-                left_out.append(s.source)
+                if not s.variant:
+                    left_out.append(s.source)
                 return
             entry["anomaly_label"] = label
             if label == "nok" and s.mask is not None and (s.mask == 1).any():
@@ -132,10 +134,6 @@ def export_dldataset(
         add(s, names[s.index], {"image_id": s.index, "image_file_name": names[s.index]})
     variants = 0
     if include_variants:
-        if not ds.variants:
-            raise OptionError(
-                f"store {view.path} has no augmentation variants to include; make them with dlpack augment"
-            )
         clash = next((n for n in names.values() if n.split("/", 1)[0] == VARIANT_DIR), None)
         if clash is not None:
             raise StoreError(f"store {view.path} has a sample named {shown(clash)}, where variants would go")
@@ -155,6 +153,11 @@ def export_dldataset(
             f"{variants} augmentation variant(s) of the training samples are extra samples "
             "(dlpack_variant_of names each one's original image_id)"
         )
+        if not view.splits:
+            notes.add(
+                "the store has no splits, so every sample's variants are included; HALCON's split_dl_dataset "
+                "would put variants and their originals in different splits: build with --split to keep them together"
+            )
     if counts["anomaly_files"]:
         doc["anomaly_dir"] = ANOMALY_DIR
     doc["samples"] = out_samples

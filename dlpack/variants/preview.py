@@ -1,15 +1,23 @@
 """A contact sheet of originals and their variants, so a person can check augmentations by eye.
 
-One row per sample (drawn by ``seed``), one column per view (0 = the original, then 1..K). Each tile
-shows the stored pixels with the view's boxes drawn (one colour per class) and its mask blended in
-(one colour per mask value; the store's ignore value left out), and under it the operations that
-made the view with their main parameters, from the view's record.
+A band at the top names the classes in their colours (``HEADER`` pixels a line; more lines
+when the sheet is too narrow for one). Below it, one row per
+sample (drawn by ``seed``, in index order), one column per view (0 = the original, then 1..K).
+Each view is a ``tile`` x ``tile`` cell with ``MARGIN`` white pixels around it: the view scaled
+by ``tile / max(H, W)`` (``cv2.resize``: nearest neighbour when enlarging, ``INTER_AREA`` when
+shrinking) at the cell's top-left corner, white elsewhere, its mask blended in (each pixel in the
+colour of the class whose id it holds; 0 and the store's ignore value left out) and its boxes
+outlined in their class's colour. Under it, a ``CAPTION`` band: the sample and view, and the
+operations that made the view with their drawn parameters, from its record. 16-bit images are
+shown scaled to 8 bits (/ 257). Drawing is pure (:func:`render_tile`); :func:`preview` reads
+the store and writes the PNG.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +26,39 @@ import numpy as np
 
 from ..errors import OptionError, StoreError
 
-__all__ = ["preview", "describe_record"]
+__all__ = ["preview", "PreviewResult", "describe_record", "render_tile", "MARGIN", "HEADER", "CAPTION"]
 
-_CAPTION_LINES = 3
-_LINE = 14
+#: White space around each cell, in pixels (so cells are ``tile + 2 * MARGIN`` apart).
+MARGIN = 4
+#: Caption lines under each tile: the head (``#i v2``) and up to four lines of operations.
+CAPTION_LINES = 5
+#: Height of one caption line, and of one line of the class band at the top of the sheet.
+LINE = 14
+HEADER = LINE + 8
+#: Height of the caption band under each tile.
+CAPTION = LINE * CAPTION_LINES + 4
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
 _SCALE = 0.38
+_INK = (20, 20, 20)
+_MASK_ALPHA = 0.45
+
+
+@dataclass(frozen=True)
+class PreviewResult:
+    """What :func:`preview` wrote: the PNG, the samples (one row each) and the variants per row."""
+
+    out: str
+    store: str
+    samples: tuple[int, ...]
+    variants: int
+
+    def summary(self) -> str:
+        views = f"the original and {self.variants} variant(s)" if self.variants else "the original (no variants)"
+        return f"wrote {self.out}: {len(self.samples)} sample(s) of {self.store}, {views} each"
 
 
 def _palette(n: int) -> np.ndarray:
-    """``n`` distinct BGR colours (golden-angle hues at full saturation)."""
+    """``n`` distinct BGR colours (golden-angle hues, saturated and bright)."""
     hues = (np.arange(max(n, 1)) * 137.508) % 180
     hsv = np.stack([hues, np.full_like(hues, 220), np.full_like(hues, 255)], axis=1).astype(np.uint8)[None]
     bgr: np.ndarray = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0].astype(np.int32)
@@ -35,17 +66,25 @@ def _palette(n: int) -> np.ndarray:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float):
         return f"{value:.3g}"
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_short(v) for v in value[:4]) + ("..." if len(value) > 4 else "") + "]"
+        return "[" + ",".join(_short(v) for v in value[:4]) + (",..." if len(value) > 4 else "") + "]"
     return str(value)
 
 
-def describe_record(record: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per applied operation: ``name k=v k=v`` (nested values shortened); ``original`` for none."""
-    if not record:
+def describe_record(record: Sequence[Mapping[str, Any]], variant: int = 1) -> list[str]:
+    """One line per applied operation: ``name k=v k=v`` (numbers to 3 digits, lists cut at 4).
+
+    ``variant`` 0 is the original; a variant whose record is empty had no operation drawn (the
+    config's ``augmentation_percentage`` or ``p``), so it equals its original, and says so.
+    """
+    if variant == 0:
         return ["original"]
+    if not record:
+        return ["no operation drawn (= original)"]
     lines = []
     for entry in record:
         params = " ".join(f"{k}={_short(v)}" for k, v in entry.items() if k != "op")
@@ -53,50 +92,163 @@ def describe_record(record: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def _fit_lines(lines: list[str], width: int) -> list[str]:
-    """Wrap and cut ``lines`` to the tile's width and the caption's height."""
+def _width(text: str) -> int:
+    return int(cv2.getTextSize(text, _FONT, _SCALE, 1)[0][0])
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` cut to ``width`` pixels, ending in ``...`` when something was cut."""
+    if _width(text) <= width:
+        return text
+    while text and _width(text + "...") > width:
+        text = text[:-1]
+    return text + "..."
+
+
+def _wrap(line: str, width: int) -> list[str]:
+    """``line`` wrapped at spaces to ``width`` pixels; a word wider than that is cut into pieces."""
     out: list[str] = []
-    for line in lines:
-        while line:
-            k = len(line)
-            while k > 1 and cv2.getTextSize(line[:k], _FONT, _SCALE, 1)[0][0] > width - 4:
+    current = ""
+    for word in line.split(" "):
+        candidate = f"{current} {word}" if current else word
+        if _width(candidate) <= width:
+            current = candidate
+            continue
+        if current:
+            out.append(current)
+        while len(word) > 1 and _width(word) > width:
+            k = len(word) - 1
+            while k > 1 and _width(word[:k]) > width:
                 k -= 1
-            out.append(line[:k])
-            line = line[k:]
-    if len(out) > _CAPTION_LINES:
-        out = [*out[: _CAPTION_LINES - 1], out[_CAPTION_LINES - 1][:-3] + "..."]
+            out.append(word[:k])
+            word = word[k:]
+        current = word
+    out.append(current)
     return out
 
 
-def _tile(sample: Mapping[str, Any], size: int, ignore: int | None, colours: np.ndarray) -> np.ndarray:
-    """The view's pixels as a ``size``-tall BGR uint8 tile, boxes and mask drawn."""
-    img = np.asarray(sample["image"])
+def _fit_lines(lines: Sequence[str], width: int, most: int = CAPTION_LINES) -> list[str]:
+    """At most ``most`` lines of ``lines`` within ``width`` pixels: wrapped when they fit so, else
+    one line each, cut (so every operation is named), and ``+N more`` for those that do not fit."""
+    wrapped = [part for line in lines for part in _wrap(line, width)]
+    if len(wrapped) <= most:
+        return wrapped
+    cut = [_cut(line, width) for line in lines]
+    if len(cut) <= most:
+        return cut
+    return [*cut[: most - 1], _cut(f"+{len(cut) - most + 1} more", width)]
+
+
+def _bgr8(image: np.ndarray) -> np.ndarray:
+    """A stored image (H x W x 1 or 3, RGB, 8 or 16 bit) as 8-bit BGR."""
+    img = np.asarray(image)
+    if img.ndim == 2:
+        img = img[:, :, None]
     if img.dtype == np.uint16:
         img = ((img.astype(np.uint32) + 128) // 257).astype(np.uint8)
-    bgr = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR) if img.shape[2] == 1 else cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
+    if img.shape[2] == 1:
+        return np.ascontiguousarray(np.repeat(img, 3, axis=2))
+    return np.ascontiguousarray(img[:, :, 2::-1])
+
+
+def _mask_colours(mask: np.ndarray, ignore: int | None, class_ids: Sequence[int], colours: np.ndarray) -> np.ndarray:
+    """An H x W index into ``colours`` for each pixel of ``mask``, -1 where nothing is drawn: a class
+    id gets its class's colour (as its boxes), any other value a colour of its own."""
+    m = np.asarray(mask).astype(np.int64)
+    lookup = {int(cid): k for k, cid in enumerate(class_ids)}
+    index = np.full(m.shape, -1, np.int64)
+    for value in np.unique(m).tolist():
+        if value == 0 or value == ignore:
+            continue
+        index[m == value] = lookup.get(value, len(class_ids) + value) % len(colours)
+    return index
+
+
+def render_tile(
+    sample: Mapping[str, Any],
+    tile: int,
+    *,
+    ignore: int | None = None,
+    class_ids: Sequence[int] = (),
+    colours: np.ndarray | None = None,
+) -> np.ndarray:
+    """A ``tile`` x ``tile`` BGR uint8 cell: the view's image scaled to fit (top-left), mask blended,
+    boxes outlined. Pure: reads ``sample`` (``image``, optional ``mask``, ``boxes``, ``box_labels``)."""
+    colours = _palette(12) if colours is None else colours
+    bgr = _bgr8(sample["image"])
     h, w = bgr.shape[:2]
-    scale = size / h
-    tw = max(1, round(w * scale))
+    scale = tile / max(h, w)
+    tw, th = max(1, round(w * scale)), max(1, round(h * scale))
     interp = cv2.INTER_NEAREST if scale >= 1 else cv2.INTER_AREA
-    tile = cv2.resize(bgr, (tw, size), interpolation=interp).astype(np.int32)
+    view = cv2.resize(bgr, (tw, th), interpolation=interp)
     mask = sample.get("mask")
     if mask is not None:
-        m = cv2.resize(np.asarray(mask), (tw, size), interpolation=cv2.INTER_NEAREST)
-        shown = (m != 0) & (m != ignore) if ignore is not None else m != 0
+        m = cv2.resize(np.ascontiguousarray(mask), (tw, th), interpolation=cv2.INTER_NEAREST)
+        index = _mask_colours(m, ignore, class_ids, colours)
+        shown = index >= 0
         if shown.any():
-            colour = colours[m[shown].astype(np.int64) % len(colours)]
-            tile[shown] = (tile[shown] * 0.55 + colour * 0.45).astype(np.int32)
-    out = np.ascontiguousarray(tile.astype(np.uint8))
+            blended = view[shown] * (1 - _MASK_ALPHA) + colours[index[shown]] * _MASK_ALPHA
+            view[shown] = np.rint(blended).astype(np.uint8)
+    cell = np.full((tile, tile, 3), 255, np.uint8)
+    cell[:th, :tw] = view
     boxes = sample.get("boxes")
     if boxes is not None:
         labels = sample.get("box_labels")
+        thickness = max(1, tile // 200)
         for k, b in enumerate(np.asarray(boxes, np.float64).reshape(-1, 4)):
             c = int(labels[k]) if labels is not None and k < len(labels) else 0
             colour = tuple(int(x) for x in colours[c % len(colours)])
+            # Corner coordinates: the box's last pixel column is x_max - 1.
             p0 = (round(b[0] * scale), round(b[1] * scale))
             p1 = (max(p0[0], round(b[2] * scale) - 1), max(p0[1], round(b[3] * scale) - 1))
-            cv2.rectangle(out, p0, p1, colour, 1)
-    return out
+            cv2.rectangle(cell, p0, p1, colour, thickness)
+    return cell
+
+
+def _caption(lines: Sequence[str], width: int) -> np.ndarray:
+    band = np.full((CAPTION, width, 3), 255, np.uint8)
+    for n, line in enumerate(_fit_lines(lines, width - 4)):
+        cv2.putText(band, line, (2, LINE * (n + 1)), _FONT, _SCALE, _INK, 1, cv2.LINE_AA)
+    return band
+
+
+def _legend(classes: Sequence[str], width: int) -> list[list[tuple[int, str, int]]]:
+    """The class names placed in lines of ``width`` pixels: ``[(class index, name, x), ...]`` per
+    line (a name wider than a line is cut to fit)."""
+    lines: list[list[tuple[int, str, int]]] = [[]]
+    x = MARGIN
+    for k, name in enumerate(classes):
+        text = _cut(str(name), max(8, width - 2 * MARGIN - LINE))
+        step = LINE + _width(text) + 12
+        if lines[-1] and x + step - 12 > width - MARGIN:
+            lines.append([])
+            x = MARGIN
+        lines[-1].append((k, text, x))
+        x += step
+    return lines
+
+
+def _header(classes: Sequence[str], colours: np.ndarray, width: int) -> np.ndarray:
+    """The band at the top: each class name in its colour (boxes and masks use the same), in as
+    many lines of ``HEADER`` pixels as the sheet's width needs."""
+    lines = _legend(classes, width)
+    band = np.full((HEADER * len(lines), width, 3), 255, np.uint8)
+    if not classes:
+        cv2.putText(band, "no classes", (MARGIN, LINE + 1), _FONT, _SCALE, _INK, 1, cv2.LINE_AA)
+    for n, line in enumerate(lines):
+        y = n * HEADER
+        for k, text, x in line:
+            colour = tuple(int(c) for c in colours[k % len(colours)])
+            cv2.rectangle(band, (x, y + 5), (x + LINE - 4, y + LINE + 1), colour, -1)
+            cv2.putText(band, text, (x + LINE, y + LINE + 1), _FONT, _SCALE, _INK, 1, cv2.LINE_AA)
+    return band
+
+
+def _check(name: str, value: object, low: int, high: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"from {low} to {high}"
+        raise OptionError(f"preview {name} must be an integer {bound}, got {value!r}")
+    return value
 
 
 def preview(
@@ -107,46 +259,61 @@ def preview(
     seed: int = 0,
     tile: int = 160,
     max_variants: int = 8,
-) -> Path:
+) -> PreviewResult:
     """Write a contact sheet of ``count`` samples of ``store`` and their variants to ``out`` (PNG).
 
-    Samples are drawn without replacement by ``seed``; at most ``max_variants`` variants per row are
-    shown (the first ones). A store without variants shows its originals only. Returns ``out``.
+    Samples are drawn without replacement by ``seed`` (all of them when the store has fewer) and
+    shown in index order; each row shows the original and its first ``max_variants`` variants
+    (a store without variants: the originals only). The same arguments write the same bytes.
+
+    Raises
+    ------
+    OptionError
+        A bad argument, ``out`` not named ``.png``, or ``out`` inside the store.
+    StoreNotFoundError, StoreError
+        No store at ``store``, or one that cannot be read.
     """
     from ..dataset import Dataset
 
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise OptionError(f"count must be an integer >= 1, got {count!r}")
-    if not isinstance(tile, int) or tile < 32:
-        raise OptionError(f"tile must be an integer >= 32 (pixels), got {tile!r}")
+    _check("count (--count)", count, 1)
+    _check("seed (--seed)", seed, 0)
+    _check("tile (--tile, pixels)", tile, 32, 4096)
+    _check("max_variants (--max-variants)", max_variants, 0)
     path = Path(out)
     if path.suffix.lower() != ".png":
         raise OptionError(f"the preview is a PNG: give OUT a .png name, got {path}")
+    real_store, real_out = Path(os.path.realpath(store)), Path(os.path.realpath(path))
+    if real_store == real_out or real_store in real_out.parents:
+        raise OptionError(f"the preview {path} would be written inside the store {store}; choose a path outside it")
     with Dataset(store) as ds:
         k = min(ds.variants, max_variants)
         picks = np.sort(np.random.default_rng(seed).choice(len(ds), size=min(count, len(ds)), replace=False))
         ignore = ds.manifest.mask_ignore
-        colours = _palette(max(len(ds.classes), 12))
+        classes, class_ids = ds.classes, ds.class_ids
+        colours = _palette(max(len(classes), 12))
         rows = []
         for i in picks.tolist():
-            tiles = []
+            cells = []
             for v in range(k + 1):
-                sample = ds.variant(i, v) if v else ds[i]
-                lines = describe_record(ds.augmentation(i, v)) if v else ["original"]
-                img = _tile(sample, tile, ignore, colours)
+                sample = ds.variant(i, v)
                 head = f"#{i} v{v}"
                 label = int(sample.get("label", -1))
-                if v == 0 and 0 <= label < len(ds.classes):
-                    head += f" {ds.classes[label]}"
-                caption = np.full((_LINE * (_CAPTION_LINES + 1) + 4, img.shape[1], 3), 255, np.uint8)
-                for n, line in enumerate(_fit_lines([head, *lines], img.shape[1])[: _CAPTION_LINES + 1]):
-                    cv2.putText(caption, line, (2, _LINE * (n + 1)), _FONT, _SCALE, (20, 20, 20), 1, cv2.LINE_AA)
-                cell = np.concatenate([img, caption], axis=0)
-                tiles.append(np.pad(cell, ((4, 4), (4, 4), (0, 0)), constant_values=255))
-            rows.append(np.concatenate(tiles, axis=1))
-    width = max(r.shape[1] for r in rows)
-    sheet = np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1]), (0, 0)), constant_values=255) for r in rows])
+                if v == 0 and 0 <= label < len(classes):
+                    head += f" {classes[label]}"
+                lines = [head, *describe_record(ds.augmentation(i, v), v)]
+                img = render_tile(sample, tile, ignore=ignore, class_ids=class_ids, colours=colours)
+                cell = np.concatenate([img, _caption(lines, tile)], axis=0)
+                cells.append(np.pad(cell, ((MARGIN, MARGIN), (MARGIN, MARGIN), (0, 0)), constant_values=255))
+            rows.append(np.concatenate(cells, axis=1))
+    sheet = np.concatenate([_header(classes, colours, rows[0].shape[1]), *rows], axis=0)
+    ok, buf = cv2.imencode(".png", sheet)
+    if not ok:
+        raise StoreError(f"cannot encode the preview {path} as PNG")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not cv2.imwrite(os.fspath(path), sheet):
-        raise StoreError(f"cannot write the preview {path}")
-    return path
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(buf.tobytes())
+        os.replace(partial, path)  # a reader never sees half a PNG
+    finally:
+        partial.unlink(missing_ok=True)
+    return PreviewResult(out=str(path), store=str(store), samples=tuple(picks.tolist()), variants=k)

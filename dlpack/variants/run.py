@@ -216,6 +216,8 @@ def augment_locked(
     while holding its build lock (``dlpack build --augment`` calls it right after publishing)."""
     t0 = time.perf_counter()
     check_arguments(k, seed, jobs, engine)
+    # Absolute: the pool's worker processes outlive a call, in the working folder they started in.
+    out = Path(os.path.abspath(out))
     clear_leftovers(out)  # a killed publish of an earlier run is finished or undone first
     reader = open_reader(out)
     try:
