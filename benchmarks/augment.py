@@ -2,6 +2,7 @@
 
     python benchmarks/augment.py speed --work /tmp/dlpack-augment-bench --json augment-speed.json
     python benchmarks/augment.py accuracy --data DIR/fashion_mnist --json augment-accuracy.json
+    python benchmarks/augment.py speed --build-only --k 8 --repeat 5 --json augment-build.json
     python benchmarks/augment.py speed --quick --work work --json speed.json    # the smoke run of the tests
 
 ``speed`` makes (once, kept in ``--work``) ``--count`` generated RGB PNGs of ``--size`` px in 4
@@ -203,6 +204,21 @@ def speed(a: argparse.Namespace) -> dict[str, Any]:
             dlpack.augment(store, k=a.k, config=cfg, seed=0, jobs=jobs, replace=True, quiet=True)
             build_runs[f"jobs {jobs}"].append(len(dlpack.open(store)) * a.k / (time.perf_counter() - t0))
     build_med = {k: statistics.median(v) for k, v in build_runs.items()}
+    print(f"build, K={a.k}, {a.count} images of {a.size}x{a.size}x3, {a.backend} (variants/s, median of {a.repeat}):")
+    for k, v in build_med.items():
+        print(f"  {k}: {v:10.0f}")
+    print(f"  jobs 2 / jobs 1: {build_med['jobs 2'] / build_med['jobs 1']:.2f}x (target {TARGET_JOBS_RATIO}x)")
+    built = {
+        "images": a.count,
+        "size": a.size,
+        "backend": a.backend,
+        "k": a.k,
+        "build_runs_variants_per_s": build_runs,
+        "build_median_variants_per_s": build_med,
+        "build_jobs_ratio": build_med["jobs 2"] / build_med["jobs 1"],
+    }
+    if a.build_only:
+        return built
 
     ds = dlpack.open(store)
     pipeline = load_config(cfg).augmenter
@@ -231,21 +247,11 @@ def speed(a: argparse.Namespace) -> dict[str, Any]:
             load_runs[name].append(time_epoch(loaders[name]))
     load_med = {k: statistics.median(v) for k, v in load_runs.items()}
     base = load_med["originals"]
-    print(f"build, K={a.k}, {len(ds)} images of {a.size}x{a.size}x3, {a.backend} (variants/s, median of {a.repeat}):")
-    for k, v in build_med.items():
-        print(f"  {k}: {v:10.0f}")
-    print(f"  jobs 2 / jobs 1: {build_med['jobs 2'] / build_med['jobs 1']:.2f}x (target {TARGET_JOBS_RATIO}x)")
     print(f"loader epochs, batch {a.batch_size} (images/s, median of {a.repeat}):")
     for k, v in load_med.items():
         print(f"  {k:<32} {v:10.0f}  {v / base:5.2f}x originals")
     return {
-        "images": len(ds),
-        "size": a.size,
-        "backend": a.backend,
-        "k": a.k,
-        "build_runs_variants_per_s": build_runs,
-        "build_median_variants_per_s": build_med,
-        "build_jobs_ratio": build_med["jobs 2"] / build_med["jobs 1"],
+        **built,
         "loader_runs_images_per_s": load_runs,
         "loader_median_images_per_s": load_med,
         "loader_ratio_to_originals": {k: v / base for k, v in load_med.items()},
@@ -394,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=2000)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--k", type=int, default=8)
+    p.add_argument("--build-only", action="store_true", help="speed: the variant build alone, no loader epochs")
     p.add_argument("--backend", choices=["zarr", "hdf5"], default="zarr", help="speed: the store's format")
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 (speed), 128 (accuracy)")
     p.add_argument("--repeat", type=int, default=5)
