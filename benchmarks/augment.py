@@ -11,7 +11,8 @@ class folders and a Zarr store of them, then measures, side by side in one proce
 - **build**: ``dlpack.augment`` of K = ``--k`` variants with ``--jobs 1`` and ``--jobs 2``, one of each
   per repeat in a new order; variants/s and the jobs-2/jobs-1 ratio (target: at least 1.7x);
 - **loader**: whole epochs, random order, warm page cache, batch ``--batch-size``, the loader's
-  defaults (2 threads, prefetch 4), one epoch of each path per repeat in a new order:
+  defaults (2 threads, prefetch 4), whole epochs of each path (at least ``--min-seconds``) per
+  repeat, the paths in a new order each repeat:
   - ``originals``: ``ds.loader()``;
   - ``cached``: ``ds.loader(augment="cached")`` (target: at least 0.95x originals);
   - ``cached + online``: the same with the cheap online layer (flips, brightness/contrast);
@@ -146,12 +147,16 @@ def on_the_fly(pipeline: Any) -> Any:
     return transform
 
 
-def time_epoch(loader: Any) -> float:
+def time_epoch(loader: Any, min_seconds: float = 0.0) -> float:
+    """Images/s over whole epochs of ``loader``, as many as take at least ``min_seconds``."""
     t0 = time.perf_counter()
     n = 0
-    for batch in loader:
-        n += len(batch["index"]) if "index" in batch else len(batch["image"])
-    return n / (time.perf_counter() - t0)
+    while True:
+        for batch in loader:
+            n += len(batch["index"]) if "index" in batch else len(batch["image"])
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_seconds:
+            return n / elapsed
 
 
 def albumentations_dataloader(store: Path, doc: dict[str, Any], batch_size: int) -> Any:
@@ -244,7 +249,7 @@ def speed(a: argparse.Namespace) -> dict[str, Any]:
     load_runs: dict[str, list[float]] = {name: [] for name in loaders}
     for _ in range(a.repeat):
         for name in rng.permutation(list(loaders)).tolist():
-            load_runs[name].append(time_epoch(loaders[name]))
+            load_runs[name].append(time_epoch(loaders[name], a.min_seconds))
     load_med = {k: statistics.median(v) for k, v in load_runs.items()}
     base = load_med["originals"]
     print(f"loader epochs, batch {a.batch_size} (images/s, median of {a.repeat}):")
@@ -400,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=2000)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--k", type=int, default=8)
+    p.add_argument("--min-seconds", type=float, default=1.0, help="speed: whole epochs of a path per repeat")
     p.add_argument("--build-only", action="store_true", help="speed: the variant build alone, no loader epochs")
     p.add_argument("--backend", choices=["zarr", "hdf5"], default="zarr", help="speed: the store's format")
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 (speed), 128 (accuracy)")
@@ -412,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.quick:
-        a.count, a.size, a.k, a.repeat = min(a.count, 96), min(a.size, 32), min(a.k, 2), 1
+        a.count, a.size, a.k, a.repeat, a.min_seconds = min(a.count, 96), min(a.size, 32), min(a.k, 2), 1, 0.0
         a.epochs, a.seeds, a.ks, a.train_per_class = 1, a.seeds[:1], a.ks[:1], min(a.train_per_class, 20)
     if a.batch_size is None:
         a.batch_size = 256 if a.what == "speed" else 128
