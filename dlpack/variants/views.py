@@ -178,7 +178,9 @@ class CachedViews:
         return r.read_into_from(self._names[base], views, idx, out)
 
     def warm(self) -> None:
-        self.ds.warm()
+        # Every array, the variants' included (Dataset.warm leaves those out): the reader threads
+        # then never open an array themselves.
+        self.ds.reader.warm()
         self.schedule.views(np.zeros(0, dtype=np.int64), 0)
 
     def fingerprint(self) -> str:
