@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .loader import BatchSource, Loader, LoaderOptions
     from .pack import BuildResult, build
     from .ragged import RaggedBatch
+    from .timing import EpochStats
     from .variants import AugmentResult, augment
 
 #: Public name -> the module that defines it, for the names loaded on first use.
@@ -42,6 +43,7 @@ _LAZY: dict[str, str] = {
     "Loader": "loader",
     "LoaderOptions": "loader",
     "RaggedBatch": "ragged",
+    "EpochStats": "timing",
     "augment": "variants",
     "AugmentResult": "variants",
 }
@@ -63,6 +65,7 @@ __all__ = [
     "Loader",
     "LoaderOptions",
     "RaggedBatch",
+    "EpochStats",
     "augment",
     "AugmentResult",
     "Manifest",

@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from .errors import OptionError, StateError
+from .timing import EpochStats, PassTimer, batch_nbytes
 
 __all__ = ["BatchSource", "Loader", "LoaderOptions", "epoch_order", "rank_indices", "sample_rng"]
 
@@ -91,6 +92,9 @@ class LoaderOptions:
     rows, ``batch_size / m`` images); ``online`` (True, a dict or a
     :class:`~dlpack.transforms.online.OnlineAugment`, kept as its dict) re-applies a cheap seeded
     layer (flips, quarter turns, brightness/contrast) on the reader threads. All off by default.
+
+    ``report=True`` prints one line per pass to stderr (:meth:`Loader.stats` keeps them all):
+    ``epoch 3: 41,212 img/s, waited 2.1 % of the time (p99 0.4 ms)``.
     """
 
     batch_size: int = 32
@@ -110,6 +114,7 @@ class LoaderOptions:
     original_rate: float | None = None
     views_per_batch: int = 1
     online: dict[str, Any] | None = None
+    report: bool = False
 
     def __post_init__(self) -> None:
         def positive(name: str, value: int, minimum: int = 1) -> None:
@@ -391,6 +396,7 @@ class Loader:
         # (an unstarted generator runs no ``finally``).
         self._live: weakref.ref[Generator[dict[str, Any], None, None]] | None = None
         self._live_lock = threading.Lock()
+        self._stats: list[EpochStats] = []
         layout = source.image_layout()
         # Batches per worker task: enough for about 2 MiB, so small images amortise the handoff.
         self._group = 1
@@ -433,6 +439,12 @@ class Loader:
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
         return len(self.batches())
+
+    def stats(self) -> list[EpochStats]:
+        """One :class:`~dlpack.timing.EpochStats` per pass so far, oldest first: how long the
+        caller waited for batches (share, p50/p99 per batch), images/s and bytes/s. A pass that
+        stopped early is marked ``complete=False``; the rest of its epoch is a pass of its own."""
+        return list(self._stats)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch (its order depends only on seed and epoch)."""
@@ -511,14 +523,32 @@ class Loader:
         if batches and start >= len(batches):  # resumed at an epoch's end: go on with the next
             self.epoch, self._position = self.epoch + 1, 0
             batches, start = self.batches(), 0
-        o = self.options
         epoch = self.epoch
+        timer = PassTimer(epoch)
+        try:
+            yield from self._read(batches, start, epoch, timer)
+        finally:
+            self._stats.append(timer.finish(complete=self._position >= len(batches)))
+            if self.options.report:
+                print(self._stats[-1].line(), file=sys.stderr, flush=True)
+        if self._position >= len(batches):
+            self.epoch += 1
+            self._position = 0
+
+    def _read(
+        self, batches: list[np.ndarray], start: int, epoch: int, timer: PassTimer
+    ) -> Generator[dict[str, Any], None, None]:
+        """The batches ``start..`` of ``epoch``, read ahead on the reader threads; ``timer`` is told
+        when each is handed over and when the next is asked for."""
+        o = self.options
         self.source.warm()  # lazy maps/indexes are built before threads race for them
         if o.prefetch == 0 or o.workers == 0:
             for k in range(start, len(batches)):
                 batch = self._load(batches[k], epoch)
                 self._position = k + 1
+                timer.handed(len(batches[k]), batch_nbytes(batch))
                 yield batch
+                timer.asked()
         else:
             # Small batches travel in groups: handing one batch to a thread costs more than
             # reading 400 KB (64x64 images ran at 0.13x the memmap gather one batch per task).
@@ -542,16 +572,15 @@ class Loader:
                     loaded = pending.popleft().result()
                     top_up()  # before yielding, so reads overlap the caller's step
                     for batch in loaded:
+                        timer.handed(len(batches[k]), batch_nbytes(batch))
                         k += 1
                         self._position = k
                         yield batch
+                        timer.asked()
             finally:
                 for f in pending:
                     f.cancel()
                 wait(pending)  # no read outlives the iteration (bench evicts files right after)
-        if self._position >= len(batches):
-            self.epoch += 1
-            self._position = 0
 
     # ------------------------------------------------------------------ resume
 

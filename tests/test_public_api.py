@@ -34,6 +34,7 @@ PUBLIC = {
     "Loader",
     "LoaderOptions",
     "RaggedBatch",
+    "EpochStats",
     "augment",
     "AugmentResult",
     "Manifest",
