@@ -710,17 +710,21 @@ def _add_tune(sub: Any) -> None:
         help="orders to try, comma list of random, block, sequential (default: random,block; sequential does not shuffle)",
     )
     p.add_argument(
-        "--max-batches", type=_integer, default=200, metavar="N", help="batches per cell at most (default: 200)"
+        "--max-batches",
+        type=_integer,
+        default=100,
+        metavar="N",
+        help="batches per run of a cell at most (default: 100)",
     )
     p.add_argument(
-        "--max-seconds", type=_number, default=0.25, metavar="S", help="seconds per cell, about (default: 0.25)"
+        "--max-seconds", type=_number, default=0.1, metavar="S", help="seconds per run of a cell, about (default: 0.1)"
     )
     p.add_argument(
         "--repeat",
         type=_integer,
-        default=1,
+        default=3,
         metavar="N",
-        help="runs of the grid, interleaved; medians count (default: 1)",
+        help="runs of the grid, interleaved; each cell's median counts (default: 3)",
     )
     p.add_argument(
         "--source",

@@ -23,6 +23,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -57,9 +58,9 @@ DEFAULT_ORDERS: tuple[str, ...] = ("random", "block")
 #: Tie-break rank of the orders: the one that mixes best first.
 _ORDER_RANK = {"random": 0, "block": 1, "sequential": 2}
 RULE = (
-    "the highest busy share; cells within 1 point of it count as tied, and of those the one with fewer "
-    "reader threads wins (workers='auto' counts as the most), then less prefetch, then random before "
-    "block before sequential"
+    "the highest busy share; cells within 1 point of it count as tied, and of those random order wins over "
+    "block over sequential (the better shuffle), then fewer reader threads (workers='auto' counts as the most), "
+    "then less prefetch (less memory)"
 )
 
 
@@ -81,8 +82,8 @@ class Budget:
     """How long one cell runs: at most ``batches`` batches and about ``seconds`` seconds (the batch
     in progress when the time is up is finished), over whole epochs when an epoch is shorter."""
 
-    batches: int = 200
-    seconds: float = 0.25
+    batches: int = 100
+    seconds: float = 0.1
 
     def __post_init__(self) -> None:
         if not isinstance(self.batches, int) or isinstance(self.batches, bool) or self.batches < 1:
@@ -240,6 +241,17 @@ class TuneResult:
             + ("; a smaller size changes what the model sees" if "--size" in " ".join(flags) else "")
         )
 
+    def busy_machine(self) -> str | None:
+        """A warning when other work loaded the machine while it was measured (the figures are then noisy)."""
+        load = self.machine.get("load_average")
+        cores = self.machine.get("cores_usable") or self.machine.get("cores")
+        if not load or not cores or load[0] <= cores:
+            return None
+        return (
+            f"note: the machine was busy with other work (load average {load[0]:.1f} on {cores} cores): the "
+            "figures are noisy; run again on a quiet machine, or with more --repeat"
+        )
+
     def table(self) -> str:
         """The evidence, one row per cell; ``*`` marks the recommendation, ``d`` the defaults."""
         head = f"{'workers':>7}  {'prefetch':>8}  {'order':<10}  {'busy %':>6}  {'img/s':>10}  {'wait p99 ms':>11}  {'batches':>7}"
@@ -275,16 +287,18 @@ class TuneResult:
         out = [
             f"dlpack tune: {self.store}, {self.count:,} images of {self.image}, batch {self.batch_size}, "
             f"step {self.step_ms:g} ms (half GIL-holding Python, half sleep)",
-            f"{len(self.cells)} cells of at most {self.budget.batches} batches / {self.budget.seconds:g} s each"
-            + (f", {self.repeat} repeats" if self.repeat > 1 else "")
-            + f"; took {self.seconds:.1f} s",
+            f"{len(self.cells)} cells, each run {self.repeat} time(s) interleaved (the median counts) for at most "
+            f"{self.budget.batches} batches / {self.budget.seconds:g} s; took {self.seconds:.1f} s",
             "",
             f"recommended: {100 * o.busy_share:.1f} % busy predicted{default}",
             f"    {self.snippet()}",
             "",
             self.table(),
-            f"* recommended, d defaults; rule: {RULE}",
+            *textwrap.wrap(f"* recommended, d the defaults; the rule: {RULE}", 100),
         ]
+        busy = self.busy_machine()
+        if busy:
+            out += ["", busy]
         if self.trials or self.trial_note:
             out += ["", f"rebuild trials from {self.source}: {self.trial_note}", self.trial_table()]
             advice = self.rebuild_advice()
@@ -359,13 +373,14 @@ def _threads_rank(workers: int | str) -> float:
 
 
 def choose(cells: Sequence[TuneCell], margin: float = TIE_MARGIN) -> TuneCell:
-    """The recommended cell (:data:`RULE`): the highest busy share; within ``margin`` of it, fewer
-    reader threads, then less prefetch (less memory), then the better-mixing order."""
+    """The recommended cell (:data:`RULE`): the highest busy share; within ``margin`` of it, the
+    better-mixing order (block order shuffles runs of samples: worth it only where it measurably reads
+    faster, as from a cold disk), then fewer reader threads, then less prefetch (less memory)."""
     if not cells:
         raise OptionError("no cells to choose from")
     best = max(c.busy_share for c in cells)
     tied = [c for c in cells if c.busy_share >= best - margin]
-    return min(tied, key=lambda c: (_threads_rank(c.workers), c.prefetch, _ORDER_RANK.get(c.order, 9), -c.busy_share))
+    return min(tied, key=lambda c: (_ORDER_RANK.get(c.order, 9), _threads_rank(c.workers), c.prefetch, -c.busy_share))
 
 
 def _check_axes(
@@ -398,9 +413,9 @@ def tune(
     workers: Sequence[int | str] | None = None,
     prefetch: Sequence[int] = DEFAULT_PREFETCH,
     orders: Sequence[str] = DEFAULT_ORDERS,
-    max_batches: int = 200,
-    max_seconds: float = 0.25,
-    repeat: int = 1,
+    max_batches: int = 100,
+    max_seconds: float = 0.1,
+    repeat: int = 3,
     source: str | os.PathLike[str] | None = None,
     sample: int = 128,
     measure: Measure | None = None,
@@ -410,7 +425,8 @@ def tune(
 
     Runs the grid of ``workers`` (0, 1, 2 and ``"auto"`` where the loader takes it) x ``prefetch``
     x ``orders``, each cell for at most ``max_batches`` batches and about ``max_seconds`` seconds
-    (``repeat`` times, interleaved; the median counts), after one untimed warm-up cell, and picks
+    (``repeat`` times, interleaved, and the median counts: a stall of the machine in one run of a
+    cell does not decide it), after one untimed warm-up cell, and picks
     by :data:`RULE`. ``batch_size`` defaults to LoaderOptions' default; ``split`` tunes the loader
     of one split. With ``source`` (the folder the store was built from) it also trial-builds
     ``sample`` of its images (:func:`rebuild_trials`). ``measure`` replaces :func:`measure_loader`
@@ -459,7 +475,7 @@ def tune(
     if source is not None:
         best = LoaderOptions(**recommended.options(batch_size))
         trials, note = rebuild_trials(ds, source, best, step_s, budget, sample, measure, say)
-    from .bench.machine import machine_info
+    from .bench.machine import load_average, machine_info
 
     return TuneResult(
         store=str(getattr(ds, "path", store)),
@@ -473,7 +489,7 @@ def tune(
         recommended=recommended,
         default=default,
         seconds=time.perf_counter() - t0,
-        machine=machine_info([getattr(ds, "path", store)]),
+        machine={**machine_info([getattr(ds, "path", store)]), "load_average": load_average()},
         trials=trials,
         trial_note=note,
         source=None if source is None else os.fspath(source),
@@ -615,8 +631,17 @@ def rebuild_trials(
             out = work / f"trial-{n}{'.h5' if backend == 'hdf5' else '.zarr'}"
             baseline = n == 0
             try:
-                kwargs: dict[str, Any] = {"size": size} if size is not None else {}
-                build(picked, out, compression=codec, labels="none", channels=channels, jobs=1, quiet=True, **kwargs)
+                build(
+                    picked,
+                    out,
+                    compression=codec,
+                    labels="none",
+                    channels=channels,
+                    jobs=1,
+                    quiet=True,
+                    on_error="skip",
+                    **_resize_kwargs(ds, size),
+                )
             except DlpackError as exc:  # a codec this install lacks (hdf5plugin), ...
                 rows.append(TrialRow(size, codec, baseline, error=str(exc).splitlines()[0]))
                 continue
@@ -641,6 +666,20 @@ def rebuild_trials(
         f"each read as an epoch of {len(ds):,} (the sample cycled) with the recommended options"
     )
     return tuple(rows), note
+
+
+def _resize_kwargs(ds: Any, size: tuple[int, int] | None) -> dict[str, Any]:
+    """The build keywords that resize a trial as the store was resized (its manifest's ``resize``),
+    at ``size``: the same mode (stretch or fit) and upscaling rule; a variable-size store's max_side."""
+    resize = dict(getattr(ds.manifest, "resize", None) or {})
+    mode = resize.get("mode")
+    if size is None:
+        max_side = resize.get("max_side")
+        return {"max_side": int(max_side)} if max_side else {}
+    out: dict[str, Any] = {"size": size, "allow_upscale": bool(resize.get("allow_upscale", False))}
+    if mode in ("stretch", "fit"):
+        out["resize"] = mode
+    return out
 
 
 def _bytes_on_disk(path: Path) -> int:
