@@ -234,9 +234,9 @@ class TuneResult:
             flags.append(f"--size {pick.size[0]}x{pick.size[1]}")
         if pick.codec != base.codec:
             flags.append(f"--compression {pick.codec}")
-        ratio = f"{pick.read_ratio:.2f}x the read rate, " if pick.read_ratio is not None else ""
+        ratio = f"read {pick.read_ratio:.2f}x as fast and " if pick.read_ratio is not None else ""
         return (
-            f"a rebuild with {' '.join(flags)} would read at {ratio}{100 * (pick.busy_share or 0):.1f} % busy "
+            f"a rebuild with {' '.join(flags)} would {ratio}keep the step {100 * (pick.busy_share or 0):.1f} % busy "
             f"against {100 * base.busy_share:.1f} % (dlpack build SRC OUT {' '.join(flags)})"
             + ("; a smaller size changes what the model sees" if "--size" in " ".join(flags) else "")
         )
@@ -260,7 +260,7 @@ class TuneResult:
             mark = ("*" if c == self.recommended else " ") + ("d" if c == self.default else " ")
             lines.append(
                 f"{c.workers!s:>7}  {c.prefetch:>8}  {c.order:<10}  {100 * c.busy_share:>6.1f}  "
-                f"{c.images_per_s:>10,.0f}  {c.wait_p99_ms:>11.2f}  {c.batches:>7} {mark}"
+                f"{c.images_per_s:>10,.0f}  {c.wait_p99_ms:>11.2f}  {c.batches:>7} {mark}".rstrip()
             )
         return "\n".join(lines)
 
@@ -474,7 +474,7 @@ def tune(
     note = ""
     if source is not None:
         best = LoaderOptions(**recommended.options(batch_size))
-        trials, note = rebuild_trials(ds, source, best, step_s, budget, sample, measure, say)
+        trials, note = rebuild_trials(ds, source, best, step_s, budget, sample, measure, say, repeat)
     from .bench.machine import load_average, machine_info
 
     return TuneResult(
@@ -601,11 +601,14 @@ def rebuild_trials(
     sample: int,
     measure: Measure,
     say: Callable[[str], None] = lambda text: None,
+    repeat: int = 3,
 ) -> tuple[tuple[TrialRow, ...], str]:
     """Trial builds of ``sample`` images of ``source`` into a temporary folder (removed at the end):
     at the store's resolution and codec, at half and a quarter of its sides, and with each other
     codec the build offers. Each is read as an epoch as long as the store's (:class:`Cycled`) with
-    ``options``: once with no step (the read rate) and once under the step (the busy share)."""
+    ``options``: once untimed (a fresh store opens its shards and codecs), then ``repeat`` times,
+    interleaved over the trials, with no step (the read rate) and under the step (the busy share);
+    the medians count."""
     from .dataset import Dataset
     from .errors import DlpackError
     from .pack import build
@@ -627,9 +630,10 @@ def rebuild_trials(
             dest = picked / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / rel, dest)
+        built: dict[int, Any] = {}
+        errors: dict[int, str] = {}
         for n, (size, codec) in enumerate(pairs):
             out = work / f"trial-{n}{'.h5' if backend == 'hdf5' else '.zarr'}"
-            baseline = n == 0
             try:
                 build(
                     picked,
@@ -643,14 +647,30 @@ def rebuild_trials(
                     **_resize_kwargs(ds, size),
                 )
             except DlpackError as exc:  # a codec this install lacks (hdf5plugin), ...
-                rows.append(TrialRow(size, codec, baseline, error=str(exc).splitlines()[0]))
+                errors[n] = str(exc).splitlines()[0]
                 continue
-            with Dataset(out) as trial:
-                view = Cycled(trial, len(ds))
-                read = measure(Loader(view, options), 0.0, budget)
-                busy = measure(Loader(view, options), step_s, budget)
-                per_image = _bytes_on_disk(out) / len(trial)
-            rows.append(TrialRow(size, codec, baseline, per_image, read.images_per_s, busy.busy_share))
+            built[n] = Dataset(out)
+        try:
+            views = {n: Cycled(trial, len(ds)) for n, trial in built.items()}
+            for view in views.values():  # warm-up: a fresh store opens its shards and codecs
+                measure(Loader(view, options), 0.0, budget)
+            reads: dict[int, list[float]] = {n: [] for n in views}
+            busy: dict[int, list[float]] = {n: [] for n in views}
+            for _ in range(repeat):  # interleaved, as the grid: a stall hits one run of one trial
+                for n, view in views.items():
+                    reads[n].append(measure(Loader(view, options), 0.0, budget).images_per_s)
+                    busy[n].append(measure(Loader(view, options), step_s, budget).busy_share)
+            for n, (size, codec) in enumerate(pairs):
+                if n in errors:
+                    rows.append(TrialRow(size, codec, n == 0, error=errors[n]))
+                    continue
+                per_image = _bytes_on_disk(work / f"trial-{n}{'.h5' if backend == 'hdf5' else '.zarr'}") / len(built[n])
+                rows.append(
+                    TrialRow(size, codec, n == 0, per_image, statistics.median(reads[n]), statistics.median(busy[n]))
+                )
+        finally:
+            for trial in built.values():
+                trial.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = rows[0].read_images_per_s if rows and rows[0].read_images_per_s else None
@@ -663,7 +683,8 @@ def rebuild_trials(
         ]
     note = (
         f"{len(rels)} images built at each setting ({'the source sizes' if own is None else 'stretched'}), "
-        f"each read as an epoch of {len(ds):,} (the sample cycled) with the recommended options"
+        f"each read as an epoch of {len(ds):,} (the sample cycled) with the recommended options, "
+        f"{repeat} time(s) interleaved (the medians count)"
     )
     return tuple(rows), note
 
