@@ -447,53 +447,59 @@ def tune(
     measure = measure or measure_loader
     say = progress or (lambda text: None)
     ds = _open(store)
-    step_s = step_ms / 1e3
-    cells = grid(*axes)
+    try:
+        step_s = step_ms / 1e3
+        cells = grid(*axes)
 
-    def run(cell: tuple[int | str, int, str]) -> Measurement:
-        w, p, order = cell
-        return measure(
-            ds.loader(batch_size=batch_size, workers=w, prefetch=p, order=order, split=split), step_s, budget
+        def run(cell: tuple[int | str, int, str]) -> Measurement:
+            w, p, order = cell
+            return measure(
+                ds.loader(batch_size=batch_size, workers=w, prefetch=p, order=order, split=split), step_s, budget
+            )
+
+        say(
+            f"dlpack tune: {len(cells)} cells of at most {budget.batches} batches / {budget.seconds:g} s each"
+            + (f", {repeat} times" if repeat > 1 else "")
         )
+        defaults = LoaderOptions(batch_size=batch_size)
+        default_cell = (defaults.workers, defaults.prefetch if defaults.workers != 0 else 0, defaults.effective_order)
+        run(default_cell if default_cell in cells else cells[0])  # warm-up: page cache, lazy maps; not counted
+        runs: dict[tuple[int | str, int, str], list[Measurement]] = {c: [] for c in cells}
+        for _ in range(repeat):
+            for c in cells:
+                runs[c].append(run(c))
+        measured = tuple(_median_cell(c, runs[c]) for c in cells)
+        recommended = choose(measured)
+        default = next((m for m in measured if (m.workers, m.prefetch, m.order) == default_cell), None)
+        trials: tuple[TrialRow, ...] = ()
+        note = ""
+        if source is not None:
+            best = LoaderOptions(**recommended.options(batch_size))
+            trials, note = rebuild_trials(ds, source, best, step_s, budget, sample, measure, say, repeat)
+        from .bench.machine import load_average, machine_info
 
-    say(
-        f"dlpack tune: {len(cells)} cells of at most {budget.batches} batches / {budget.seconds:g} s each"
-        + (f", {repeat} times" if repeat > 1 else "")
-    )
-    defaults = LoaderOptions(batch_size=batch_size)
-    default_cell = (defaults.workers, defaults.prefetch if defaults.workers != 0 else 0, defaults.effective_order)
-    run(default_cell if default_cell in cells else cells[0])  # warm-up: page cache, lazy maps; not counted
-    runs: dict[tuple[int | str, int, str], list[Measurement]] = {c: [] for c in cells}
-    for _ in range(repeat):
-        for c in cells:
-            runs[c].append(run(c))
-    measured = tuple(_median_cell(c, runs[c]) for c in cells)
-    recommended = choose(measured)
-    default = next((m for m in measured if (m.workers, m.prefetch, m.order) == default_cell), None)
-    trials: tuple[TrialRow, ...] = ()
-    note = ""
-    if source is not None:
-        best = LoaderOptions(**recommended.options(batch_size))
-        trials, note = rebuild_trials(ds, source, best, step_s, budget, sample, measure, say, repeat)
-    from .bench.machine import load_average, machine_info
-
-    return TuneResult(
-        store=str(getattr(ds, "path", store)),
-        count=len(ds) if split is None else len(ds.indices(split)),
-        image=_image_text(ds),
-        step_ms=step_ms,
-        batch_size=batch_size,
-        budget=budget,
-        repeat=repeat,
-        cells=measured,
-        recommended=recommended,
-        default=default,
-        seconds=time.perf_counter() - t0,
-        machine={**machine_info([getattr(ds, "path", store)]), "load_average": load_average()},
-        trials=trials,
-        trial_note=note,
-        source=None if source is None else os.fspath(source),
-    )
+        return TuneResult(
+            store=str(getattr(ds, "path", store)),
+            count=len(ds) if split is None else len(ds.indices(split)),
+            image=_image_text(ds),
+            step_ms=step_ms,
+            batch_size=batch_size,
+            budget=budget,
+            repeat=repeat,
+            cells=measured,
+            recommended=recommended,
+            default=default,
+            seconds=time.perf_counter() - t0,
+            machine={**machine_info([getattr(ds, "path", store)]), "load_average": load_average()},
+            trials=trials,
+            trial_note=note,
+            source=None if source is None else os.fspath(source),
+        )
+    finally:
+        if ds is not store:  # opened here: closed here
+            close = getattr(ds, "close", None)
+            if close is not None:
+                close()
 
 
 def _open(store: Any) -> Any:
