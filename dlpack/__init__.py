@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .pack import BuildResult, build
     from .ragged import RaggedBatch
     from .timing import EpochStats
+    from .tuning import TuneResult, tune
     from .variants import AugmentResult, augment
 
 #: Public name -> the module that defines it, for the names loaded on first use.
@@ -44,6 +45,8 @@ _LAZY: dict[str, str] = {
     "LoaderOptions": "loader",
     "RaggedBatch": "ragged",
     "EpochStats": "timing",
+    "tune": "tuning",
+    "TuneResult": "tuning",
     "augment": "variants",
     "AugmentResult": "variants",
 }
@@ -66,6 +69,8 @@ __all__ = [
     "LoaderOptions",
     "RaggedBatch",
     "EpochStats",
+    "tune",
+    "TuneResult",
     "augment",
     "AugmentResult",
     "Manifest",

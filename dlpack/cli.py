@@ -682,6 +682,87 @@ def _run_preview(a: argparse.Namespace) -> int:
     return 0
 
 
+TUNE_EXIT_CODES = (
+    "exit codes: 0 success, 2 usage or input errors (no store, a bad option), 3 internal error, 130 interrupted"
+)
+
+
+def _add_tune(sub: Any) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="recommend loader options (workers, prefetch, order) for a training step of a given length",
+        description="Run a short grid of loader options against a simulated training step (half GIL-holding "
+        "Python, half sleep) and recommend the one that keeps the step busiest (docs/tune.md).",
+        epilog=TUNE_EXIT_CODES,
+    )
+    p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
+    p.add_argument(
+        "--step-ms", type=_number, required=True, metavar="MS", help="the training step's length per batch, in ms"
+    )
+    p.add_argument(
+        "--batch-size", type=_integer, default=None, metavar="B", help="batch size (default: the loader's, 32)"
+    )
+    p.add_argument("--split", help="tune the loader of this split of the store (e.g. train)")
+    p.add_argument(
+        "--order",
+        default="random,block",
+        metavar="LIST",
+        help="orders to try, comma list of random, block, sequential (default: random,block; sequential does not shuffle)",
+    )
+    p.add_argument(
+        "--max-batches",
+        type=_integer,
+        default=100,
+        metavar="N",
+        help="batches per run of a cell at most (default: 100)",
+    )
+    p.add_argument(
+        "--max-seconds", type=_number, default=0.1, metavar="S", help="seconds per run of a cell, about (default: 0.1)"
+    )
+    p.add_argument(
+        "--repeat",
+        type=_integer,
+        default=3,
+        metavar="N",
+        help="runs of the grid, interleaved; each cell's median counts (default: 3)",
+    )
+    p.add_argument(
+        "--source",
+        metavar="DIR",
+        help="the folder the store was built from: also trial-build a sample of it at smaller sizes and with "
+        "each codec, and say what a rebuild would gain",
+    )
+    p.add_argument(
+        "--sample", type=_integer, default=128, metavar="N", help="with --source: images per trial build (default: 128)"
+    )
+    _add_json_flags(p, "the whole result (recommended options, predicted busy, every cell, trials, machine)")
+    p.set_defaults(run=_run_tune)
+
+
+def _run_tune(a: argparse.Namespace) -> int:
+    from .tuning import tune
+
+    _check_json_file(a)
+    result = tune(
+        a.store,
+        a.step_ms,
+        a.batch_size,
+        split=a.split,
+        orders=[o.strip() for o in a.order.split(",") if o.strip()],
+        max_batches=a.max_batches,
+        max_seconds=a.max_seconds,
+        repeat=a.repeat,
+        source=a.source,
+        sample=a.sample,
+        progress=lambda text: _say(text, err=True),
+    )
+    if a.json or a.json_file is not None:
+        _emit_json(a, result.to_dict())
+    if not a.json:
+        _say(result.summary())
+    return 0
+
+
 COMMANDS: list[Callable[[Any], None]] = [
     _add_build,
     _add_augment,
@@ -690,6 +771,7 @@ COMMANDS: list[Callable[[Any], None]] = [
     _add_verify,
     _add_bench,
     _add_export,
+    _add_tune,
 ]
 
 

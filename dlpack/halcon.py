@@ -20,10 +20,12 @@ import numpy as np
 
 from . import schema
 from .errors import MissingExtraError, OptionError, StoreError
+from .timing import EpochStats
 
 __all__ = [
     "DEFAULT_IMAGE_RANGE",
     "TASKS",
+    "SampleBatches",
     "import_halcon",
     "sample_batches",
     "scale_image",
@@ -195,7 +197,8 @@ def sample_batches(
     original_rate: float | None = None,
     views_per_batch: int = 1,
     online: Any = None,
-) -> Generator[list[Any], None, None]:
+    report: bool = False,
+) -> SampleBatches:
     """One epoch of a store as lists of DLSample dicts, for ``train_dl_model_batch(model, batch)``.
 
     ``ds`` is a :class:`~dlpack.Dataset` or a store path. The batches come from ``ds.loader``
@@ -210,6 +213,10 @@ def sample_batches(
     view its schedule picks for ``epoch``, its boxes and label image that view's, and its
     ``variant`` entry says which (0 the original); ``image_id`` stays the sample's index.
     ``original_rate`` is HALCON's ``augmentation_percentage`` turned around: ``1 - percentage / 100``.
+
+    The result iterates like a generator (``close()`` ends it early) and keeps the loader's
+    statistics: ``batches.stats()[-1].line()`` says how long the training loop waited for data
+    (``report=True`` prints that line when the epoch ends).
     """
     from .dataset import Dataset
 
@@ -242,9 +249,10 @@ def sample_batches(
         original_rate=original_rate,
         views_per_batch=views_per_batch,
         online=online,
+        report=report,
     )
     loader.set_epoch(epoch)
-    return _batches(loader, ha)
+    return SampleBatches(loader, ha)
 
 
 def _map_batch(batch: dict[str, Any], **mapping: Any) -> dict[str, Any]:
@@ -257,11 +265,37 @@ def _map_batch(batch: dict[str, Any], **mapping: Any) -> dict[str, Any]:
     return {"index": batch["index"], "dlsamples": samples}
 
 
-def _batches(loader: Any, ha: Any) -> Generator[list[Any], None, None]:
-    # HALCON dicts are made here, on the caller's thread: the binding's thread rules are not dlpack's to assume.
-    try:
-        for batch in loader:
-            samples = batch["dlsamples"]
-            yield samples if ha is None else [to_halcon_dict(ha, s) for s in samples]
-    finally:
-        loader.close()
+class SampleBatches:
+    """One epoch of DLSample lists (what :func:`sample_batches` returns): an iterator, as the
+    generator it was, plus the loader's per-epoch statistics (:meth:`stats`)."""
+
+    def __init__(self, loader: Any, ha: Any) -> None:
+        #: The :class:`~dlpack.Loader` that reads the batches (its ``transform`` makes the DLSamples).
+        self.loader = loader
+        self._gen = self._batches(ha)
+
+    def _batches(self, ha: Any) -> Generator[list[Any], None, None]:
+        # HALCON dicts are made here, on the caller's thread: the binding's thread rules are not dlpack's to
+        # assume. The loader's wait therefore leaves them out: they are part of the caller's step.
+        try:
+            for batch in self.loader:
+                samples = batch["dlsamples"]
+                yield samples if ha is None else [to_halcon_dict(ha, s) for s in samples]
+        finally:
+            self.loader.close()
+
+    def __iter__(self) -> SampleBatches:
+        return self
+
+    def __next__(self) -> list[Any]:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop the epoch early (its statistics are kept, marked partial)."""
+        self._gen.close()
+
+    def stats(self) -> list[EpochStats]:
+        """The loader's :class:`~dlpack.EpochStats`, one per pass (``loader.stats()``): the share of
+        the time the training loop waited for data, its p50/p99 per batch, images/s and bytes/s."""
+        stats: list[EpochStats] = self.loader.stats()
+        return stats

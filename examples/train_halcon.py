@@ -8,7 +8,8 @@ here ``dlpack.halcon.sample_batches`` reads the next batches on worker threads w
 ``train_dl_model_batch`` runs. The store's images must already have the model's input size and
 channels (build it with ``--size WxH``): no HALCON preprocessing is applied, only the pixel values
 are scaled to the model's image range. Prints, per epoch, images/s and the fraction of the time
-spent waiting for data.
+spent waiting for data, and the loader's own line for the epoch (``batches.stats()[-1].line()``:
+the share of the time waited inside ``next()`` and the p99 wait per batch).
 
 Needs the [halcon] extra and a native HALCON installation with a licence; without them it says so
 and exits 0 without training.
@@ -111,6 +112,9 @@ def train(a: argparse.Namespace, ha: Any) -> int:
             f"epoch {epoch}: {n} images in {dt:.2f} s = {n / dt:.0f} images/s, "
             f"waiting for data {100 * wait / dt:.0f} % of the time"
         )
+        stats = batches.stats()
+        if stats:  # the loader's own figures: the wait inside next(), p99 per batch
+            print(f"  loader: {stats[-1].line()}")
     if a.save:
         ha.write_dl_model(model, a.save)
         print(f"wrote {a.save}")

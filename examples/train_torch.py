@@ -5,7 +5,8 @@
     python examples/train_torch.py demo/raw --folder --size 512x512 --epochs 2   # the scattered baseline
 
 Prints, per epoch, images/s and the fraction of step time spent waiting for data: the number
-that says whether the GPU (or CPU) is starved; with --val-split, the accuracy on that split.
+that says whether the GPU (or CPU) is starved; from a store, also the loader's own line
+(``epoch 0: 41,212 img/s, waited 2.1 % of the time (p99 0.4 ms)``); with --val-split, the accuracy on that split.
 Without --split it trains on every sample of the store, whatever split it is in. Needs the
 [torch] extra.
 """
@@ -58,6 +59,14 @@ class FolderDataset(torch.utils.data.Dataset):  # type: ignore[misc]
         img = prepare_image(Path(self.root, item.rel).read_bytes(), self.target).pixels
         label = self.classes.index(item.label) if item.label else 0
         return {"image": torch.from_numpy(img).permute(2, 0, 1), "label": label}
+
+
+def loader_stats(batches: Any) -> list[Any]:
+    """The dlpack loader's per-pass statistics behind ``batches`` (a torch DataLoader has none)."""
+    stats = getattr(batches, "stats", None)
+    if stats is None:  # a TorchLoader without stats() of its own: ask the dlpack.Loader it wraps
+        stats = getattr(getattr(batches, "loader", None), "stats", None)
+    return list(stats()) if callable(stats) else []
 
 
 def evaluate(model: nn.Module, batches: Any, device: torch.device) -> tuple[int, int]:
@@ -177,6 +186,9 @@ def train(a: argparse.Namespace, device: torch.device) -> int:
             f"epoch {epoch}: {n} images in {dt:.2f} s = {n / dt:.0f} images/s, "
             f"waiting for data {100 * wait / dt:.0f} % of the time, loss {last_loss:.3f}"
         )
+        stats = loader_stats(batches)
+        if stats:  # the loader's own figures for the pass: the wait inside next(), p99 per batch
+            print(f"  loader: {stats[-1].line()}")
         if val is not None:
             correct, total = evaluate(model, val, device)
             acc = f"accuracy {correct / total:.3f} ({correct} of {total} images)" if total else "no labelled images"

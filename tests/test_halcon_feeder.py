@@ -184,6 +184,23 @@ def test_the_mapping_runs_on_the_reader_threads(tmp_path: Path, monkeypatch: pyt
     assert all(name.startswith("dlpack") for name in threads)  # the loader's workers, not the caller
 
 
+def test_the_feeder_keeps_the_loaders_statistics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ds = _store(tmp_path, {"a": 3, "b": 2})
+    batches = sample_batches(ds, 2, shuffle=False, workers=1, prefetch=2, halcon=standin)
+    assert isinstance(batches.loader, dlpack.Loader) and batches.stats() == []
+    assert [len(b) for b in batches] == [2, 2, 1]
+    (stats,) = batches.stats()
+    assert isinstance(stats, dlpack.EpochStats) and (stats.images, stats.batches, stats.complete) == (5, 3, True)
+    assert 0.0 <= stats.wait_share <= 1.0 and stats.line().startswith("epoch 0: ")
+    assert capsys.readouterr().err == ""  # report is off by default
+    reported = sample_batches(ds, 2, epoch=1, report=True, as_halcon=False)
+    next(reported)
+    reported.close()  # stopped early: the pass is kept, marked partial, and its line printed
+    (partial,) = reported.stats()
+    assert (partial.epoch, partial.batches, partial.complete) == (1, 1, False)
+    assert capsys.readouterr().err.strip() == partial.line() and "partial (1 batches)" in partial.line()
+
+
 def test_detection_batches_carry_the_boxes(tmp_path: Path) -> None:
     ds = _store(tmp_path, {"a": 2, "b": 1})
     path = tmp_path / "s.zarr"
@@ -277,6 +294,7 @@ def test_the_example_trains_batch_by_batch(tmp_path: Path, capsys: pytest.Captur
     assert ("write_dl_model", "out.hdl") in standin.calls
     out = capsys.readouterr().out
     assert "epoch 1: 4 images in" in out and "waiting for data" in out
+    assert "  loader: epoch 0: " in out and "  loader: epoch 1: " in out and "% of the time (p99" in out
 
 
 def test_the_example_refuses_images_of_another_size(

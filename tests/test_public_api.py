@@ -35,6 +35,8 @@ PUBLIC = {
     "LoaderOptions",
     "RaggedBatch",
     "EpochStats",
+    "tune",
+    "TuneResult",
     "augment",
     "AugmentResult",
     "Manifest",
@@ -65,6 +67,7 @@ NOT_AT_IMPORT = {
     "dlpack._parallel",
     "dlpack.backends",
     "dlpack.export",
+    "dlpack.tuning",
 }
 
 
@@ -181,6 +184,15 @@ def test_an_unknown_keyword_is_an_option_error_with_close_matches(make_tree: Any
     with pytest.raises(dlpack.OptionError, match=r"unknown keyword 'zzz' \(its keywords are BuildOptions fields\)$"):
         dlpack.build(src, tmp_path / "p.zarr", zzz=1)
     assert len(ds.loader(batch_size=2)) == 1  # a known keyword still works
+
+
+def test_tune_is_the_function_after_the_cli_imports_it() -> None:
+    # It lives in dlpack.tuning, so importing that module never rebinds dlpack.tune to a module.
+    code = (
+        "import types, dlpack, dlpack.cli, dlpack.tuning; from dlpack.tuning import TuneResult, tune; "
+        "print(isinstance(dlpack.tune, types.FunctionType), dlpack.tune is tune, dlpack.TuneResult is TuneResult)"
+    )
+    assert _fresh_python(code).split() == ["True", "True", "True"]
 
 
 def test_augment_stays_the_function_whichever_module_is_imported_first() -> None:

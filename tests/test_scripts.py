@@ -136,6 +136,7 @@ def _check_load(out: str, work: Path) -> None:
 def _check_train(out: str, work: Path) -> None:
     assert "training on cpu from dlpack store" in out
     assert "epoch 0: 8 images in" in out and "waiting for data" in out
+    assert "  loader: epoch 0: " in out and "% of the time (p99" in out  # the loader's own line
 
 
 def _check_train_halcon(out: str, work: Path) -> None:
