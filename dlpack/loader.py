@@ -7,7 +7,9 @@ batch (25 MB at 32 x 512x512x3), which caps a PyTorch DataLoader near 2.8k image
 
 The order of an epoch depends only on (seed, epoch, order options, rank, world_size) and the
 selection of samples (a split, or any indices), never on worker count or timing, so any
-worker/prefetch setting yields the same batches. The loader reads
+worker/prefetch setting yields the same batches. A state saved at one world size loads at any
+other: what no rank had handed out of the epoch is split over the new ranks (docs/loader.md,
+"Elastic resume"). The loader reads
 any :class:`BatchSource` (a store, the bench's folder reader, a view of either) and passes it the
 epoch, so per-epoch views and online augmentation draw their randomness from
 :func:`sample_rng` (seed, epoch, index) without touching the threading here.
