@@ -757,12 +757,17 @@ class Loader:
                 f"state position {position} is past the end of epoch {epoch}, which has {total} batches "
                 f"per rank at world_size {world_size}; was it edited or made for another loader?"
             )
+        left: np.ndarray | None = rest  # what this loader's ranks split, when it is of this epoch
         if world_size != self.options.world_size:
             if position == total and total > 0:  # the saving run finished this epoch: start the next
-                epoch, position, segments = epoch + 1, 0, ()
+                epoch, position, segments, left = epoch + 1, 0, (), None
             elif position > 0:  # what the saving run left of this epoch is split over this run's ranks
+                left = remaining_order(rest, world_size, position, images, drop_last)
                 segments, position = (*segments, (world_size, position)), 0
         self.epoch, self._position, self._segments = epoch, position, segments
+        if left is not None:  # the epoch's order is drawn once (a permutation of 10M samples takes seconds)
+            o = self.options
+            self._order_cache = (epoch, segments, rank_indices(left, o.rank, o.world_size, o.drop_last))
 
     def __repr__(self) -> str:
         sel = "" if self.selection is None else f" selection={self.split or 'indices'}:{len(self.selection)}"
