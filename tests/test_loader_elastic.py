@@ -439,3 +439,29 @@ def _epoch(ds: dlpack.Dataset, opts: dict[str, Any], epoch: int) -> list[dict[st
     loader = ds.loader(**opts, world_size=1)
     loader.set_epoch(epoch)
     return list(loader)
+
+
+def test_the_torch_adapter_resumes_at_another_world_size(ds: dlpack.Dataset) -> None:
+    torch = pytest.importorskip("torch")
+    from dlpack.torch import torch_loader
+
+    opts = {"batch_size": 3, "seed": 2, "pin_memory": False, "workers": 0}
+    seen: list[int] = []
+    for r in range(2):
+        tl = torch_loader(ds, **opts, world_size=2, rank=r)
+        it = iter(tl)
+        seen += [int(i) for _ in range(2) for i in next(it)["index"]]
+        it.close()
+    state = roundtrip(tl.state_dict())
+    rest: list[int] = []
+    counts = set()
+    for r in range(3):
+        resumed = torch_loader(ds, **opts, world_size=3, rank=r)
+        resumed.load_state_dict(state)
+        batches = list(resumed)
+        counts.add(len(batches))
+        for b in batches:
+            assert b["image"].dtype == torch.uint8 and b["image"].shape[0] == len(b["index"])
+            rest += b["index"].tolist()
+    assert len(counts) == 1 and not set(seen) & set(rest)  # 12 handed out, 25 left: 9 per rank with 2 pads
+    assert set(seen + rest) == set(range(len(ds))) and len(seen + rest) == len(ds) + 2
