@@ -34,15 +34,7 @@ import numpy as np
 from .errors import OptionError, StateError
 from .timing import EpochStats, PassTimer, batch_nbytes
 
-__all__ = [
-    "BatchSource",
-    "Loader",
-    "LoaderOptions",
-    "epoch_order",
-    "rank_indices",
-    "remaining_order",
-    "sample_rng",
-]
+__all__ = ["BatchSource", "Loader", "LoaderOptions", "epoch_order", "rank_indices", "sample_rng"]
 
 
 @runtime_checkable
@@ -283,26 +275,6 @@ def check_selection(indices: Sequence[int] | np.ndarray, n: int, where: object) 
     return arr
 
 
-def rank_indices(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
-    """This rank's contiguous share of the epoch order, equal in size on every rank.
-
-    ``drop_last`` drops the last ``n % world_size`` samples of the epoch; otherwise the order is
-    padded by repeating its first samples (as torch's DistributedSampler does), so shards are
-    disjoint except for at most ``world_size - 1`` repeated samples.
-    """
-    n = len(order)
-    if world_size == 1:
-        return order
-    if drop_last:
-        per = n // world_size
-    else:
-        per = -(-n // world_size)
-        if per * world_size > n:
-            reps = -(-(per * world_size) // max(1, n))
-            order = np.tile(order, reps)[: per * world_size]
-    return order[rank * per : (rank + 1) * per]
-
-
 def _share(n: int, world_size: int, drop_last: bool) -> int:
     """Samples per rank when ``n`` samples are split over ``world_size`` ranks (:func:`rank_indices`)."""
     return n // world_size if drop_last else -(-n // world_size)
@@ -335,6 +307,26 @@ def remaining_order(
     handed[taken.reshape(-1) % n] = True  # a position past n is padding: a repeat of sample pos % n
     rest: np.ndarray = order[~handed]
     return rest
+
+
+def rank_indices(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
+    """This rank's contiguous share of the epoch order, equal in size on every rank.
+
+    ``drop_last`` drops the last ``n % world_size`` samples of the epoch; otherwise the order is
+    padded by repeating its first samples (as torch's DistributedSampler does), so shards are
+    disjoint except for at most ``world_size - 1`` repeated samples.
+    """
+    n = len(order)
+    if world_size == 1:
+        return order
+    if drop_last:
+        per = n // world_size
+    else:
+        per = -(-n // world_size)
+        if per * world_size > n:
+            reps = -(-(per * world_size) // max(1, n))
+            order = np.tile(order, reps)[: per * world_size]
+    return order[rank * per : (rank + 1) * per]
 
 
 #: Where in a memory page a pooled batch array starts. ``np.empty`` puts a large array 16 bytes past
