@@ -7,7 +7,9 @@ batch (25 MB at 32 x 512x512x3), which caps a PyTorch DataLoader near 2.8k image
 
 The order of an epoch depends only on (seed, epoch, order options, rank, world_size) and the
 selection of samples (a split, or any indices), never on worker count or timing, so any
-worker/prefetch setting yields the same batches. The loader reads
+worker/prefetch setting yields the same batches. A state saved at one world size loads at any
+other: what no rank had handed out of the epoch is split over the new ranks (docs/loader.md,
+"Elastic resume"). The loader reads
 any :class:`BatchSource` (a store, the bench's folder reader, a view of either) and passes it the
 epoch, so per-epoch views and online augmentation draw their randomness from
 :func:`sample_rng` (seed, epoch, index) without touching the threading here.
@@ -73,7 +75,9 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 #: 2: states record the selection of samples (version 1 states, which have none, mean every sample).
-STATE_VERSION = 2
+#: 3: states record the earlier world sizes of the current epoch (``segments``), so a state loads
+#: at any world size (version 1 and 2 states have none: the epoch ran at one world size).
+STATE_VERSION = 3
 Order = Literal["random", "sequential", "block"]
 
 
@@ -271,6 +275,40 @@ def check_selection(indices: Sequence[int] | np.ndarray, n: int, where: object) 
     return arr
 
 
+def _share(n: int, world_size: int, drop_last: bool) -> int:
+    """Samples per rank when ``n`` samples are split over ``world_size`` ranks (:func:`rank_indices`)."""
+    return n // world_size if drop_last else -(-n // world_size)
+
+
+def batch_count(n: int, world_size: int, images_per_batch: int, drop_last: bool) -> int:
+    """Batches per rank of an epoch of ``n`` samples: the same on every rank."""
+    per = _share(n, world_size, drop_last)
+    return per // images_per_batch if drop_last else -(-per // images_per_batch)
+
+
+def remaining_order(
+    order: np.ndarray, world_size: int, position: int, images_per_batch: int, drop_last: bool
+) -> np.ndarray:
+    """The samples of ``order`` that ``world_size`` ranks have not handed out after ``position``
+    batches each, in ``order``'s order: what an elastic resume splits over the new ranks.
+
+    Each rank's first ``position * images_per_batch`` samples of its :func:`rank_indices` share
+    count as handed out (a padding copy counts for its sample). Samples that ``drop_last`` would
+    have dropped at the end are not handed out, so they stay in the rest: mid-epoch, nothing is
+    lost yet. ``position`` is the same on every rank (data-parallel ranks save at the same step).
+    """
+    n = len(order)
+    if n == 0 or position <= 0:
+        return order
+    per = _share(n, world_size, drop_last)
+    done = min(position * images_per_batch, per)
+    taken = np.add.outer(np.arange(world_size, dtype=np.int64) * per, np.arange(done, dtype=np.int64))
+    handed = np.zeros(n, dtype=bool)
+    handed[taken.reshape(-1) % n] = True  # a position past n is padding: a repeat of sample pos % n
+    rest: np.ndarray = order[~handed]
+    return rest
+
+
 def rank_indices(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
     """This rank's contiguous share of the epoch order, equal in size on every rank.
 
@@ -390,8 +428,11 @@ class Loader:
         self._sel_state: dict[str, Any] | None = None
         self.epoch = 0
         self._position = 0  # batches of the current epoch already handed out
+        # Earlier parts of the current epoch run at other world sizes: (world_size, position) each,
+        # oldest first (see load_state_dict); empty unless the epoch was resumed at a new world size.
+        self._segments: tuple[tuple[int, int], ...] = ()
         self._threads: tuple[int, ThreadPoolExecutor] | None = None
-        self._order_cache: tuple[int, np.ndarray] | None = None
+        self._order_cache: tuple[int, tuple[tuple[int, int], ...], np.ndarray] | None = None
         # The live pass, weakly: a dropped iterator frees the loader even if it never started
         # (an unstarted generator runs no ``finally``).
         self._live: weakref.ref[Generator[dict[str, Any], None, None]] | None = None
@@ -415,20 +456,39 @@ class Loader:
 
     # ------------------------------------------------------------------ order
 
+    def _global(self, epoch: int) -> np.ndarray:
+        """The epoch's order over the selection's sample indices, before any rank takes its share."""
+        o = self.options
+        sel = self.selection
+        glob = epoch_order(
+            len(self.source) if sel is None else len(sel), o.seed, epoch, o.effective_order, o.block_size, o.window
+        )
+        return glob if sel is None else sel[glob]  # the same shuffle, over the selection's positions
+
+    def _rest(self, epoch: int, segments: Sequence[tuple[int, int]]) -> np.ndarray:
+        """What is left of ``epoch``'s order after its earlier ``segments`` (each one splits what the
+        one before left over its world size, as an epoch is split, and hands out its batches)."""
+        o = self.options
+        rest = self._global(epoch)
+        for world_size, position in segments:
+            rest = remaining_order(rest, world_size, position, o.batch_size // o.views_per_batch, o.drop_last)
+        return rest
+
     def _indices(self, epoch: int) -> np.ndarray:
-        if self._order_cache is None or self._order_cache[0] != epoch:
+        # Only the current epoch has earlier segments: every other one runs at this world size throughout.
+        segments = self._segments if epoch == self.epoch else ()
+        if self._order_cache is None or self._order_cache[:2] != (epoch, segments):
             o = self.options
-            sel = self.selection
-            glob = epoch_order(
-                len(self.source) if sel is None else len(sel), o.seed, epoch, o.effective_order, o.block_size, o.window
-            )
-            if sel is not None:
-                glob = sel[glob]  # the same shuffle, over the selection's positions
-            self._order_cache = (epoch, rank_indices(glob, o.rank, o.world_size, o.drop_last))
-        return self._order_cache[1]
+            share = rank_indices(self._rest(epoch, segments), o.rank, o.world_size, o.drop_last)
+            self._order_cache = (epoch, segments, share)
+        return self._order_cache[2]
 
     def batches(self, epoch: int | None = None) -> list[np.ndarray]:
-        """The index batches of an epoch for this rank, in the order they are yielded."""
+        """The index batches of an epoch for this rank, in the order they are yielded.
+
+        After a resume at another world size, the current epoch's batches are this rank's share of
+        what the earlier world sizes left (``len(loader)`` counts them); other epochs are whole.
+        """
         idx = self._indices(self.epoch if epoch is None else epoch)
         m = self.options.views_per_batch
         b = self.options.batch_size // m  # images per batch: m rows each
@@ -453,6 +513,7 @@ class Loader:
         self._check_idle("set_epoch")
         self.epoch = int(epoch)
         self._position = 0
+        self._segments = ()  # the whole epoch, at this world size
 
     # ------------------------------------------------------------------ reading
 
@@ -521,7 +582,7 @@ class Loader:
         batches = self.batches()
         start = self._position
         if batches and start >= len(batches):  # resumed at an epoch's end: go on with the next
-            self.epoch, self._position = self.epoch + 1, 0
+            self.epoch, self._position, self._segments = self.epoch + 1, 0, ()
             batches, start = self.batches(), 0
         epoch = self.epoch
         timer = PassTimer(epoch)
@@ -534,6 +595,7 @@ class Loader:
         if self._position >= len(batches):
             self.epoch += 1
             self._position = 0
+            self._segments = ()
 
     def _read(
         self, batches: list[np.ndarray], start: int, epoch: int, timer: PassTimer
@@ -596,7 +658,13 @@ class Loader:
         return dict(self._sel_state)
 
     def state_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable state; :meth:`load_state_dict` resumes after the last batch handed out."""
+        """A JSON-serialisable state; :meth:`load_state_dict` resumes after the last batch handed out.
+
+        ``segments`` lists the earlier parts of the current epoch that ran at another world size
+        (``world_size`` and ``position``, batches per rank), oldest first; the current part is
+        ``options.world_size`` and ``position``. Every rank of a run saves the same state but its
+        ``rank``, so any rank's state describes the whole run.
+        """
         o = asdict(self.options)
         return {
             "version": STATE_VERSION,
@@ -604,15 +672,20 @@ class Loader:
             "count": len(self.source),
             "epoch": self.epoch,
             "position": self._position,
+            "segments": [{"world_size": w, "position": p} for w, p in self._segments],
             "options": o,
             "selection": self._selection_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; refuses a state of another dataset, world size or order.
+        """Resume from :meth:`state_dict`; refuses a state of another dataset, selection or order.
 
-        The position may be at most the epoch's number of batches on this rank (equal to it is the
-        "epoch just finished" state: the next pass starts the following epoch).
+        A state saved at another world size (or by another rank) resumes elastically: the samples
+        of the epoch that no rank of the saving run had handed out are split over this run's ranks
+        as an epoch is (docs/loader.md, "Elastic resume"). This assumes every rank of the saving run
+        saved at the same step, as data-parallel training does. At the same world size the run
+        continues exactly. The position may be at most the epoch's number of batches per rank
+        (equal to it is the "epoch just finished" state: the next pass starts the following epoch).
         """
         self._check_idle("load_state_dict")
         if not isinstance(state, dict) or not isinstance(state.get("version"), int):
@@ -648,32 +721,45 @@ class Loader:
                 f"this state was saved for another selection of samples ({_describe(saved_sel)}); "
                 f"this loader selects {_describe(mine_sel)}; resume with the same split or indices"
             )
-        for key in (
-            "world_size",
-            "rank",
-            "batch_size",
-            "seed",
-            "order",
-            "shuffle",
-            "drop_last",
-            "block_size",
-            "window",
-        ):
+        for key in ("batch_size", "seed", "order", "shuffle", "drop_last", "block_size", "window"):
             if saved.get(key) != mine[key]:
                 raise StateError(
                     f"this state was saved with {key}={saved.get(key)!r} but the loader has {key}={mine[key]!r}; "
-                    "resume with the same options (workers and prefetch may differ)"
+                    "resume with the same options (workers, prefetch, world_size and rank may differ)"
                 )
-        epoch, position = state.get("epoch"), state.get("position")
+        epoch, position, world_size = state.get("epoch"), state.get("position"), saved.get("world_size")
         if not isinstance(epoch, int) or not isinstance(position, int) or epoch < 0 or position < 0:
             raise StateError(f"state has an invalid epoch/position: {epoch!r}/{position!r}")
-        total = len(self.batches(epoch))
+        if not _count(world_size, 1):
+            raise StateError(f"state has an invalid options.world_size: {world_size!r} (an integer >= 1)")
+        segments = _segments(state)
+        images, drop_last = self.options.batch_size // self.options.views_per_batch, self.options.drop_last
+        rest = self._global(epoch)
+        for k, (size, done) in enumerate(segments):
+            count = batch_count(len(rest), size, images, drop_last)
+            if not 0 < done < count:  # a segment that handed out nothing, or finished the epoch, ends no part of it
+                raise StateError(
+                    f"state segment {k} (world_size {size}, position {done}) is not inside epoch {epoch}, which had "
+                    f"{count} batches per rank at that point; was it edited or made for another loader?"
+                )
+            rest = remaining_order(rest, size, done, images, drop_last)
+        total = batch_count(len(rest), world_size, images, drop_last)
         if position > total:
             raise StateError(
                 f"state position {position} is past the end of epoch {epoch}, which has {total} batches "
-                f"on rank {self.options.rank} of {self.options.world_size}; was it edited or made for another loader?"
+                f"per rank at world_size {world_size}; was it edited or made for another loader?"
             )
-        self.epoch, self._position = epoch, position
+        left: np.ndarray | None = rest  # what this loader's ranks split, when it is of this epoch
+        if world_size != self.options.world_size:
+            if position == total and total > 0:  # the saving run finished this epoch: start the next
+                epoch, position, segments, left = epoch + 1, 0, (), None
+            elif position > 0:  # what the saving run left of this epoch is split over this run's ranks
+                left = remaining_order(rest, world_size, position, images, drop_last)
+                segments, position = (*segments, (world_size, position)), 0
+        self.epoch, self._position, self._segments = epoch, position, segments
+        if left is not None:  # the epoch's order is drawn once (a permutation of 10M samples takes seconds)
+            o = self.options
+            self._order_cache = (epoch, segments, rank_indices(left, o.rank, o.world_size, o.drop_last))
 
     def __repr__(self) -> str:
         sel = "" if self.selection is None else f" selection={self.split or 'indices'}:{len(self.selection)}"
@@ -687,6 +773,28 @@ AUGMENT_OPTIONS: dict[str, Any] = {"augment": None, "original_rate": None, "view
 def _json(value: Any) -> str:
     """``value`` as canonical JSON, so a state's option compares equal to the loader's after a JSON round trip."""
     return json.dumps(value, sort_keys=True)
+
+
+def _count(value: Any, minimum: int) -> bool:
+    """Whether a state field is an integer >= ``minimum`` (JSON gives plain ints; bools are refused)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _segments(state: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+    """A state's ``segments`` as ``(world_size, position)`` pairs (version 1 and 2 states: none)."""
+    if state["version"] < 3:
+        return ()
+    raw = state.get("segments")
+    if not isinstance(raw, list):
+        raise StateError("not a dlpack loader state (no 'segments' list)")
+    out = []
+    for k, seg in enumerate(raw):
+        if not isinstance(seg, dict) or not _count(seg.get("world_size"), 1) or not _count(seg.get("position"), 0):
+            raise StateError(
+                f"state segment {k} is {seg!r}; each segment is {{'world_size': int >= 1, 'position': int >= 0}}"
+            )
+        out.append((int(seg["world_size"]), int(seg["position"])))
+    return tuple(out)
 
 
 def _describe(selection: dict[str, Any]) -> str:

@@ -568,11 +568,9 @@ def test_state_of_another_dataset_is_refused(ds: dlpack.Dataset, other_store_pat
 @pytest.mark.parametrize(
     ("key", "saved", "resumed"),
     [
-        ("world_size", {"world_size": 2}, {"world_size": 1}),
-        ("world_size", {"world_size": 1}, {"world_size": 4}),
+        # world_size and rank may differ: tests/test_loader_elastic.py
         ("batch_size", {"batch_size": 8}, {"batch_size": 16}),
         ("seed", {"seed": 1}, {"seed": 2}),
-        ("rank", {"world_size": 2, "rank": 1}, {"world_size": 2, "rank": 0}),
         ("drop_last", {"drop_last": True}, {"drop_last": False}),
         ("order", {"order": "block"}, {"order": "random"}),
     ],
