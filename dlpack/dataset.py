@@ -312,7 +312,7 @@ class Dataset:
         else:
             if out is None:
                 out = np.empty((len(idx), *shape), dtype=self.manifest.image.dtype)
-            images = r.read_into(schema.IMAGES, idx, out)
+            images = r.gather(schema.IMAGES, idx, out)
         batch: dict[str, Any] = {
             "image": images,
             "label": r.read_all(schema.LABELS).take(idx, axis=0, mode="clip"),
@@ -325,7 +325,7 @@ class Dataset:
                 if spec.ragged:
                     batch[key] = ragged[spec.name]
                 else:
-                    batch[key] = r.read_into(spec.name, idx, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
+                    batch[key] = r.gather(spec.name, idx, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch
 
     def _batch_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:

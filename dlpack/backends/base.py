@@ -223,6 +223,8 @@ class StoreReader(ABC):
         self._offsets_twin: dict[str, str] = {}
         self._row_sources: dict[str, tuple[ArrayAccess, Any]] = {}
         self._mixes: dict[tuple[str, ...], Any] = {}
+        #: Per fixed array, how :meth:`gather` reads it (looked up once: this runs for every batch).
+        self._gathers: dict[str, tuple[str, Any, int]] = {}
         self._sources: tuple[bytes, list[int]] | None = None
         #: SHA-256 of the manifest text this reader opened: every later (re)open must find the same.
         self._pin: str | None = None
@@ -415,9 +417,9 @@ class StoreReader(ABC):
         spec = self._fixed(name)
         if rows is not None and len(rows) != len(indices):
             raise OptionError(f"read_into got {len(indices)} indices but {len(rows)} rows of out to fill")
+        picked = np.asarray(indices, dtype=np.int64).reshape(-1)
+        checked_positions(picked, len(self), f"array {name!r} of {self.path}")
         if self._small(spec):
-            picked = np.asarray(indices, dtype=np.int64).reshape(-1)
-            checked_positions(picked, len(self), f"array {name!r} of {self.path}")
             if rows is None:
                 np.take(self.read_all(name), picked, axis=0, out=out[: len(picked)], mode="clip")
             else:
@@ -426,11 +428,35 @@ class StoreReader(ABC):
         if rows is None:
             views = self._row_source(name)  # raw in-memory rows (uncompressed shards, a mapped dataset)
             if views is not None:
-                picked = np.asarray(indices, dtype=np.int64).reshape(-1)
-                checked_positions(picked, len(self), f"array {name!r} of {self.path}")
                 return gather_rows(views[0], views[1], picked, out)
-        positions = indices.tolist() if isinstance(indices, np.ndarray) else [int(i) for i in indices]
+        positions = picked.tolist()
         return self._stored(name).read_into(positions, out, None if rows is None else list(rows))
+
+    def gather(self, name: str, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """:meth:`read_into` for a batch: ``idx`` are int64 sample indices the caller has checked
+        (``0 <= i < len``), gathered into ``out[:len(idx)]`` in their order.
+
+        The way each array is read is found once: a small array from its in-memory copy and raw
+        rows from their memory maps by :func:`gather_rows` (one ``np.take`` per shard); compressed
+        arrays through the backend, image by image. A 32x32 batch of 256 takes a few microseconds,
+        so the per-batch lookups and checks that :meth:`read_into` makes would double it.
+        """
+        plan = self._gathers.get(name)
+        if plan is None:
+            spec = self._fixed(name)
+            if self._small(spec):
+                plan = ("whole", self.read_all(name), 0)
+            else:
+                views = self._row_source(name)
+                plan = ("views", views[0], views[1]) if views is not None else ("access", None, 0)
+            self._gathers[name] = plan
+        kind, data, per = plan
+        if kind == "whole":
+            np.take(data, idx, axis=0, out=out[: len(idx)], mode="clip")
+            return out
+        if kind == "views":
+            return gather_rows(data, per, idx, out)
+        return self.read_into(name, idx, out)
 
     def read_into_from(
         self,
@@ -710,6 +736,7 @@ class StoreReader(ABC):
         """Release open handles and maps; the reader reopens lazily if used again."""
         self._row_sources.clear()  # they hold views of the maps closed next
         self._mixes.clear()
+        self._gathers.clear()
         for acc in self._access.values():
             acc.close()
         self._access.clear()
