@@ -149,97 +149,106 @@ def small_section(work: Path, repeat: int, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     min_s = 0.05 if quick else 0.4
     for side, ch, count, b, in_cache in QUICK_CASES if quick else SMALL_CASES:
-        got = small_store(work, side, ch, count)
-        view = got["view"]
-        n = len(view)
-        bufs = [np.empty((b, side, side, ch), dtype=np.uint8) for _ in range(2)]
-        orders: dict[int, list[np.ndarray]] = {}
-
-        def batches(e: int, n: int = n, b: int = b) -> list[np.ndarray]:
-            if e not in orders:  # the same order for every method of a round (drawn outside the timing)
-                orders[e] = batches_of(np.random.default_rng([5, e]).permutation(n).astype(np.int64), b)
-            return orders[e]
-
-        def loop(e: int, view: np.ndarray = view, buf: np.ndarray = bufs[0]) -> int:
-            for idx in batches(e):
-                for j, i in enumerate(idx.tolist()):
-                    buf[j] = view[i]
-            return n
-
-        def fancy(e: int, view: np.ndarray = view, buf: np.ndarray = bufs[0]) -> int:
-            for idx in batches(e):
-                buf[: len(idx)] = view[idx]
-            return n
-
-        def take(mode: Any, view: np.ndarray = view, buf: np.ndarray = bufs[0]) -> Any:
-            def run(e: int) -> int:
-                for idx in batches(e):
-                    np.take(view, idx, axis=0, out=buf[: len(idx)], mode=mode)
-                return n
-
-            return run
-
-        pool2 = ThreadPoolExecutor(2)
-
-        def two_threads(e: int, view: np.ndarray = view) -> int:
-            bs = batches(e)
-
-            def half(h: int) -> None:
-                for idx in bs[h::2]:
-                    np.take(view, idx, axis=0, out=bufs[h][: len(idx)], mode="clip")
-
-            list(pool2.map(half, (0, 1)))
-            return n
-
-        loaders = {
-            f"dlpack {backend} workers={w}": got[backend].loader(batch_size=b, workers=w)
-            for backend in ("zarr", "hdf5")
-            for w in ("auto", 0, 1, 2)
-        }
-
-        def through(loader: Any) -> Any:
-            def run(e: int) -> int:
-                loader.set_epoch(e)
-                k = 0
-                for batch in loader:
-                    k += len(batch["index"])
-                return k
-
-            return run
-
-        methods: dict[str, Any] = {
-            "gather: per-image loop": loop,
-            "gather: fancy indexing": fancy,
-            "gather: np.take raise": take("raise"),
-            "gather: np.take clip": take("clip"),
-            "gather: np.take clip, 2 threads": two_threads,
-        } | {name: through(ld) for name, ld in loaders.items()}
-        runs: dict[str, list[float]] = {name: [] for name in methods}
-        for name, fn in methods.items():
-            fn(0)  # warm: page cache, maps, threads
-        for _ in range(repeat):
-            for name, fn in methods.items():
-                runs[name].append(_timed_epochs(fn, min_s))
-        pool2.shutdown()
-        med = {name: statistics.median(r) for name, r in runs.items()}
-        one_thread = [k for k in med if k.startswith("gather:") and "2 threads" not in k]
-        ceiling_name = max(one_thread, key=med.__getitem__)
-        ceiling = med[ceiling_name]
-        key = f"{side}x{side}x{ch} x{count} batch {b}"
-        print(f"\n{key} ({'fits the CPU cache' if in_cache else 'larger than the CPU cache'}), median of {repeat}")
-        for name in methods:
-            print(f"  {name:<36} {med[name]:>13,.0f} images/s  {med[name] / ceiling:5.2f}x ceiling")
-        print(f"  ceiling: {ceiling_name}; the default loader reads with {loaders['dlpack zarr workers=auto']!r}"[:400])
-        out[key] = {
-            "side": side, "channels": ch, "count": count, "batch": b, "fits_cache": in_cache,
-            "ceiling": ceiling_name, "ceiling_images_per_s": ceiling,
-            "median_images_per_s": med, "runs": runs,
-            "ratios": {name: med[name] / ceiling for name in methods},
-            "auto": loaders["dlpack zarr workers=auto"].workers,
-        }  # fmt: skip
-        for ld in loaders.values():
-            ld.close()
+        key, row = small_case(work, side, ch, count, b, in_cache, repeat, min_s)
+        out[key] = row
     return out
+
+
+def small_case(
+    work: Path, side: int, ch: int, count: int, b: int, in_cache: bool, repeat: int, min_s: float
+) -> tuple[str, dict[str, Any]]:
+    """One small-image case: the gathers and the loaders, interleaved, ``repeat`` rounds."""
+    got = small_store(work, side, ch, count)
+    view = got["view"]
+    n = len(view)
+    bufs = [np.empty((b, side, side, ch), dtype=np.uint8) for _ in range(2)]
+    orders: dict[int, list[np.ndarray]] = {}
+
+    def batches(e: int, n: int = n, b: int = b) -> list[np.ndarray]:
+        if e not in orders:  # the same order for every method of a round (drawn outside the timing)
+            orders[e] = batches_of(np.random.default_rng([5, e]).permutation(n).astype(np.int64), b)
+        return orders[e]
+
+    def loop(e: int, view: np.ndarray = view, buf: np.ndarray = bufs[0]) -> int:
+        for idx in batches(e):
+            for j, i in enumerate(idx.tolist()):
+                buf[j] = view[i]
+        return n
+
+    def fancy(e: int, view: np.ndarray = view, buf: np.ndarray = bufs[0]) -> int:
+        for idx in batches(e):
+            buf[: len(idx)] = view[idx]
+        return n
+
+    def take(mode: Any, view: np.ndarray = view, buf: np.ndarray = bufs[0]) -> Any:
+        def run(e: int) -> int:
+            for idx in batches(e):
+                np.take(view, idx, axis=0, out=buf[: len(idx)], mode=mode)
+            return n
+
+        return run
+
+    pool2 = ThreadPoolExecutor(2)
+
+    def two_threads(e: int, view: np.ndarray = view) -> int:
+        bs = batches(e)
+
+        def half(h: int) -> None:
+            for idx in bs[h::2]:
+                np.take(view, idx, axis=0, out=bufs[h][: len(idx)], mode="clip")
+
+        list(pool2.map(half, (0, 1)))
+        return n
+
+    loaders = {
+        f"dlpack {backend} workers={w}": got[backend].loader(batch_size=b, workers=w)
+        for backend in ("zarr", "hdf5")
+        for w in ("auto", 0, 1, 2)
+    }
+
+    def through(loader: Any) -> Any:
+        def run(e: int) -> int:
+            loader.set_epoch(e)
+            k = 0
+            for batch in loader:
+                k += len(batch["index"])
+            return k
+
+        return run
+
+    methods: dict[str, Any] = {
+        "gather: per-image loop": loop,
+        "gather: fancy indexing": fancy,
+        "gather: np.take raise": take("raise"),
+        "gather: np.take clip": take("clip"),
+        "gather: np.take clip, 2 threads": two_threads,
+    } | {name: through(ld) for name, ld in loaders.items()}
+    runs: dict[str, list[float]] = {name: [] for name in methods}
+    for fn in methods.values():
+        fn(0)  # warm: page cache, maps, threads
+    for _ in range(repeat):
+        for name, fn in methods.items():
+            runs[name].append(_timed_epochs(fn, min_s))
+    pool2.shutdown()
+    med = {name: statistics.median(r) for name, r in runs.items()}
+    one_thread = [k for k in med if k.startswith("gather:") and "2 threads" not in k]
+    ceiling_name = max(one_thread, key=med.__getitem__)
+    ceiling = med[ceiling_name]
+    key = f"{side}x{side}x{ch} x{count} batch {b}"
+    print(f"\n{key} ({'fits the CPU cache' if in_cache else 'larger than the CPU cache'}), median of {repeat}")
+    for name in methods:
+        print(f"  {name:<36} {med[name]:>13,.0f} images/s  {med[name] / ceiling:5.2f}x ceiling")
+    print(f"  ceiling: {ceiling_name}; {repr(loaders['dlpack zarr workers=auto']).split(' {')[0]}>")
+    row = {
+        "side": side, "channels": ch, "count": count, "batch": b, "fits_cache": in_cache,
+        "ceiling": ceiling_name, "ceiling_images_per_s": ceiling,
+        "median_images_per_s": med, "runs": runs,
+        "ratios": {name: med[name] / ceiling for name in methods},
+        "auto": loaders["dlpack zarr workers=auto"].workers,
+    }  # fmt: skip
+    for ld in loaders.values():
+        ld.close()
+    return key, row
 
 
 def _gil_step(ms: float) -> None:

@@ -332,7 +332,7 @@ class Dataset:
         """``indices`` as int64 sample indices (negative ones from the end), or a SampleIndexError."""
         n = len(self)
         idx = np.asarray(indices).reshape(-1)
-        if idx.dtype == np.int64 and idx.size and 0 <= int(idx.min()) and int(idx.max()) < n:
+        if idx.dtype == np.int64 and idx.size and int(idx.min()) >= 0 and int(idx.max()) < n:
             return idx  # the loader's batches: already in range, nothing to convert
         if idx.dtype.kind not in "iu" and idx.size:
             raise SampleIndexError(f"sample indices must be integers, got dtype {idx.dtype}")
@@ -384,7 +384,7 @@ class Dataset:
     ) -> Loader:
         """A batch loader over this store; keyword arguments are :class:`~dlpack.LoaderOptions` fields.
 
-        ``ds.loader(batch_size=32, shuffle=True, seed=0, prefetch=4, workers=2, drop_last=True,
+        ``ds.loader(batch_size=32, shuffle=True, seed=0, prefetch=4, workers="auto", drop_last=True,
         rank=0, world_size=1)``; ``transform(batch) -> batch`` runs on the worker threads.
         ``split="train"`` (see :meth:`indices`) or ``indices=[...]`` restricts every epoch to those
         samples; the shuffle, rank shards and resume then apply to the selection.

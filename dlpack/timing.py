@@ -12,8 +12,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 __all__ = ["EpochStats"]
 
 

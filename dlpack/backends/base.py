@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, cast
 
 import numpy as np
 
@@ -451,6 +451,7 @@ class StoreReader(ABC):
                 plan = ("views", views[0], views[1]) if views is not None else ("access", None, 0)
             self._gathers[name] = plan
         kind, data, per = plan
+        data = cast(Any, data)
         if kind == "whole":
             np.take(data, idx, axis=0, out=out[: len(idx)], mode="clip")
             return out

@@ -122,6 +122,6 @@ class BenchOptions:
             shuffle=loader_order != "sequential",
             seed=self.seed,
             prefetch=self.prefetch,
-            workers=self.workers,
+            workers="auto" if self.workers == "auto" else int(self.workers),
             order=loader_order,
         )
