@@ -265,7 +265,7 @@ def _sleep_step(ms: float) -> None:
 
 def steps_section(work: Path, repeat: int, quick: bool, step_ms: float = 5.0) -> dict[str, Any]:
     """Busy % of short steps fed by the loader: per shape, step kind and workers, ``repeat`` epochs."""
-    cases = ((64, 3, 600, 64), (128, 3, 200, 16)) if quick else ((512, 3, 640, 32), (64, 3, 20000, 256))
+    cases = ((64, 3, 600, 64), (128, 3, 200, 16)) if quick else ((512, 3, 1280, 32), (64, 3, 20000, 256))
     out: dict[str, Any] = {}
     print(f"\nsimulated {step_ms:g} ms steps (busy = share of the epoch outside next(); target >= 95 %)")
     for side, ch, count, b in cases:
@@ -293,7 +293,7 @@ def steps_section(work: Path, repeat: int, quick: bool, step_ms: float = 5.0) ->
                     "runs_stats": stats, "runs_own_clock": own[str(w)], "workers": ld.workers,
                 }  # fmt: skip
                 ld.close()
-            out[key] = row | {"auto": repr(loaders["auto"]).split(" {")[0]}
+            out[key] = row | {"default": repr(loaders["auto"]).split(" {")[0] + ">"}
             shown = "  ".join(
                 f"{w if w != 'auto' else 'default'}: {100 * r['busy_stats']:.1f}/{100 * r['busy_own_clock']:.1f} %"
                 for w, r in row.items()
