@@ -63,7 +63,7 @@ class BenchOptions:
         },
     )
     batch_size: int = field(default=LoaderOptions.batch_size, metadata={"help": "images per batch", "metavar": "B"})
-    workers: int | str = field(
+    workers: str | int = field(  # "auto" or a count; the CLI passes the text, parsed below
         default=LoaderOptions.workers, metadata={"help": "loader threads, or auto", "metavar": "W"}
     )
     prefetch: int = field(default=LoaderOptions.prefetch, metadata={"help": "batches read ahead", "metavar": "P"})
