@@ -237,3 +237,24 @@ def test_gather_rows_of_large_rows_across_views() -> None:
     idx = np.array([6, 0, 4, 4, 2, 5], dtype=np.int64)
     out = np.zeros((6, 128, 128, 4), dtype=np.uint8)
     assert np.array_equal(gather_rows(views, 3, idx, out), whole[idx])
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_keyed_arrays_ride_along_identical_to_the_samples(tmp_path: Path, suffix: str) -> None:
+    src = _folder(tmp_path / "png", 12, 16, 3)
+    store = tmp_path / f"s{suffix}"
+    dlpack.build(src, store, size=(16, 16), quiet=True)
+    rng = np.random.default_rng(4)
+    dlpack.add_array(store, "weight", rng.random(12).astype(np.float32))
+    dlpack.add_array(store, "emb", rng.random((12, 3, 2)).astype(np.float32))
+    dlpack.add_array(
+        store, "boxes", [rng.random((int(k), 4)).astype(np.float32) for k in rng.integers(0, 3, 12)], ragged=True
+    )
+    with dlpack.open(store) as ds:
+        assert isinstance(ds, dlpack.Dataset)
+        for idx in (np.array([11, 0, 5, 5, 3]), np.arange(12)[::-1].copy()):
+            batch = ds.get_batch(idx)
+            for r, i in enumerate(idx.tolist()):
+                s = ds[i]
+                assert batch["weight"][r] == s["weight"] and np.array_equal(batch["emb"][r], s["emb"])
+                assert np.array_equal(batch["boxes"][r], s["boxes"]) and batch["label"][r] == s["label"]
