@@ -11,6 +11,23 @@ warm page cache, median of ``--repeat`` epochs:
 - zarr-python ``z[i]`` and h5py ``ds[i]`` per sample, the options the loader's design rejected;
 - a process-pool loader (2 processes, batches pickled back), the rejected worker design;
 - a simulated training step (sleep) fed by the loader with prefetch 0, 1 and 4: the busy fraction.
+
+Two sections run on their own (and only them) with a flag:
+
+    python benchmarks/loader.py --small --work /tmp/dlpack-small --repeat 5 --json small.json
+    python benchmarks/loader.py --steps --work /tmp/dlpack-small --repeat 3 --json steps.json
+
+- ``--small``: small images (32x32x1, 64x64x3; 224x224x3 and 512x512x3 for reference), sets that fit
+  in the CPU cache and sets that do not; per case the ceiling, the fastest NumPy gather of the same
+  images in the same order from a memory map of the same bytes into one preallocated batch (a
+  per-image copy loop, fancy indexing, ``np.take(axis=0, out=)`` with ``mode='raise'`` and
+  ``mode='clip'``), a 2-thread gather, and the loader (Zarr, HDF5; workers 0, 1, 2 and the default),
+  interleaved, as ratios to the ceiling.
+- ``--steps``: simulated 5 ms training steps fed by the loader: one holding the GIL for 1.5 ms
+  (pure Python, like a PyTorch step's own code) then releasing it for 3.5 ms, one releasing it
+  throughout (``time.sleep``); busy % by the loader's ``stats()`` and by the step's own clock, for
+  the default and workers 0, 1, 2, at 512x512x3 batches of 32 and 64x64x3 batches of 256.
+  ``--quick`` shrinks both to a smoke run.
 """
 
 from __future__ import annotations
@@ -20,6 +37,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -69,6 +87,221 @@ def _proc_batch(idx: np.ndarray) -> np.ndarray:
     return _PROC_DS.get_batch(idx)["image"]  # type: ignore[no-any-return]
 
 
+# ---------------------------------------------------------------- small images and short steps
+
+#: (side, channels, images, batch, fits the CPU cache); the caches here are 1 MiB L2 per core and 32 MiB L3.
+SMALL_CASES = (
+    (32, 1, 10000, 256, True),
+    (32, 1, 50000, 256, False),
+    (64, 3, 1500, 256, True),
+    (64, 3, 20000, 256, False),
+    (224, 3, 600, 32, False),
+    (512, 3, 300, 32, False),
+)
+QUICK_CASES = ((32, 1, 600, 64, True), (64, 3, 300, 64, True))
+
+
+def small_store(work: Path, side: int, channels: int, count: int) -> dict[str, Any]:
+    """PNGs of ``side`` x ``side`` x ``channels`` built into a Zarr and an HDF5 store (kept when
+    there), and a raw file of the same image bytes, memory-mapped: a plain view of the map."""
+    import cv2
+
+    root = work / f"small-{side}x{side}x{channels}-{count}"
+    src = root / "png"
+    if not (root / "raw.u8").exists():
+        shutil.rmtree(root, ignore_errors=True)
+
+        def one(i: int) -> None:
+            rng = np.random.default_rng([11, i])
+            img = rng.integers(0, 256, (side, side, channels), dtype=np.uint8)
+            d = src / f"class{i % 4}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"{i:06d}.png").write_bytes(cv2.imencode(".png", img)[1].tobytes())
+
+        with ThreadPoolExecutor(os.cpu_count() or 1) as ex:
+            list(ex.map(one, range(count)))
+        for name in ("s.zarr", "s.h5"):
+            dlpack.build(src, root / name, size=(side, side), channels=channels, quiet=True)
+        h5 = dlpack.open(root / "s.h5")
+        with open(root / "raw.tmp", "wb") as f:
+            for st in range(0, count, 1024):
+                f.write(h5.get_batch(range(st, min(count, st + 1024)))["image"].tobytes())
+        os.replace(root / "raw.tmp", root / "raw.u8")
+        shutil.rmtree(src)
+    mm = np.memmap(root / "raw.u8", dtype=np.uint8, mode="r", shape=(count, side, side, channels))
+    return {"zarr": dlpack.open(root / "s.zarr"), "hdf5": dlpack.open(root / "s.h5"), "view": np.asarray(mm)}
+
+
+def _timed_epochs(epoch: Any, min_s: float) -> float:
+    """Images/s of ``epoch(e) -> images`` run with e = 0, 1, ... until ``min_s`` seconds have passed."""
+    t = time.perf_counter()
+    n, e = 0, 0
+    while True:
+        n += epoch(e)
+        e += 1
+        dt = time.perf_counter() - t
+        if dt >= min_s:
+            return n / dt
+
+
+def small_section(work: Path, repeat: int, quick: bool) -> dict[str, Any]:
+    """The small-image figures: per case, every gather and loader interleaved, ``repeat`` rounds."""
+    out: dict[str, Any] = {}
+    min_s = 0.05 if quick else 0.4
+    for side, ch, count, b, in_cache in QUICK_CASES if quick else SMALL_CASES:
+        key, row = small_case(work, side, ch, count, b, in_cache, repeat, min_s)
+        out[key] = row
+    return out
+
+
+def small_case(
+    work: Path, side: int, ch: int, count: int, b: int, in_cache: bool, repeat: int, min_s: float
+) -> tuple[str, dict[str, Any]]:
+    """One small-image case: the gathers and the loaders, interleaved, ``repeat`` rounds."""
+    got = small_store(work, side, ch, count)
+    view = got["view"]
+    n = len(view)
+    bufs = [np.empty((b, side, side, ch), dtype=np.uint8) for _ in range(2)]
+    orders: dict[int, list[np.ndarray]] = {}
+
+    def batches(e: int, n: int = n, b: int = b) -> list[np.ndarray]:
+        if e not in orders:  # the same order for every method of a round (drawn outside the timing)
+            orders[e] = batches_of(np.random.default_rng([5, e]).permutation(n).astype(np.int64), b)
+        return orders[e]
+
+    def loop(e: int, view: np.ndarray = view, buf: np.ndarray = bufs[0]) -> int:
+        for idx in batches(e):
+            for j, i in enumerate(idx.tolist()):
+                buf[j] = view[i]
+        return n
+
+    def fancy(e: int, view: np.ndarray = view, buf: np.ndarray = bufs[0]) -> int:
+        for idx in batches(e):
+            buf[: len(idx)] = view[idx]
+        return n
+
+    def take(mode: Any, view: np.ndarray = view, buf: np.ndarray = bufs[0]) -> Any:
+        def run(e: int) -> int:
+            for idx in batches(e):
+                np.take(view, idx, axis=0, out=buf[: len(idx)], mode=mode)
+            return n
+
+        return run
+
+    pool2 = ThreadPoolExecutor(2)
+
+    def two_threads(e: int, view: np.ndarray = view) -> int:
+        bs = batches(e)
+
+        def half(h: int) -> None:
+            for idx in bs[h::2]:
+                np.take(view, idx, axis=0, out=bufs[h][: len(idx)], mode="clip")
+
+        list(pool2.map(half, (0, 1)))
+        return n
+
+    loaders = {
+        f"dlpack {backend} workers={w}": got[backend].loader(batch_size=b, workers=w)
+        for backend in ("zarr", "hdf5")
+        for w in ("auto", 0, 1, 2)
+    }
+
+    def through(loader: Any) -> Any:
+        def run(e: int) -> int:
+            loader.set_epoch(e)
+            k = 0
+            for batch in loader:
+                k += len(batch["index"])
+            return k
+
+        return run
+
+    methods: dict[str, Any] = {
+        "gather: per-image loop": loop,
+        "gather: fancy indexing": fancy,
+        "gather: np.take raise": take("raise"),
+        "gather: np.take clip": take("clip"),
+        "gather: np.take clip, 2 threads": two_threads,
+    } | {name: through(ld) for name, ld in loaders.items()}
+    runs: dict[str, list[float]] = {name: [] for name in methods}
+    for fn in methods.values():
+        fn(0)  # warm: page cache, maps, threads
+    for _ in range(repeat):
+        for name, fn in methods.items():
+            runs[name].append(_timed_epochs(fn, min_s))
+    pool2.shutdown()
+    med = {name: statistics.median(r) for name, r in runs.items()}
+    one_thread = [k for k in med if k.startswith("gather:") and "2 threads" not in k]
+    ceiling_name = max(one_thread, key=med.__getitem__)
+    ceiling = med[ceiling_name]
+    key = f"{side}x{side}x{ch} x{count} batch {b}"
+    print(f"\n{key} ({'fits the CPU cache' if in_cache else 'larger than the CPU cache'}), median of {repeat}")
+    for name in methods:
+        print(f"  {name:<36} {med[name]:>13,.0f} images/s  {med[name] / ceiling:5.2f}x ceiling")
+    print(f"  ceiling: {ceiling_name}; {repr(loaders['dlpack zarr workers=auto']).split(' {')[0]}>")
+    row = {
+        "side": side, "channels": ch, "count": count, "batch": b, "fits_cache": in_cache,
+        "ceiling": ceiling_name, "ceiling_images_per_s": ceiling,
+        "median_images_per_s": med, "runs": runs,
+        "ratios": {name: med[name] / ceiling for name in methods},
+        "auto": loaders["dlpack zarr workers=auto"].workers,
+    }  # fmt: skip
+    for ld in loaders.values():
+        ld.close()
+    return key, row
+
+
+def _gil_step(ms: float) -> None:
+    """A step like a PyTorch one: 30 % pure Python (holds the GIL), then 70 % GIL-free waiting."""
+    end = time.perf_counter() + 0.3 * ms / 1000
+    while time.perf_counter() < end:
+        pass
+    time.sleep(0.7 * ms / 1000)
+
+
+def _sleep_step(ms: float) -> None:
+    time.sleep(ms / 1000)
+
+
+def steps_section(work: Path, repeat: int, quick: bool, step_ms: float = 5.0) -> dict[str, Any]:
+    """Busy % of short steps fed by the loader: per shape, step kind and workers, ``repeat`` epochs."""
+    cases = ((64, 3, 600, 64), (128, 3, 200, 16)) if quick else ((512, 3, 1280, 32), (64, 3, 20000, 256))
+    out: dict[str, Any] = {}
+    print(f"\nsimulated {step_ms:g} ms steps (busy = share of the epoch outside next(); target >= 95 %)")
+    for side, ch, count, b in cases:
+        ds = small_store(work, side, ch, count)["zarr"]
+        for kind, step in (("GIL 1.5 ms + sleep 3.5 ms", _gil_step), ("sleep 5 ms", _sleep_step)):
+            loaders = {w: ds.loader(batch_size=b, workers=w) for w in ("auto", 0, 1, 2)}
+            own: dict[str, list[float]] = {str(w): [] for w in loaders}
+            for e in range(repeat + 1):  # the first epoch warms the page cache and the threads
+                for w, ld in loaders.items():
+                    ld.set_epoch(e)
+                    t0 = time.perf_counter()
+                    stepping = 0.0
+                    for _batch in ld:
+                        s0 = time.perf_counter()
+                        step(step_ms)
+                        stepping += time.perf_counter() - s0
+                    if e:
+                        own[str(w)].append(stepping / (time.perf_counter() - t0))
+            key = f"{side}x{side}x{ch} batch {b}, {kind}"
+            row: dict[str, Any] = {}
+            for w, ld in loaders.items():
+                stats = [st.busy_share for st in ld.stats()[1:]]
+                row[str(w)] = {
+                    "busy_stats": statistics.median(stats), "busy_own_clock": statistics.median(own[str(w)]),
+                    "runs_stats": stats, "runs_own_clock": own[str(w)], "workers": ld.workers,
+                }  # fmt: skip
+                ld.close()
+            out[key] = row | {"default": repr(loaders["auto"]).split(" {")[0] + ">"}
+            shown = "  ".join(
+                f"{w if w != 'auto' else 'default'}: {100 * r['busy_stats']:.1f}/{100 * r['busy_own_clock']:.1f} %"
+                for w, r in row.items()
+            )
+            print(f"  {key:<44} {shown}   (stats/own clock)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/dlpack-loader-bench")
@@ -80,8 +313,23 @@ def main(argv: list[str] | None = None) -> int:
         "--step-ms", type=float, default=0.0, help="simulated step (default: 2x the read time, 10 and 30 ms)"
     )
     p.add_argument("--json", default=None)
+    p.add_argument("--small", action="store_true", help="run only the small-image section")
+    p.add_argument("--steps", action="store_true", help="run only the short-step section")
+    p.add_argument("--quick", action="store_true", help="with --small/--steps: tiny sets (a smoke run)")
     a = p.parse_args(argv)
     work = Path(a.work)
+    if a.small or a.steps:
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"{platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}; load {os.getloadavg()}")
+        doc: dict[str, Any] = {"command": " ".join(["python", "benchmarks/loader.py", *(argv or sys.argv[1:])])}
+        if a.small:
+            doc["small"] = small_section(work, a.repeat, a.quick)
+        if a.steps:
+            doc["steps"] = steps_section(work, a.repeat, a.quick)
+        doc["load_average_after"] = os.getloadavg()
+        if a.json:
+            Path(a.json).write_text(json.dumps(doc, indent=2))
+        return 0
     src = work / "png"
     make_pngs(src, a.count, SIZE)
     stores = {"zarr": work / "s.zarr", "hdf5": work / "s.h5"}

@@ -306,32 +306,34 @@ class Dataset:
         idx = self._batch_indices(indices)
         r = self._reader
         shape = self.manifest.image.shape
-        positions = idx.tolist()
         images: Any
         if shape is None:
-            images = [r.read_image(j) for j in positions]
+            images = [r.read_image(j) for j in idx.tolist()]
         else:
             if out is None:
                 out = np.empty((len(idx), *shape), dtype=self.manifest.image.dtype)
-            images = r.read_into(schema.IMAGES, positions, out)
+            images = r.gather(schema.IMAGES, idx, out)
         batch: dict[str, Any] = {
             "image": images,
-            "label": r.read_all(schema.LABELS)[idx],
+            "label": r.read_all(schema.LABELS).take(idx, axis=0, mode="clip"),
             "index": idx,
-            "source": r.sources(positions),
+            "source": r.lazy_sources(idx),  # decoded when read (most steps never do)
         }
-        ragged = r.read_ragged_batch([spec.name for _, spec, _ in self._keyed if spec.ragged], idx)
-        for key, spec, _ in self._keyed:
-            if spec.ragged:
-                batch[key] = ragged[spec.name]
-            else:
-                batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
+        if self._keyed:
+            ragged = r.read_ragged_batch([spec.name for _, spec, _ in self._keyed if spec.ragged], idx)
+            for key, spec, _ in self._keyed:
+                if spec.ragged:
+                    batch[key] = ragged[spec.name]
+                else:
+                    batch[key] = r.gather(spec.name, idx, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch
 
     def _batch_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """``indices`` as int64 sample indices (negative ones from the end), or a SampleIndexError."""
         n = len(self)
         idx = np.asarray(indices).reshape(-1)
+        if idx.dtype == np.int64 and idx.size and int(idx.min()) >= 0 and int(idx.max()) < n:
+            return idx  # the loader's batches: already in range, nothing to convert
         if idx.dtype.kind not in "iu" and idx.size:
             raise SampleIndexError(f"sample indices must be integers, got dtype {idx.dtype}")
         idx = idx.astype(np.int64, copy=False)
@@ -382,7 +384,7 @@ class Dataset:
     ) -> Loader:
         """A batch loader over this store; keyword arguments are :class:`~dlpack.LoaderOptions` fields.
 
-        ``ds.loader(batch_size=32, shuffle=True, seed=0, prefetch=4, workers=2, drop_last=True,
+        ``ds.loader(batch_size=32, shuffle=True, seed=0, prefetch=4, workers="auto", drop_last=True,
         rank=0, world_size=1)``; ``transform(batch) -> batch`` runs on the worker threads.
         ``split="train"`` (see :meth:`indices`) or ``indices=[...]`` restricts every epoch to those
         samples; the shuffle, rank shards and resume then apply to the selection.

@@ -8,10 +8,9 @@ caller's own step.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-
-import numpy as np
 
 __all__ = ["EpochStats"]
 
@@ -104,19 +103,30 @@ class PassTimer:
 
     def finish(self, complete: bool) -> EpochStats:
         seconds = time.perf_counter() - self._start
-        waits = np.asarray(self._waits, dtype=np.float64)
-        p50, p99 = (np.percentile(waits, [50, 99]) * 1e3).tolist() if len(waits) else (0.0, 0.0)
+        waits = sorted(self._waits)
+        p50, p99 = _percentile(waits, 0.5) * 1e3, _percentile(waits, 0.99) * 1e3
         return EpochStats(
             epoch=self.epoch,
             batches=len(self._waits),
             images=self._images,
             bytes=self._bytes,
             seconds=seconds,
-            wait_seconds=float(waits.sum()),
+            wait_seconds=float(math.fsum(waits)),
             wait_p50_ms=float(p50),
             wait_p99_ms=float(p99),
             complete=complete,
         )
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """``np.percentile(..., 100 * q)`` (linear) of a sorted list, in Python: NumPy's costs 0.2-0.3 ms a
+    call, as much as a whole epoch of a small in-cache set, and a pass ends with two."""
+    if not ordered:
+        return 0.0
+    pos = (len(ordered) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def batch_nbytes(batch: dict[str, object]) -> int:

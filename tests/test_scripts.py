@@ -68,6 +68,29 @@ def _check_loader(out: str, work: Path) -> None:
     assert res["step_ms"] == [1.0]
 
 
+def _check_loader_small(out: str, work: Path) -> None:
+    assert "32x32x1 x600 batch 64 (fits the CPU cache)" in out and "workers=auto->" in out
+    doc = json.loads((work / "small.json").read_text())
+    assert doc["command"].startswith("python benchmarks/loader.py --small")
+    for case in doc["small"].values():
+        assert case["ceiling"].startswith("gather:") and case["ceiling_images_per_s"] > 0
+        ratios = case["ratios"]
+        assert ratios[case["ceiling"]] == 1.0
+        for backend in ("zarr", "hdf5"):
+            for w in ("auto", "0", "1", "2"):
+                assert ratios[f"dlpack {backend} workers={w}"] > 0
+
+
+def _check_loader_steps(out: str, work: Path) -> None:
+    assert "simulated 5 ms steps" in out
+    doc = json.loads((work / "steps.json").read_text())["steps"]
+    assert len(doc) == 4  # two shapes x two step kinds
+    for row in doc.values():
+        assert row["default"].startswith("<dlpack.Loader") and "workers=auto->" in row["default"]
+        for w in ("auto", "0", "1", "2"):
+            assert 0 < row[w]["busy_stats"] <= 1 and 0 < row[w]["busy_own_clock"] <= 1
+
+
 def _check_peers(out: str, work: Path) -> None:
     size = json.loads((work / "peers.json").read_text())["sizes"]["32"]
     for name in ("dlpack Zarr (threads)", "dlpack HDF5 (threads)"):
@@ -228,7 +251,9 @@ RUNS: dict[str, list[Run]] = {
             ("--work", "work", "--count", "16", "--batch-size", "8", "--repeat", "1", "--folder-samples", "8")
             + ("--step-ms", "1", "--json", "loader.json"),
             _check_loader,
-        )
+        ),
+        Run(("--small", "--quick", "--repeat", "1", "--work", "work", "--json", "small.json"), _check_loader_small),
+        Run(("--steps", "--quick", "--repeat", "1", "--work", "work", "--json", "steps.json"), _check_loader_steps),
     ],
     "benchmarks/versions.py": [
         Run(

@@ -63,7 +63,9 @@ class BenchOptions:
         },
     )
     batch_size: int = field(default=LoaderOptions.batch_size, metadata={"help": "images per batch", "metavar": "B"})
-    workers: int = field(default=LoaderOptions.workers, metadata={"help": "loader threads", "metavar": "W"})
+    workers: str | int = field(  # "auto" or a count; the CLI passes the text, parsed below
+        default=LoaderOptions.workers, metadata={"help": "loader threads, or auto", "metavar": "W"}
+    )
     prefetch: int = field(default=LoaderOptions.prefetch, metadata={"help": "batches read ahead", "metavar": "P"})
     samples: int | None = field(
         default=None,
@@ -87,7 +89,13 @@ class BenchOptions:
         object.__setattr__(self, "orders", _choices("order", "--order", self.orders, ORDERS))
         object.__setattr__(self, "caches", _choices("cache", "--cache", self.caches, CACHES))
         _int("batch_size", self.batch_size, 1)
-        _int("workers", self.workers, 0)
+        if self.workers != "auto":
+            if isinstance(self.workers, str):  # the CLI passes the text given
+                try:
+                    object.__setattr__(self, "workers", int(self.workers))
+                except ValueError:
+                    raise OptionError(f"workers must be 'auto' or an integer >= 0, got {self.workers!r}") from None
+            _int("workers", self.workers, 0)
         _int("prefetch", self.prefetch, 0)
         _int("repeat", self.repeat, 1)
         _int("seed", self.seed, 0)
@@ -114,6 +122,6 @@ class BenchOptions:
             shuffle=loader_order != "sequential",
             seed=self.seed,
             prefetch=self.prefetch,
-            workers=self.workers,
+            workers="auto" if self.workers == "auto" else int(self.workers),
             order=loader_order,
         )
