@@ -11,6 +11,16 @@ warm page cache, median of ``--repeat`` epochs:
 - zarr-python ``z[i]`` and h5py ``ds[i]`` per sample, the options the loader's design rejected;
 - a process-pool loader (2 processes, batches pickled back), the rejected worker design;
 - a simulated training step (sleep) fed by the loader with prefetch 0, 1 and 4: the busy fraction.
+
+``--torch-only`` runs just the PyTorch-path section (:func:`torch_main`) on a 256x256x3 store,
+random order, warm cache, 2 workers, interleaved epochs:
+
+    python benchmarks/loader.py --torch-only --work /tmp/dlpack-torch-bench --count 1500 --repeat 5
+
+``ds.loader`` uint8 against ``torch_loader`` uint8 (the default channels_last view, and
+contiguous NCHW), float32 normalised against the conversion the adapter made before (kept here as
+:func:`before_to_tensor`), ``TorchDataset`` in a ``DataLoader(num_workers=2)``, and one batch's
+conversion three ways (the earlier passes, the fused scale-and-shift, a per-channel lookup table).
 """
 
 from __future__ import annotations
@@ -69,6 +79,159 @@ def _proc_batch(idx: np.ndarray) -> np.ndarray:
     return _PROC_DS.get_batch(idx)["image"]  # type: ignore[no-any-return]
 
 
+TORCH_SIZE = 256
+TORCH_MEAN = (0.485, 0.456, 0.406)
+TORCH_STD = (0.229, 0.224, 0.225)
+
+
+def before_to_tensor(images: np.ndarray, dtype: Any, mean: Any = None, std: Any = None) -> Any:
+    """The adapter's conversion before it moved to the reader threads (the "before" arm): a
+    contiguous NHWC -> NCHW copy on the training thread, then scale, subtract and divide passes."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
+    if dtype == torch.uint8 and images.dtype == np.uint8 and mean is None:
+        return t.contiguous()
+    scale = float(np.iinfo(images.dtype).max)
+    t = t.to(dtype if dtype.is_floating_point else torch.float32).div_(scale)
+    if mean is not None or std is not None:
+        m = torch.tensor(mean if mean is not None else [0.0], dtype=t.dtype).view(1, -1, 1, 1)
+        s = torch.tensor(std if std is not None else [1.0], dtype=t.dtype).view(1, -1, 1, 1)
+        t = t.sub_(m).div_(s)
+    return t.contiguous()
+
+
+def conversion_ms(images: np.ndarray, repeat: int) -> dict[str, float]:
+    """Median ms to turn one uint8 batch into normalised float32 NCHW: the earlier passes, the
+    fused scale-and-shift (``torch.addcmul``, one pass), and a per-channel 256-entry table."""
+    import torch
+
+    from dlpack.torch import scale_shift
+
+    n, h, w, c = images.shape
+    a, b = scale_shift(images.dtype, c, TORCH_MEAN, TORCH_STD)
+    at = torch.tensor(a, dtype=torch.float32).view(1, c, 1, 1)
+    bt = torch.tensor(b, dtype=torch.float32).view(1, c, 1, 1)
+    lut = (np.arange(256, dtype=np.float64)[None, :] * a[:, None] + b[:, None]).astype(np.float32)
+    out = torch.empty((n, c, h, w), dtype=torch.float32)
+    arr = out.numpy()
+    x = torch.from_numpy(images)
+
+    def fused() -> None:
+        torch.addcmul(bt, x.permute(0, 3, 1, 2), at, out=out)
+
+    def table() -> None:
+        for k in range(c):
+            np.take(lut[k], images[..., k], out=arr[:, k])
+
+    arms = {
+        "before": lambda: before_to_tensor(images, torch.float32, TORCH_MEAN, TORCH_STD),
+        "fused": fused,
+        "table": table,
+    }
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(max(4, repeat) + 1):
+        for k, fn in arms.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: 1000 * statistics.median(v[1:]) for k, v in times.items()}
+
+
+def torch_main(a: argparse.Namespace) -> int:
+    """The PyTorch-path section: every arm one epoch in turn, ``--repeat`` rounds, medians."""
+    import torch
+
+    from dlpack.torch import TorchDataset, torch_loader
+
+    work = Path(a.work)
+    src = work / f"png{TORCH_SIZE}"
+    make_pngs(src, a.count, TORCH_SIZE)
+    path = work / f"s{TORCH_SIZE}.zarr"
+    if not path.exists():
+        dlpack.build(src, path, size=(TORCH_SIZE, TORCH_SIZE), quiet=True)
+    ds = dlpack.open(path)
+    n, b = len(ds), a.batch_size
+    kw: dict[str, Any] = {"batch_size": b, "workers": 2, "prefetch": 4}
+    seeds = iter(range(10**6))
+    float_kw: dict[str, Any] = {"dtype": torch.float32, "mean": TORCH_MEAN, "std": TORCH_STD, "pin_memory": False}
+    loaders = {
+        "ds.loader uint8": lambda: ds.loader(seed=next(seeds), **kw),
+        "torch_loader uint8 channels_last": lambda: torch_loader(ds, seed=next(seeds), pin_memory=False, **kw),
+        "torch_loader uint8 contiguous": lambda: torch_loader(
+            ds, seed=next(seeds), pin_memory=False, memory_format=torch.contiguous_format, **kw
+        ),
+        "before uint8 (to_tensor on the caller)": lambda: (
+            before_to_tensor(x["image"], torch.uint8) for x in ds.loader(seed=next(seeds), **kw)
+        ),
+        "torch_loader float32 normalised": lambda: torch_loader(ds, seed=next(seeds), **float_kw, **kw),
+        "torch_loader float32 normalised contiguous": lambda: torch_loader(
+            ds, seed=next(seeds), memory_format=torch.contiguous_format, **float_kw, **kw
+        ),
+        "before float32 normalised": lambda: (
+            before_to_tensor(x["image"], torch.float32, TORCH_MEAN, TORCH_STD)
+            for x in ds.loader(seed=next(seeds), **kw)
+        ),
+    }
+    tds = TorchDataset(path)
+    dl = torch.utils.data.DataLoader(
+        tds, batch_size=b, shuffle=True, num_workers=2, persistent_workers=True, collate_fn=tds.collate_fn
+    )
+    loaders["TorchDataset + DataLoader(num_workers=2)"] = lambda: dl
+
+    def epoch(make: Any) -> float:
+        t = time.perf_counter()
+        k = 0
+        for batch in make():
+            k += len(batch["index"]) if isinstance(batch, dict) else len(batch)
+        assert k == n, f"an epoch held {k} of {n} images"
+        return k / (time.perf_counter() - t)
+
+    runs: dict[str, list[float]] = {name: [] for name in loaders}
+    for make in loaders.values():
+        epoch(make)  # warm-up: page cache, threads, worker processes
+    for _ in range(max(4, a.repeat)):
+        for name, make in loaders.items():
+            runs[name].append(epoch(make))
+    res: dict[str, Any] = {
+        "images": n,
+        "size": TORCH_SIZE,
+        "batch_size": b,
+        "torch": torch.__version__,
+        "runs": runs,
+        "median_images_per_s": {k: statistics.median(v) for k, v in runs.items()},
+    }
+    print(f"{n} images of {TORCH_SIZE}x{TORCH_SIZE}x3, batch {b}, random, warm cache, workers 2, "
+          f"median of {max(4, a.repeat)} interleaved epochs")  # fmt: skip
+    for k, v in res["median_images_per_s"].items():
+        print(f"{k:<46} {v:>10,.0f} images/s   runs: {', '.join(f'{r:,.0f}' for r in runs[k])}", flush=True)
+    med = res["median_images_per_s"]
+    base = med["ds.loader uint8"]
+    ratios = {
+        "torch uint8 channels_last / ds.loader (target >= 0.95)": med["torch_loader uint8 channels_last"] / base,
+        "torch uint8 contiguous / ds.loader": med["torch_loader uint8 contiguous"] / base,
+        "before uint8 / ds.loader": med["before uint8 (to_tensor on the caller)"] / base,
+        "float32 new / before (target >= 3)": med["torch_loader float32 normalised"] / med["before float32 normalised"],
+        "float32 new contiguous / before": med["torch_loader float32 normalised contiguous"]
+        / med["before float32 normalised"],
+        "TorchDataset+DataLoader / ds.loader": med["TorchDataset + DataLoader(num_workers=2)"] / base,
+    }
+    res["ratios"] = ratios
+    print("\nratios")
+    for k, v in ratios.items():
+        print(f"  {k:<56} {v:8.2f}")
+    first = ds.get_batch(np.arange(min(b, n)))["image"]
+    res["conversion_ms"] = conversion_ms(first, a.repeat)
+    print(
+        "one batch to normalised float32 NCHW: " + ", ".join(f"{k} {v:.1f} ms" for k, v in res["conversion_ms"].items())
+    )
+    res["load_average"] = os.getloadavg()
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2))
+    ds.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/dlpack-loader-bench")
@@ -80,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         "--step-ms", type=float, default=0.0, help="simulated step (default: 2x the read time, 10 and 30 ms)"
     )
     p.add_argument("--json", default=None)
+    p.add_argument("--torch-only", action="store_true", help="run only the PyTorch-path section (256x256x3)")
     a = p.parse_args(argv)
+    if a.torch_only:
+        return torch_main(a)
     work = Path(a.work)
     src = work / "png"
     make_pngs(src, a.count, SIZE)

@@ -68,6 +68,17 @@ def _check_loader(out: str, work: Path) -> None:
     assert res["step_ms"] == [1.0]
 
 
+def _check_loader_torch(out: str, work: Path) -> None:
+    assert "16 images of 256x256x3" in out and "float32 new / before (target >= 3)" in out
+    res = json.loads((work / "torch.json").read_text())
+    assert all(len(runs) == 4 and min(runs) > 0 for runs in res["runs"].values())  # medians of >= 4 epochs
+    assert "TorchDataset + DataLoader(num_workers=2)" in res["runs"] and set(res["conversion_ms"]) == {
+        "before",
+        "fused",
+        "table",
+    }
+
+
 def _check_peers(out: str, work: Path) -> None:
     size = json.loads((work / "peers.json").read_text())["sizes"]["32"]
     for name in ("dlpack Zarr (threads)", "dlpack HDF5 (threads)"):
@@ -227,7 +238,13 @@ RUNS: dict[str, list[Run]] = {
             ("--work", "work", "--count", "16", "--batch-size", "8", "--repeat", "1", "--folder-samples", "8")
             + ("--step-ms", "1", "--json", "loader.json"),
             _check_loader,
-        )
+        ),
+        Run(
+            ("--torch-only", "--work", "work", "--count", "16", "--batch-size", "8", "--repeat", "1")
+            + ("--json", "torch.json"),
+            _check_loader_torch,
+            needs=("torch",),
+        ),
     ],
     "benchmarks/versions.py": [
         Run(

@@ -258,7 +258,9 @@ def test_mean_and_std_store_use_the_recorded_stats(ds: Any, fmt: str) -> None:
     )  # fmt: skip
     images = []
     for t, b in zip(tl, ref, strict=True):
-        np.testing.assert_allclose(t["image"].numpy(), to_tensor(b["image"], torch.float32, mean, std).numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            t["image"].numpy(), to_tensor(b["image"], torch.float32, mean, std).numpy(), atol=1e-5
+        )
         images.append(t["image"])
     every = torch.cat(images)  # the whole store, normalised by its own statistics: mean 0, std 1
     np.testing.assert_allclose(every.mean(dim=(0, 2, 3)).numpy(), 0.0, atol=1e-4)
@@ -270,7 +272,9 @@ def test_mean_store_without_recorded_stats_names_the_store_and_the_fix() -> None
         path = "/data/old.zarr"
         manifest = None
 
-    with pytest.raises(dlpack.OptionError, match=r"/data/old.zarr has none .*rebuild it with `dlpack build --overwrite`"):
+    with pytest.raises(
+        dlpack.OptionError, match=r"/data/old.zarr has none .*rebuild it with `dlpack build --overwrite`"
+    ):
         TorchLoader(Loader(Old()), torch.float32, "store", "store", pin_memory=False)
     with pytest.raises(dlpack.OptionError, match="mean must be per-channel numbers or 'store', got 'stor'"):
         TorchLoader(Loader(Old()), torch.float32, "stor", None, pin_memory=False)
@@ -337,7 +341,12 @@ PATHS = {
     "channels_last": {},
     "contiguous": {"memory_format": torch.contiguous_format},
     "float": {"dtype": torch.float32, "mean": MEAN, "std": STD},
-    "float-contiguous": {"dtype": torch.float32, "mean": "store", "std": "store", "memory_format": torch.contiguous_format},
+    "float-contiguous": {
+        "dtype": torch.float32,
+        "mean": "store",
+        "std": "store",
+        "memory_format": torch.contiguous_format,
+    },
     "device": {"device": torch.device("meta"), "dtype": torch.float32, "mean": MEAN, "std": STD},
 }
 
@@ -384,7 +393,9 @@ def test_finisher_runs_after_the_transform_on_a_reader_thread(ds: Any) -> None:
 
     for workers, prefetch in ((2, 4), (0, 0)):
         seen.clear()
-        loader = Loader(ds, LoaderOptions(batch_size=8, workers=workers, prefetch=prefetch), transform, finisher=finisher)
+        loader = Loader(
+            ds, LoaderOptions(batch_size=8, workers=workers, prefetch=prefetch), transform, finisher=finisher
+        )
         batches = list(loader)
         assert all(b["finished"] for b in batches) and len(seen) == len(batches) == 3
         assert all(done for _, done in seen)  # the user's transform ran first

@@ -934,7 +934,6 @@ class StoreWriter(ABC):
             self._flush_ragged(name, final=True)
             self._write_rows(name + "_offsets", 0, np.asarray(buf.offsets, dtype="<i8"))
         self._ragged.clear()  # written: a later commit of this writer does not write them again
-        manifest = self._with_pixel_stats(manifest)
         arrays: dict[str, ArraySpec] = {}
         for name, spec in sorted(self.arrays.items()):
             digests = dict(spec.sha256)
@@ -951,17 +950,6 @@ class StoreWriter(ABC):
         every = {k: v for spec in arrays.values() for k, v in spec.sha256.items()}
         generation = store_generation(manifest.count, every)
         self._write_manifest(replace(manifest, arrays=arrays, generation=generation))
-
-    def _with_pixel_stats(self, manifest: Manifest) -> Manifest:
-        """``manifest`` with the statistics of the pixels anew when this writer wrote them (a build,
-        an update); as given otherwise (adding an array or variants leaves the pixels alone)."""
-        spec = self.arrays.get(schema.image_array(manifest.image.layout))
-        stored = spec.stored_names()[0] if spec is not None else None
-        if spec is None or stored is None or (stored not in self._touched and stored in spec.sha256):
-            return manifest
-        from ..pack.stats import with_pixel_stats
-
-        return with_pixel_stats(manifest, partial_rows(self, stored), self._stored_rows(stored))
 
     def abort(self) -> None:  # noqa: B027 - optional hook
         """Close handles after a failure (the caller deletes a store it created)."""

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import schema
+from ..backends.base import StoreWriter, partial_rows
 from ..manifest import Manifest
 
 __all__ = ["CHUNK_VALUES", "pixel_stats", "stats_from_histograms", "with_pixel_stats"]
@@ -55,9 +57,20 @@ def pixel_stats(read_rows: Callable[[int, int], np.ndarray], rows: int, values_p
     return stats_from_histograms(hist)
 
 
-def with_pixel_stats(manifest: Manifest, read_rows: Callable[[int, int], np.ndarray], rows: int) -> Manifest:
-    """``manifest`` with ``stats`` of the pixel array that ``read_rows`` reads (``images`` of a
-    fixed store, ``image_data`` of a variable-size one), ``rows`` rows of it."""
+def with_pixel_stats(manifest: Manifest, writer: StoreWriter) -> Manifest:
+    """``manifest`` with ``stats`` of the pixels ``writer`` holds (``images`` of a fixed store,
+    ``image_data`` of a variable-size one), read back after its commit wrote every buffered row."""
     image = manifest.image
+    stored = schema.image_array(image.layout)
+    spec = writer.arrays.get(stored)
+    if spec is None:
+        return manifest
+    name = spec.stored_names()[0]
+    rows = (
+        manifest.count
+        if not spec.ragged
+        else int(np.asarray(partial_rows(writer, stored + "_offsets")(manifest.count, manifest.count + 1))[0])
+    )
     per_row = int(np.prod(image.shape)) if image.shape is not None else 1
-    return replace(manifest, stats=pixel_stats(read_rows, rows, per_row, image.channels, image.dtype))
+    stats = pixel_stats(partial_rows(writer, name), rows, per_row, image.channels, image.dtype)
+    return replace(manifest, stats=stats)
