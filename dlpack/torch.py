@@ -318,6 +318,13 @@ class _Finisher:
         arr = torch.from_numpy(pool.take(n))
         return arr if contiguous else arr.permute(0, 3, 1, 2)
 
+    def transposed(self, images: np.ndarray) -> torch.Tensor:
+        """A uint8 B x H x W x C batch as a contiguous B x C x H x W tensor. NumPy's strided copy
+        took 2.8 ms per 32 x 256x256x3 batch here, torch's ``copy_`` of the permuted view 28 ms."""
+        out = self.output(images.shape, torch.uint8, True)
+        np.copyto(out.numpy(), images.transpose(0, 3, 1, 2))
+        return out
+
     def image(self, images: np.ndarray) -> torch.Tensor:
         """One B x H x W x C batch as the NCHW tensor asked for (on the CPU)."""
         o = self.owner
@@ -330,14 +337,13 @@ class _Finisher:
         if not o.converts and images.dtype == np.uint8:  # 16-bit pixels are scaled to float, as always
             if not o.contiguous:
                 return nchw
-            out = self.output(images.shape, nchw.dtype, True)
-            return out.copy_(nchw)
+            return self.transposed(images)
         target = o.dtype if o.dtype.is_floating_point else torch.float32
         work = target if target in (torch.float32, torch.float64) else torch.float32
         a, b = self.coefficients(images.dtype, images.shape[3], work)
         out = self.output(images.shape, work, o.contiguous)
-        if o.contiguous:
-            torch.addcmul(b, nchw, a, out=out)
+        if o.contiguous:  # over planes of H x W values: transposed first (uint8, the cheap copy)
+            torch.addcmul(b, self.transposed(images) if images.dtype == np.uint8 else nchw, a, out=out)
         else:
             # channels_last is NHWC in memory: as rows of W x C values with a and b tiled along
             # them, the pass runs over long contiguous rows, not over runs of C = 3 (18 against
