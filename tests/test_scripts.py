@@ -75,6 +75,7 @@ def _check_loader_torch(out: str, work: Path) -> None:
     assert "TorchDataset + DataLoader(num_workers=2)" in res["runs"] and set(res["conversion_ms"]) == {
         "before",
         "fused",
+        "fused NCHW",
         "table",
     }
 

@@ -58,19 +58,19 @@ def pixel_stats(read_rows: Callable[[int, int], np.ndarray], rows: int, values_p
 
 
 def with_pixel_stats(manifest: Manifest, writer: StoreWriter) -> Manifest:
-    """``manifest`` with ``stats`` of the pixels ``writer`` holds (``images`` of a fixed store,
-    ``image_data`` of a variable-size one), read back after its commit wrote every buffered row."""
+    """``manifest`` with ``stats`` of the pixels ``writer`` wrote (``images`` of a fixed store,
+    ``image_data`` of a variable-size one), read back before the commit that records them: one
+    manifest write, so a build killed at any point leaves no store without its statistics."""
     image = manifest.image
-    stored = schema.image_array(image.layout)
-    spec = writer.arrays.get(stored)
+    spec = writer.arrays.get(schema.image_array(image.layout))
     if spec is None:
         return manifest
     name = spec.stored_names()[0]
-    rows = (
-        manifest.count
-        if not spec.ragged
-        else int(np.asarray(partial_rows(writer, stored + "_offsets")(manifest.count, manifest.count + 1))[0])
-    )
+    if spec.ragged:  # one stream, buffered in whole shards: write the rest now (commit finds none)
+        writer._flush_ragged(spec.name, final=True)
+        rows = int(writer._ragged[spec.name].offsets[-1])
+    else:
+        rows = manifest.count
     per_row = int(np.prod(image.shape)) if image.shape is not None else 1
     stats = pixel_stats(partial_rows(writer, name), rows, per_row, image.channels, image.dtype)
     return replace(manifest, stats=stats)

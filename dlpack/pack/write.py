@@ -352,7 +352,6 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
         for spec, values in arrays.values():
             writer.create_array(spec, manifest.count)
             writer.write_block(spec.name, 0, values)
-        writer.commit(manifest)
         writer.commit(with_pixel_stats(manifest, writer))  # the written pixels' statistics (pack/stats.py)
     except BaseException as exc:
         discard_partial(partial, out, exc)
