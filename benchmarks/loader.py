@@ -161,24 +161,24 @@ def torch_main(a: argparse.Namespace) -> int:
     ds = dlpack.open(path)
     n, b = len(ds), a.batch_size
     kw: dict[str, Any] = {"batch_size": b, "workers": 2, "prefetch": 4}
-    seeds = iter(range(10**6))
     float_kw: dict[str, Any] = {"dtype": torch.float32, "mean": TORCH_MEAN, "std": TORCH_STD, "pin_memory": False}
-    loaders = {
-        "ds.loader uint8": lambda: ds.loader(seed=next(seeds), **kw),
-        "torch_loader uint8 channels_last": lambda: torch_loader(ds, seed=next(seeds), pin_memory=False, **kw),
-        "torch_loader uint8 contiguous": lambda: torch_loader(
-            ds, seed=next(seeds), pin_memory=False, memory_format=torch.contiguous_format, **kw
-        ),
+    # One loader per arm for the whole run, as a training script keeps one: each pass is the next epoch.
+    plain, before_u8, before_f = (ds.loader(seed=k, **kw) for k in range(3))
+    t_cl = torch_loader(ds, seed=3, pin_memory=False, **kw)
+    t_c = torch_loader(ds, seed=4, pin_memory=False, memory_format=torch.contiguous_format, **kw)
+    t_f = torch_loader(ds, seed=5, **float_kw, **kw)
+    t_fc = torch_loader(ds, seed=6, memory_format=torch.contiguous_format, **float_kw, **kw)
+    loaders: dict[str, Any] = {
+        "ds.loader uint8": lambda: plain,
+        "torch_loader uint8 channels_last": lambda: t_cl,
+        "torch_loader uint8 contiguous": lambda: t_c,
         "before uint8 (to_tensor on the caller)": lambda: (
-            before_to_tensor(x["image"], torch.uint8) for x in ds.loader(seed=next(seeds), **kw)
+            before_to_tensor(x["image"], torch.uint8) for x in before_u8
         ),
-        "torch_loader float32 normalised": lambda: torch_loader(ds, seed=next(seeds), **float_kw, **kw),
-        "torch_loader float32 normalised contiguous": lambda: torch_loader(
-            ds, seed=next(seeds), memory_format=torch.contiguous_format, **float_kw, **kw
-        ),
+        "torch_loader float32 normalised": lambda: t_f,
+        "torch_loader float32 normalised contiguous": lambda: t_fc,
         "before float32 normalised": lambda: (
-            before_to_tensor(x["image"], torch.float32, TORCH_MEAN, TORCH_STD)
-            for x in ds.loader(seed=next(seeds), **kw)
+            before_to_tensor(x["image"], torch.float32, TORCH_MEAN, TORCH_STD) for x in before_f
         ),
     }
     tds = TorchDataset(path)
@@ -214,19 +214,23 @@ def torch_main(a: argparse.Namespace) -> int:
           f"median of {max(4, a.repeat)} interleaved epochs")  # fmt: skip
     for k, v in res["median_images_per_s"].items():
         print(f"{k:<46} {v:>10,.0f} images/s   runs: {', '.join(f'{r:,.0f}' for r in runs[k])}", flush=True)
-    med = res["median_images_per_s"]
-    base = med["ds.loader uint8"]
+
+    def ratio(num: str, den: str) -> float:
+        """Median over rounds of the two arms' rate ratio within one round: on a shared machine
+        the load moves both arms of a round alike, and the rounds' medians each other less."""
+        return statistics.median(x / y for x, y in zip(runs[num], runs[den], strict=True))
+
+    base, before_f = "ds.loader uint8", "before float32 normalised"
     ratios = {
-        "torch uint8 channels_last / ds.loader (target >= 0.95)": med["torch_loader uint8 channels_last"] / base,
-        "torch uint8 contiguous / ds.loader": med["torch_loader uint8 contiguous"] / base,
-        "before uint8 / ds.loader": med["before uint8 (to_tensor on the caller)"] / base,
-        "float32 new / before (target >= 3)": med["torch_loader float32 normalised"] / med["before float32 normalised"],
-        "float32 new contiguous / before": med["torch_loader float32 normalised contiguous"]
-        / med["before float32 normalised"],
-        "TorchDataset+DataLoader / ds.loader": med["TorchDataset + DataLoader(num_workers=2)"] / base,
+        "torch uint8 channels_last / ds.loader (target >= 0.95)": ratio("torch_loader uint8 channels_last", base),
+        "torch uint8 contiguous / ds.loader": ratio("torch_loader uint8 contiguous", base),
+        "before uint8 / ds.loader": ratio("before uint8 (to_tensor on the caller)", base),
+        "float32 new / before (target >= 3)": ratio("torch_loader float32 normalised", before_f),
+        "float32 new contiguous / before": ratio("torch_loader float32 normalised contiguous", before_f),
+        "TorchDataset+DataLoader / ds.loader": ratio("TorchDataset + DataLoader(num_workers=2)", base),
     }
     res["ratios"] = ratios
-    print("\nratios")
+    print("\nratios (median of the per-round ratios)")
     for k, v in ratios.items():
         print(f"  {k:<56} {v:8.2f}")
     first = ds.get_batch(np.arange(min(b, n)))["image"]
