@@ -274,9 +274,10 @@ class _Finisher:
     converted as asked (or left uint8 when the conversion waits for the device).
 
     The fused scale-and-shift (``torch.addcmul(b, x, a)``, one pass writing the output) beat a
-    per-channel 256-entry lookup table (``np.take`` per channel) on this 2-core machine: 32 x
-    256x256x3 uint8 to float32 NCHW took 11-20 ms fused, 39 ms by table, against 52-80 ms for the
-    earlier scale, subtract and divide passes (docs/benchmarks.md, "PyTorch path").
+    per-channel 256-entry lookup table (``np.take`` per channel) on this 2-core machine: one 32 x
+    256x256x3 uint8 batch to float32 took 10.6 ms fused into channels_last and 15.7 ms into NCHW,
+    36.4 ms by table, against 71.9 ms for the earlier scale, subtract and divide passes
+    (``benchmarks/loader.py --torch-only``; docs/benchmarks.md, "PyTorch path").
     """
 
     def __init__(self, owner: TorchLoader, pool_limit: int, layout: tuple[tuple[int, ...], str] | None) -> None:
@@ -319,8 +320,8 @@ class _Finisher:
         return arr if contiguous else arr.permute(0, 3, 1, 2)
 
     def transposed(self, images: np.ndarray) -> torch.Tensor:
-        """A uint8 B x H x W x C batch as a contiguous B x C x H x W tensor. NumPy's strided copy
-        took 2.8 ms per 32 x 256x256x3 batch here, torch's ``copy_`` of the permuted view 28 ms."""
+        """A uint8 B x H x W x C batch as a contiguous B x C x H x W tensor, by NumPy's strided
+        copy: several times faster here than torch's ``copy_`` of the permuted view."""
         out = self.output(images.shape, torch.uint8, True)
         np.copyto(out.numpy(), images.transpose(0, 3, 1, 2))
         return out
@@ -346,8 +347,7 @@ class _Finisher:
             torch.addcmul(b, self.transposed(images) if images.dtype == np.uint8 else nchw, a, out=out)
         else:
             # channels_last is NHWC in memory: as rows of W x C values with a and b tiled along
-            # them, the pass runs over long contiguous rows, not over runs of C = 3 (18 against
-            # 30 ms per 32 x 256x256x3 batch on one thread here).
+            # them, the pass runs over long contiguous rows, not over runs of C = 3.
             n, h, w, c = images.shape
             rows = out.permute(0, 2, 3, 1).view(n * h, w * c)
             torch.addcmul(b.view(c).repeat(w), t.reshape(n * h, w * c), a.view(c).repeat(w), out=rows)
