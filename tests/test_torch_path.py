@@ -196,6 +196,17 @@ def test_build_records_pixel_stats_and_ds_stats_shows_them(ds: Any) -> None:
     assert json.loads(ds.manifest.to_json())["stats"] == stats
 
 
+def test_info_shows_the_pixel_stats_in_one_line(ds: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from dlpack.cli import main
+
+    capsys.readouterr()
+    assert main(["info", str(ds.path)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pixel stats")]
+    mean = ", ".join(f"{v:.2f}" for v in ds.stats["mean"])
+    std = ", ".join(f"{v:.2f}" for v in ds.stats["std"])
+    assert len(lines) == 1 and lines[0].split(None, 2)[2] == f"mean {mean}; std {std}"
+
+
 def test_pixel_stats_do_not_depend_on_the_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(1)
     images = rng.integers(0, 65536, (9, 4, 5, 3), dtype=np.uint16)
