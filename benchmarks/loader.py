@@ -28,6 +28,16 @@ Two sections run on their own (and only them) with a flag:
   throughout (``time.sleep``); busy % by the loader's ``stats()`` and by the step's own clock, for
   the default and workers 0, 1, 2, at 512x512x3 batches of 32 and 64x64x3 batches of 256.
   ``--quick`` shrinks both to a smoke run.
+
+``--torch-only`` runs just the PyTorch-path section (:func:`torch_main`) on a 256x256x3 store,
+random order, warm cache, 2 workers, interleaved epochs:
+
+    python benchmarks/loader.py --torch-only --work /tmp/dlpack-torch-bench --count 1500 --repeat 5
+
+``ds.loader`` uint8 against ``torch_loader`` uint8 (the default channels_last view, and
+contiguous NCHW), float32 normalised against the conversion the adapter made before (kept here as
+:func:`before_to_tensor`), ``TorchDataset`` in a ``DataLoader(num_workers=2)``, and one batch's
+conversion three ways (the earlier passes, the fused scale-and-shift, a per-channel lookup table).
 """
 
 from __future__ import annotations
@@ -302,6 +312,174 @@ def steps_section(work: Path, repeat: int, quick: bool, step_ms: float = 5.0) ->
     return out
 
 
+# ---------------------------------------------------------------- the PyTorch path
+
+TORCH_SIZE = 256
+TORCH_MEAN = (0.485, 0.456, 0.406)
+TORCH_STD = (0.229, 0.224, 0.225)
+
+
+def before_to_tensor(images: np.ndarray, dtype: Any, mean: Any = None, std: Any = None) -> Any:
+    """The adapter's conversion before it moved to the reader threads (the "before" arm): a
+    contiguous NHWC -> NCHW copy on the training thread, then scale, subtract and divide passes."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
+    if dtype == torch.uint8 and images.dtype == np.uint8 and mean is None:
+        return t.contiguous()
+    scale = float(np.iinfo(images.dtype).max)
+    t = t.to(dtype if dtype.is_floating_point else torch.float32).div_(scale)
+    if mean is not None or std is not None:
+        m = torch.tensor(mean if mean is not None else [0.0], dtype=t.dtype).view(1, -1, 1, 1)
+        s = torch.tensor(std if std is not None else [1.0], dtype=t.dtype).view(1, -1, 1, 1)
+        t = t.sub_(m).div_(s)
+    return t.contiguous()
+
+
+def conversion_ms(images: np.ndarray, repeat: int) -> dict[str, float]:
+    """Median ms to turn one uint8 batch into normalised float32 NCHW: the earlier passes, the
+    fused scale-and-shift (``torch.addcmul``, one pass; into channels_last as rows of W x C values,
+    as the adapter does, and into NCHW), and a per-channel 256-entry table (``np.take``)."""
+    import torch
+
+    from dlpack.torch import scale_shift
+
+    n, h, w, c = images.shape
+    a, b = scale_shift(images.dtype, c, TORCH_MEAN, TORCH_STD)
+    at = torch.tensor(a, dtype=torch.float32).view(1, c, 1, 1)
+    bt = torch.tensor(b, dtype=torch.float32).view(1, c, 1, 1)
+    lut = (np.arange(256, dtype=np.float64)[None, :] * a[:, None] + b[:, None]).astype(np.float32)
+    out = torch.empty((n, c, h, w), dtype=torch.float32)
+    arr = out.numpy()
+    x = torch.from_numpy(images)
+
+    rows = torch.empty((n, h, w, c), dtype=torch.float32)  # channels_last, as rows of W x C values
+    arow, brow = at.view(c).repeat(w), bt.view(c).repeat(w)
+
+    def fused() -> None:
+        torch.addcmul(brow, x.view(n * h, w * c), arow, out=rows.view(n * h, w * c))
+
+    def fused_nchw() -> None:
+        torch.addcmul(bt, x.permute(0, 3, 1, 2), at, out=out)
+
+    def table() -> None:
+        for k in range(c):
+            np.take(lut[k], images[..., k], out=arr[:, k])
+
+    arms = {
+        "before": lambda: before_to_tensor(images, torch.float32, TORCH_MEAN, TORCH_STD),
+        "fused": fused,
+        "fused NCHW": fused_nchw,
+        "table": table,
+    }
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(2 * max(4, repeat) + 1):
+        for k, fn in arms.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: 1000 * statistics.median(v[1:]) for k, v in times.items()}
+
+
+def torch_main(a: argparse.Namespace) -> int:
+    """The PyTorch-path section: every arm one epoch in turn, ``--repeat`` rounds, medians."""
+    import torch
+
+    from dlpack.torch import TorchDataset, torch_loader
+
+    work = Path(a.work)
+    src = work / f"png{TORCH_SIZE}"
+    make_pngs(src, a.count, TORCH_SIZE)
+    path = work / f"s{TORCH_SIZE}.zarr"
+    if not path.exists():
+        dlpack.build(src, path, size=(TORCH_SIZE, TORCH_SIZE), quiet=True)
+    ds = dlpack.open(path)
+    n, b = len(ds), a.batch_size
+    kw: dict[str, Any] = {"batch_size": b, "workers": 2, "prefetch": 4}
+    float_kw: dict[str, Any] = {"dtype": torch.float32, "mean": TORCH_MEAN, "std": TORCH_STD, "pin_memory": False}
+    # One loader per arm for the whole run, as a training script keeps one: each pass is the next epoch.
+    plain, before_u8, before_f = (ds.loader(seed=k, **kw) for k in range(3))
+    t_cl = torch_loader(ds, seed=3, pin_memory=False, **kw)
+    t_c = torch_loader(ds, seed=4, pin_memory=False, memory_format=torch.contiguous_format, **kw)
+    t_f = torch_loader(ds, seed=5, **float_kw, **kw)
+    t_fc = torch_loader(ds, seed=6, memory_format=torch.contiguous_format, **float_kw, **kw)
+    loaders: dict[str, Any] = {
+        "ds.loader uint8": lambda: plain,
+        "torch_loader uint8 channels_last": lambda: t_cl,
+        "torch_loader uint8 contiguous": lambda: t_c,
+        "before uint8 (to_tensor on the caller)": lambda: (
+            before_to_tensor(x["image"], torch.uint8) for x in before_u8
+        ),
+        "torch_loader float32 normalised": lambda: t_f,
+        "torch_loader float32 normalised contiguous": lambda: t_fc,
+        "before float32 normalised": lambda: (
+            before_to_tensor(x["image"], torch.float32, TORCH_MEAN, TORCH_STD) for x in before_f
+        ),
+    }
+    tds = TorchDataset(path)
+    dl = torch.utils.data.DataLoader(
+        tds, batch_size=b, shuffle=True, num_workers=2, persistent_workers=True, collate_fn=tds.collate_fn
+    )
+    loaders["TorchDataset + DataLoader(num_workers=2)"] = lambda: dl
+
+    def epoch(make: Any) -> float:
+        t = time.perf_counter()
+        k = 0
+        for batch in make():
+            k += len(batch["index"]) if isinstance(batch, dict) else len(batch)
+        assert k == n, f"an epoch held {k} of {n} images"
+        return k / (time.perf_counter() - t)
+
+    runs: dict[str, list[float]] = {name: [] for name in loaders}
+    for make in loaders.values():
+        epoch(make)  # warm-up: page cache, threads, worker processes
+    names = list(loaders)
+    for r in range(max(4, a.repeat)):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # each arm after each other in turn
+            runs[name].append(epoch(loaders[name]))
+    res: dict[str, Any] = {
+        "images": n,
+        "size": TORCH_SIZE,
+        "batch_size": b,
+        "torch": torch.__version__,
+        "runs": runs,
+        "median_images_per_s": {k: statistics.median(v) for k, v in runs.items()},
+    }
+    print(f"{n} images of {TORCH_SIZE}x{TORCH_SIZE}x3, batch {b}, random, warm cache, workers 2, "
+          f"median of {max(4, a.repeat)} interleaved epochs")  # fmt: skip
+    for k, v in res["median_images_per_s"].items():
+        print(f"{k:<46} {v:>10,.0f} images/s   runs: {', '.join(f'{r:,.0f}' for r in runs[k])}", flush=True)
+
+    def ratio(num: str, den: str) -> float:
+        """Median over rounds of the two arms' rate ratio within one round: on a shared machine
+        the load moves both arms of a round alike, and the rounds' medians each other less."""
+        return statistics.median(x / y for x, y in zip(runs[num], runs[den], strict=True))
+
+    base, before_f = "ds.loader uint8", "before float32 normalised"
+    ratios = {
+        "torch uint8 channels_last / ds.loader (target >= 0.95)": ratio("torch_loader uint8 channels_last", base),
+        "torch uint8 contiguous / ds.loader": ratio("torch_loader uint8 contiguous", base),
+        "before uint8 / ds.loader": ratio("before uint8 (to_tensor on the caller)", base),
+        "float32 new / before (target >= 3)": ratio("torch_loader float32 normalised", before_f),
+        "float32 new contiguous / before": ratio("torch_loader float32 normalised contiguous", before_f),
+        "TorchDataset+DataLoader / ds.loader": ratio("TorchDataset + DataLoader(num_workers=2)", base),
+    }
+    res["ratios"] = ratios
+    print("\nratios (median of the per-round ratios)")
+    for k, v in ratios.items():
+        print(f"  {k:<56} {v:8.2f}")
+    first = ds.get_batch(np.arange(min(b, n)))["image"]
+    res["conversion_ms"] = conversion_ms(first, a.repeat)
+    print(
+        "one batch to normalised float32 NCHW: " + ", ".join(f"{k} {v:.1f} ms" for k, v in res["conversion_ms"].items())
+    )
+    res["load_average"] = os.getloadavg()
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2))
+    ds.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/dlpack-loader-bench")
@@ -316,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", action="store_true", help="run only the small-image section")
     p.add_argument("--steps", action="store_true", help="run only the short-step section")
     p.add_argument("--quick", action="store_true", help="with --small/--steps: tiny sets (a smoke run)")
+    p.add_argument("--torch-only", action="store_true", help="run only the PyTorch-path section (256x256x3)")
     a = p.parse_args(argv)
+    if a.torch_only:
+        return torch_main(a)
     work = Path(a.work)
     if a.small or a.steps:
         work.mkdir(parents=True, exist_ok=True)

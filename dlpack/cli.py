@@ -496,6 +496,14 @@ def _run_info(a: argparse.Namespace) -> int:
     rows[4:4] = counts  # after the classes
     if info["conversions"]:
         rows.append(("converted", ", ".join(f"{k}: {v}" for k, v in info["conversions"].items())))
+    if "stats" in info:
+        st = info["stats"]
+        rows.append(
+            (
+                "pixel stats",
+                f"mean {', '.join(f'{v:.2f}' for v in st['mean'])}; std {', '.join(f'{v:.2f}' for v in st['std'])}",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     # One line each: a newline in a class or file name is escaped like any control character.
     for k, v in rows:

@@ -152,6 +152,14 @@ class Dataset:
         return self.manifest.splits
 
     @property
+    def stats(self) -> dict[str, Any] | None:
+        """Per-channel pixel statistics the build recorded, ``{"mean": [C], "std": [C], "count":
+        pixels}`` in units of the stored dtype (0..255 for uint8), for ``torch_loader(mean="store")``;
+        None in a store built before they were recorded (rebuild it to get them)."""
+        stats = self.manifest.stats
+        return None if stats is None else {k: list(v) if isinstance(v, list) else v for k, v in stats.items()}
+
+    @property
     def class_ids(self) -> tuple[int, ...]:
         """The original id of each class (COCO category id, HALCON class id, mask pixel value), aligned
         with :attr:`classes`; ``0 .. len(classes) - 1`` in stores that do not record them."""
@@ -547,6 +555,7 @@ class Dataset:
             | ({"mask_ignore": m.mask_ignore} if m.mask_ignore is not None else {})
             | ({"defects": list(m.defects)} if m.defects else {})
             | ({"augment": _augment_info(m.augment)} if m.augment else {})
+            | ({"stats": m.stats} if m.stats else {})
         )
 
 

@@ -407,15 +407,29 @@ class _BufferPool:
     the caller dropped every batch, view and tensor made from it, so a batch that is still in use
     is never overwritten. Each batch is a view of a pooled byte block (which every view made from
     it refers to), placed at :data:`_PAGE_OFFSET` in its page.
+
+    ``allocator(nbytes)`` makes each block (a 1-D uint8 array; ``np.empty`` by default): the
+    PyTorch adapter passes one that returns views of pinned tensors, so batches are read straight
+    into page-locked memory and no pin copy happens per batch.
     """
 
-    def __init__(self, shape: tuple[int, ...], dtype: str, limit: int) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], dtype: str, limit: int, allocator: Callable[[int], np.ndarray] | None = None
+    ) -> None:
         self.shape, self.dtype, self.limit = shape, np.dtype(dtype), limit
+        self.allocator = allocator
         self._nbytes = int(np.prod(shape)) * self.dtype.itemsize
         #: (block, offset of its batch): the offset is found once (``ctypes.data`` costs 10 us a call).
         self._bufs: list[tuple[np.ndarray, int]] = []
         self._rows = tuple(shape[1:])
         self._lock = threading.Lock()
+
+    def use_allocator(self, allocator: Callable[[int], np.ndarray]) -> None:
+        """Make the blocks from now on with ``allocator``; free blocks made otherwise are dropped
+        (a block still held by a batch stays with that batch until it is dropped)."""
+        with self._lock:
+            self.allocator = allocator
+            self._bufs.clear()
 
     def _batch(self, block: np.ndarray, offset: int, n: int) -> np.ndarray:
         batch: np.ndarray = np.ndarray((n, *self._rows), dtype=self.dtype, buffer=block, offset=offset)
@@ -429,7 +443,8 @@ class _BufferPool:
                 if sys.getrefcount(block) <= 3:
                     return self._batch(block, offset, n)
             if len(self._bufs) < self.limit:
-                block = np.empty(self._nbytes + _PAGE, dtype=np.uint8)
+                size = self._nbytes + _PAGE
+                block = np.empty(size, dtype=np.uint8) if self.allocator is None else self.allocator(size)
                 offset = (_PAGE_OFFSET - block.__array_interface__["data"][0]) % _PAGE
                 self._bufs.append((block, offset))
                 return self._batch(block, offset, n)
@@ -462,6 +477,7 @@ class Loader:
         *,
         indices: Sequence[int] | np.ndarray | None = None,
         split: str | None = None,
+        finisher: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         if not isinstance(source, BatchSource):
             raise OptionError(
@@ -480,6 +496,9 @@ class Loader:
             source = cached(o.seed, original_rate=o.original_rate, views_per_batch=o.views_per_batch)
         self.source = source
         self.transform = transform
+        #: Applied to each batch after ``transform``, on the reader thread that read it (the PyTorch
+        #: adapter converts there, so the caller's thread only receives finished tensors).
+        self.finisher = finisher
         self._hook = hook_keywords(transform)  # read once: inspecting a signature per batch costs microseconds
         self._online = online_layer(o.online) if o.online is not None else None
         where = getattr(source, "path", type(source).__name__)
@@ -607,6 +626,10 @@ class Loader:
         return [self._load(indices, epoch) for indices in group]
 
     def _load(self, indices: np.ndarray, epoch: int) -> dict[str, Any]:
+        batch = self._transformed(indices, epoch)
+        return batch if self.finisher is None else self.finisher(batch)
+
+    def _transformed(self, indices: np.ndarray, epoch: int) -> dict[str, Any]:
         out = self._pool.take(len(indices)) if self._pool is not None else None
         batch = self.source.get_batch(indices, epoch, out)
         if self._online is not None:

@@ -264,6 +264,9 @@ class Manifest:
     #: Stores with augmentation variants: ``{"format", "k", "seed", "engine", "config", "operations",
     #: "fill_mask", "versions"}`` (docs/format.md, "Augmentation variants"); None without variants.
     augment: dict[str, Any] | None = None
+    #: Per-channel statistics of the stored pixels, ``{"mean": [C], "std": [C], "count": pixels}`` in
+    #: units of the stored dtype (dlpack.pack.stats); None: not computed (stores built before them).
+    stats: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     format: str = FORMAT_NAME
 
@@ -307,6 +310,8 @@ class Manifest:
             k = self.augment.get("k") if isinstance(self.augment, dict) else None
             if not isinstance(k, int) or isinstance(k, bool) or k < 1:
                 raise OptionError(f"augment must be a dict whose k is an integer >= 1, got {self.augment!r}")
+        if self.stats is not None:
+            _check_stats(self.stats, self.image.channels)
 
     @property
     def variants(self) -> int:
@@ -402,7 +407,27 @@ _OPTIONAL: dict[str, Any] = {
     "defects": (),
     "mask_classes": (),
     "augment": None,
+    "stats": None,
 }
+
+
+def _check_stats(stats: Any, channels: int) -> None:
+    """``stats`` must be ``{"mean": [C numbers], "std": [C numbers >= 0], "count": int >= 0}``."""
+    if not isinstance(stats, dict) or set(stats) != {"mean", "std", "count"}:
+        raise OptionError(f"stats must be an object of mean, std and count, got {stats!r}")
+    for key in ("mean", "std"):
+        v = stats[key]
+        if (
+            not isinstance(v, list)
+            or len(v) != channels
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+        ):
+            raise OptionError(f"stats.{key} must be {channels} finite numbers (one per channel), got {v!r}")
+    if any(x < 0 for x in stats["std"]):
+        raise OptionError(f"stats.std must be >= 0, got {stats['std']!r}")
+    count = stats["count"]
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise OptionError(f"stats.count must be an integer >= 0, got {count!r}")
 
 
 def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:

@@ -91,6 +91,18 @@ def _check_loader_steps(out: str, work: Path) -> None:
             assert 0 < row[w]["busy_stats"] <= 1 and 0 < row[w]["busy_own_clock"] <= 1
 
 
+def _check_loader_torch(out: str, work: Path) -> None:
+    assert "16 images of 256x256x3" in out and "float32 new / before (target >= 3)" in out
+    res = json.loads((work / "torch.json").read_text())
+    assert all(len(runs) == 4 and min(runs) > 0 for runs in res["runs"].values())  # medians of >= 4 epochs
+    assert "TorchDataset + DataLoader(num_workers=2)" in res["runs"] and set(res["conversion_ms"]) == {
+        "before",
+        "fused",
+        "fused NCHW",
+        "table",
+    }
+
+
 def _check_peers(out: str, work: Path) -> None:
     size = json.loads((work / "peers.json").read_text())["sizes"]["32"]
     for name in ("dlpack Zarr (threads)", "dlpack HDF5 (threads)"):
@@ -254,6 +266,12 @@ RUNS: dict[str, list[Run]] = {
         ),
         Run(("--small", "--quick", "--repeat", "1", "--work", "work", "--json", "small.json"), _check_loader_small),
         Run(("--steps", "--quick", "--repeat", "1", "--work", "work", "--json", "steps.json"), _check_loader_steps),
+        Run(
+            ("--torch-only", "--work", "work", "--count", "16", "--batch-size", "8", "--repeat", "1")
+            + ("--json", "torch.json"),
+            _check_loader_torch,
+            needs=("torch",),
+        ),
     ],
     "benchmarks/versions.py": [
         Run(

@@ -27,6 +27,7 @@ from ..sources.base import SourceScan
 from .inputs import Probe, Selection, bad_inputs
 from .journal import Journal, JournalState, Restart, read_journal
 from .plan import BuildPlan, image_array, plan_stage
+from .stats import with_pixel_stats
 from .workers import Job, Sample, decode_block, fixed_block, jobs_of, mask_block, write_block_worker
 
 
@@ -351,7 +352,7 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
         for spec, values in arrays.values():
             writer.create_array(spec, manifest.count)
             writer.write_block(spec.name, 0, values)
-        writer.commit(manifest)
+        writer.commit(with_pixel_stats(manifest, writer))  # the written pixels' statistics (pack/stats.py)
     except BaseException as exc:
         discard_partial(partial, out, exc)
         raise

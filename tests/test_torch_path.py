@@ -1,0 +1,445 @@
+"""The PyTorch path at the loader's speed: layouts, conversions on the reader threads, the pinned
+pool's allocator seam, store statistics, keyed arrays on every path, and the loader's statistics.
+
+The reference for every value is :func:`dlpack.torch.to_tensor`, the conversion the adapter made
+on the training thread before (scale, subtract, divide, then a contiguous copy).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dlpack  # noqa: E402
+from dlpack.loader import Loader, LoaderOptions, _BufferPool  # noqa: E402
+from dlpack.manifest import Manifest  # noqa: E402
+from dlpack.pack.stats import pixel_stats  # noqa: E402
+from dlpack.torch import TorchLoader, to_tensor, torch_loader  # noqa: E402
+
+N = 20
+SHAPE = (6, 8, 3)  # H, W, C
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+FORMATS = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}
+
+
+def _write_pngs(folder: Path, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for k in range(n):
+        sub = folder / f"c{k % 2}"
+        sub.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(sub / f"{k:03d}.png"), rng.integers(0, 256, (SHAPE[0] + k % 3, SHAPE[1], 3), np.uint8))
+
+
+@pytest.fixture(scope="module", params=["s.zarr", "s.h5"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """20 noise images at 8x6 in two classes, with boxes, box_labels and a mask."""
+    tmp = tmp_path_factory.mktemp("torch-path")
+    _write_pngs(tmp / "src", N, 11)
+    out = tmp / request.param
+    dlpack.build(tmp / "src", out, size=(SHAPE[1], SHAPE[0]), jobs=1, quiet=True)
+    dlpack.add_array(out, "boxes", [np.full((i % 3, 4), i, np.float32) for i in range(N)], ragged=True)
+    dlpack.add_array(out, "box_labels", [np.full(i % 3, i % 2, np.int32) for i in range(N)], ragged=True)
+    dlpack.add_array(out, "mask", np.stack([np.full(SHAPE[:2], i, np.uint8) for i in range(N)]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ds(store: Path) -> Any:
+    d = dlpack.open(store)
+    yield d
+    d.close()
+
+
+def _reference(ds: Any, seed: int = 3, batch_size: int = 8) -> list[dict[str, Any]]:
+    return list(ds.loader(batch_size=batch_size, seed=seed, workers=0, prefetch=0))
+
+
+class _Deep:
+    """A BatchSource of uint16 images (a 16-bit store's batches) made in memory."""
+
+    def __init__(self, n: int = 12) -> None:
+        rng = np.random.default_rng(4)
+        self.images = rng.integers(0, 65536, (n, 5, 7, 3), dtype=np.uint16)
+        self.images[0] = 65535
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def get_batch(self, indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+        imgs = self.images[indices]
+        if out is not None:
+            out[...] = imgs
+            imgs = out
+        return {"image": imgs, "index": indices, "label": np.zeros(len(indices), np.int32)}
+
+    def warm(self) -> None:
+        pass
+
+    def fingerprint(self) -> str:
+        return "deep"
+
+    def image_layout(self) -> tuple[tuple[int, ...], str]:
+        return (5, 7, 3), "<u2"
+
+
+# ---------------------------------------------------------------- layouts
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_default_image_is_a_zero_copy_channels_last_view(ds: Any, workers: int) -> None:
+    ref = _reference(ds)
+    got = list(torch_loader(ds, batch_size=8, seed=3, workers=workers, pin_memory=False))
+    assert len(got) == len(ref) == 3
+    for t, b in zip(got, ref, strict=True):
+        img = t["image"]
+        assert img.dtype == torch.uint8 and tuple(img.shape) == (len(b["index"]), 3, *SHAPE[:2])
+        assert img.is_contiguous(memory_format=torch.channels_last) and not img.is_contiguous()
+        assert img.stride() == (SHAPE[0] * SHAPE[1] * 3, 1, SHAPE[1] * 3, 3)  # NHWC bytes, NCHW indices
+        assert torch.equal(img, to_tensor(b["image"]))
+
+
+def test_the_view_shares_the_loaders_batch_array(ds: Any) -> None:
+    tl = torch_loader(ds, batch_size=8, seed=3, workers=0, prefetch=0, pin_memory=False)
+    seen: list[np.ndarray] = []
+    inner = tl.loader.finisher
+    assert inner is not None
+
+    def spy(batch: dict[str, Any]) -> dict[str, Any]:
+        seen.append(batch["image"])
+        return inner(batch)
+
+    tl.loader.finisher = spy
+    t = next(iter(tl))
+    assert np.shares_memory(t["image"].numpy(), seen[0])  # no copy between the loader and the tensor
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_contiguous_nchw_on_request(ds: Any, workers: int) -> None:
+    ref = _reference(ds)
+    tl = torch_loader(
+        ds, batch_size=8, seed=3, workers=workers, memory_format=torch.contiguous_format, pin_memory=False
+    )
+    for t, b in zip(tl, ref, strict=True):
+        assert t["image"].is_contiguous() and t["image"].dtype == torch.uint8
+        assert torch.equal(t["image"], to_tensor(b["image"]))
+    with pytest.raises(dlpack.OptionError, match="memory_format must be torch.channels_last"):
+        torch_loader(ds, memory_format=torch.preserve_format, pin_memory=False)
+    with pytest.raises(dlpack.OptionError, match="dtype must be a torch.dtype"):
+        torch_loader(ds, dtype="float32", pin_memory=False)
+
+
+# ---------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize(
+    ("dtype", "mean", "std", "atol"),
+    [
+        (torch.float32, None, None, 1e-6),
+        (torch.float32, MEAN, STD, 1e-5),
+        (torch.float64, MEAN, STD, 1e-12),
+        (torch.float16, MEAN, STD, 1e-2),
+        (torch.uint8, MEAN, STD, 1e-5),  # today's rule: a normalised uint8 request gives float32
+        (torch.float32, (0.5,), (0.25,), 1e-5),  # one number for every channel
+    ],
+)
+def test_float_values_equal_the_reference_conversion(
+    ds: Any, fmt: str, dtype: Any, mean: Any, std: Any, atol: float
+) -> None:
+    ref = _reference(ds)
+    tl = torch_loader(
+        ds, batch_size=8, seed=3, dtype=dtype, mean=mean, std=std, memory_format=FORMATS[fmt], pin_memory=False
+    )
+    for t, b in zip(tl, ref, strict=True):
+        want = to_tensor(b["image"], dtype, mean, std)
+        assert t["image"].dtype == want.dtype and t["image"].shape == want.shape
+        assert t["image"].is_contiguous(memory_format=FORMATS[fmt])
+        np.testing.assert_allclose(t["image"].double().numpy(), want.double().numpy(), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_uint16_batches_equal_the_reference(fmt: str) -> None:
+    src = _Deep()
+    for dtype, mean, std in ((torch.uint8, None, None), (torch.float32, None, None), (torch.float32, MEAN, STD)):
+        loader = Loader(src, LoaderOptions(batch_size=5, shuffle=False, workers=2))
+        got = list(TorchLoader(loader, dtype, mean, std, pin_memory=False, memory_format=FORMATS[fmt]))
+        assert len(got) == 3
+        for k, t in enumerate(got):
+            want = to_tensor(src.images[5 * k : 5 * k + 5], dtype, mean, std)  # 16-bit: always float
+            assert t["image"].dtype == want.dtype == torch.float32
+            assert t["image"].is_contiguous(memory_format=FORMATS[fmt])
+            np.testing.assert_allclose(t["image"].numpy(), want.numpy(), rtol=0, atol=1e-5)
+        top = got[0]["image"][0].max()  # image 0 is all 65535
+        assert float(top) == pytest.approx(float(to_tensor(src.images[:1], dtype, mean, std).max()), abs=1e-5)
+
+
+# ---------------------------------------------------------------- store statistics
+
+
+def test_build_records_pixel_stats_and_ds_stats_shows_them(ds: Any) -> None:
+    pixels = np.stack([ds[i]["image"] for i in range(len(ds))]).reshape(-1, 3).astype(np.float64)
+    stats = ds.stats
+    assert stats is not None and stats["count"] == N * SHAPE[0] * SHAPE[1]
+    np.testing.assert_allclose(stats["mean"], pixels.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(stats["std"], pixels.std(axis=0), rtol=1e-12)
+    assert ds.info()["stats"] == stats
+    # add_array (in the fixture) left the pixels alone, and the statistics with them.
+    assert json.loads(ds.manifest.to_json())["stats"] == stats
+
+
+def test_info_shows_the_pixel_stats_in_one_line(ds: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from dlpack.cli import main
+
+    capsys.readouterr()
+    assert main(["info", str(ds.path)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pixel stats")]
+    mean = ", ".join(f"{v:.2f}" for v in ds.stats["mean"])
+    std = ", ".join(f"{v:.2f}" for v in ds.stats["std"])
+    assert len(lines) == 1 and lines[0].split(None, 2)[2] == f"mean {mean}; std {std}"
+
+
+def test_pixel_stats_do_not_depend_on_the_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 65536, (9, 4, 5, 3), dtype=np.uint16)
+    whole = pixel_stats(lambda a, b: images[a:b], 9, 60, 3, "<u2")
+    monkeypatch.setattr("dlpack.pack.stats.CHUNK_VALUES", 61)  # one image per chunk
+    chunked = pixel_stats(lambda a, b: images[a:b], 9, 60, 3, "<u2")
+    assert chunked == whole
+    flat = images.reshape(-1)  # a variable-size store's flat data: one value per row
+    assert pixel_stats(lambda a, b: flat[a:b], len(flat), 1, 3, "<u2") == whole
+    np.testing.assert_allclose(whole["mean"], images.reshape(-1, 3).mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(whole["std"], images.reshape(-1, 3).std(axis=0), rtol=1e-12)
+
+
+def test_variable_size_store_and_update_record_stats(tmp_path: Path) -> None:
+    _write_pngs(tmp_path / "src", 5, 2)
+    out = tmp_path / "v.zarr"
+    dlpack.build(tmp_path / "src", out, jobs=1, quiet=True)
+    with dlpack.open(out) as d:
+        pixels = np.concatenate([d[i]["image"].reshape(-1, 3) for i in range(len(d))]).astype(np.float64)
+        np.testing.assert_allclose(d.stats["mean"], pixels.mean(axis=0), rtol=1e-12)
+        np.testing.assert_allclose(d.stats["std"], pixels.std(axis=0), rtol=1e-12)
+    fixed = tmp_path / "f.zarr"  # --update keeps fixed-size stores only
+    dlpack.build(tmp_path / "src", fixed, size=(8, 6), jobs=1, quiet=True)
+    with dlpack.open(fixed) as d:
+        before = d.stats
+    cv2.imwrite(str(tmp_path / "src" / "c0" / "new.png"), np.full((9, 9, 3), 255, np.uint8))
+    dlpack.build(tmp_path / "src", fixed, update=True, jobs=1, quiet=True)
+    with dlpack.open(fixed) as d:
+        assert len(d) == 6 and d.stats["count"] == before["count"] + 48
+        pixels = np.concatenate([d[i]["image"].reshape(-1, 3) for i in range(len(d))]).astype(np.float64)
+        np.testing.assert_allclose(d.stats["mean"], pixels.mean(axis=0), rtol=1e-12)
+        assert d.stats["mean"][0] > before["mean"][0]  # the white image raised every mean
+
+
+def test_manifest_stats_round_trip_and_are_checked(ds: Any) -> None:
+    m = ds.manifest
+    again = Manifest.from_json(m.to_json())
+    assert again.stats == m.stats
+    d = json.loads(m.to_json())
+    for bad, why in (
+        ({"mean": [1.0, 2.0], "std": [1.0, 1.0], "count": 3}, "stats.mean must be 3 finite numbers"),
+        ({"mean": [1.0] * 3, "std": [-1.0] * 3, "count": 3}, "stats.std must be >= 0"),
+        ({"mean": [1.0] * 3, "std": [1.0] * 3}, "stats must be an object of mean, std and count"),
+        ({"mean": [1.0] * 3, "std": [1.0] * 3, "count": -2}, "stats.count must be an integer >= 0"),
+    ):
+        with pytest.raises(dlpack.StoreError, match=why):
+            Manifest.from_dict({**d, "stats": bad})
+    del d["stats"]
+    assert Manifest.from_dict(d).stats is None  # a store built before them: not computed
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_mean_and_std_store_use_the_recorded_stats(ds: Any, fmt: str) -> None:
+    mean = [v / 255 for v in ds.stats["mean"]]
+    std = [v / 255 for v in ds.stats["std"]]
+    ref = _reference(ds)
+    tl = torch_loader(
+        ds, batch_size=8, seed=3, dtype=torch.float32, mean="store", std="store", memory_format=FORMATS[fmt],
+        pin_memory=False,
+    )  # fmt: skip
+    images = []
+    for t, b in zip(tl, ref, strict=True):
+        np.testing.assert_allclose(
+            t["image"].numpy(), to_tensor(b["image"], torch.float32, mean, std).numpy(), atol=1e-5
+        )
+        images.append(t["image"])
+    every = torch.cat(images)  # the whole store, normalised by its own statistics: mean 0, std 1
+    np.testing.assert_allclose(every.mean(dim=(0, 2, 3)).numpy(), 0.0, atol=1e-4)
+    np.testing.assert_allclose(every.std(dim=(0, 2, 3), correction=0).numpy(), 1.0, atol=1e-4)
+
+
+def test_mean_store_without_recorded_stats_names_the_store_and_the_fix() -> None:
+    class Old(_Deep):
+        path = "/data/old.zarr"
+        manifest = None
+
+    with pytest.raises(
+        dlpack.OptionError, match=r"/data/old.zarr has none .*rebuild it with `dlpack build --overwrite`"
+    ):
+        TorchLoader(Loader(Old()), torch.float32, "store", "store", pin_memory=False)
+    with pytest.raises(dlpack.OptionError, match="mean must be per-channel numbers or 'store', got 'stor'"):
+        TorchLoader(Loader(Old()), torch.float32, "stor", None, pin_memory=False)
+
+
+# ---------------------------------------------------------------- pinned buffers
+
+
+def test_buffer_pool_takes_an_allocator_and_never_recycles_a_held_batch() -> None:
+    made: list[tuple[int, int]] = []  # (address, size) only: a reference would keep a block "in use"
+
+    def allocator(nbytes: int) -> np.ndarray:
+        block = np.zeros(nbytes, np.uint8)
+        made.append((block.ctypes.data, nbytes))
+        return block
+
+    def block_of(arr: np.ndarray) -> int | None:
+        return next((k for k, (at, n) in enumerate(made) if at <= arr.ctypes.data < at + n), None)
+
+    pool = _BufferPool((4, 2, 3, 3), "|u1", limit=2, allocator=allocator)
+    first = pool.take(4)
+    assert len(made) == 1 and block_of(first) == 0
+    held = torch.from_numpy(first)  # a tensor made from the batch, the batch array dropped
+    del first
+    second = pool.take(4)
+    assert len(made) == 2 and block_of(second) == 1  # the held block is not reused
+    second[...] = 7
+    assert int(held.sum()) == 0  # what the tensor shows was never overwritten
+    del second
+    third = pool.take(4)
+    assert len(made) == 2 and block_of(third) == 1  # the dropped one is
+    assert block_of(pool.take(4)) is None  # both held, the limit reached: a plain array, not a block
+    del held, third
+    assert block_of(pool.take(4)) in (0, 1)
+    pool.use_allocator(lambda n: np.ones(n, np.uint8))
+    assert int(pool.take(4).sum()) == 4 * 2 * 3 * 3  # the new allocator's blocks from now on
+
+
+def test_pin_memory_reads_into_the_pinned_allocators_blocks(ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(dlpack.OptionError, match="pin_memory=True needs CUDA"):
+        torch_loader(ds, pin_memory=True)
+    blocks: list[np.ndarray] = []
+
+    def fake_pinned(nbytes: int) -> np.ndarray:
+        blocks.append(np.empty(nbytes, np.uint8))
+        return blocks[-1]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("dlpack.torch._pinned_block", fake_pinned)
+    tl = torch_loader(ds, batch_size=8, seed=3, workers=2, pin_memory=True)
+    assert tl.loader._pool is not None and tl.loader._pool.allocator is fake_pinned
+    ref = _reference(ds)
+    # Through the loader (pinning itself needs CUDA): the batches are views of the pinned blocks.
+    for got, b in zip(tl.loader, ref, strict=True):
+        assert any(np.shares_memory(got["image"].numpy(), blk) for blk in blocks)
+        assert torch.equal(got["image"], to_tensor(b["image"]))
+    assert 1 <= len(blocks) <= tl.loader._pool.limit
+
+
+# ---------------------------------------------------------------- keyed arrays
+
+
+PATHS = {
+    "channels_last": {},
+    "contiguous": {"memory_format": torch.contiguous_format},
+    "float": {"dtype": torch.float32, "mean": MEAN, "std": STD},
+    "float-contiguous": {
+        "dtype": torch.float32,
+        "mean": "store",
+        "std": "store",
+        "memory_format": torch.contiguous_format,
+    },
+    "device": {"device": torch.device("meta"), "dtype": torch.float32, "mean": MEAN, "std": STD},
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_every_keyed_array_reaches_the_batches_on_every_path(ds: Any, path: str) -> None:
+    kw = PATHS[path]
+    ref = _reference(ds)
+    tl = torch_loader(ds, batch_size=8, seed=3, workers=2, pin_memory=False, **kw)
+    on = kw.get("device", torch.device("cpu")).type
+    for t, b in zip(tl, ref, strict=True):
+        assert set(t) == {"image", "label", "index", "boxes", "box_labels", "mask", "source"} - {"source"}
+        n = len(b["index"])
+        assert t["index"].device.type == "cpu" and t["index"].tolist() == b["index"].tolist()
+        assert t["image"].device.type == on and tuple(t["image"].shape) == (n, 3, *SHAPE[:2])
+        assert t["image"].is_contiguous(memory_format=kw.get("memory_format", torch.channels_last))
+        for key in ("label", "mask"):
+            assert t[key].device.type == on
+        assert len(t["boxes"]) == len(t["box_labels"]) == n
+        assert all(x.device.type == on for x in t["boxes"] + t["box_labels"])
+        if on == "cpu":
+            assert t["label"].tolist() == b["label"].tolist()
+            assert torch.equal(t["mask"], torch.from_numpy(b["mask"]))
+            for k in range(n):
+                assert torch.equal(t["boxes"][k], torch.from_numpy(b["boxes"][k]))
+                assert t["box_labels"][k].dtype == torch.int64
+                assert t["box_labels"][k].tolist() == b["box_labels"][k].tolist()
+        else:  # moved: the device holds uint8 first, converted there to the dtype asked for
+            assert t["image"].dtype == torch.float32 and t["mask"].dtype == torch.uint8
+
+
+# ---------------------------------------------------------------- the finisher, stats, report
+
+
+def test_finisher_runs_after_the_transform_on_a_reader_thread(ds: Any) -> None:
+    seen: list[tuple[str, bool]] = []
+
+    def transform(batch: dict[str, Any]) -> dict[str, Any]:
+        return {**batch, "transformed": True}
+
+    def finisher(batch: dict[str, Any]) -> dict[str, Any]:
+        seen.append((threading.current_thread().name, batch.get("transformed", False)))
+        return {**batch, "finished": True}
+
+    for workers, prefetch in ((2, 4), (0, 0)):
+        seen.clear()
+        loader = Loader(
+            ds, LoaderOptions(batch_size=8, workers=workers, prefetch=prefetch), transform, finisher=finisher
+        )
+        batches = list(loader)
+        assert all(b["finished"] for b in batches) and len(seen) == len(batches) == 3
+        assert all(done for _, done in seen)  # the user's transform ran first
+        if workers:
+            assert all(name.startswith("dlpack") for name, _ in seen)
+        else:
+            assert {name for name, _ in seen} == {threading.current_thread().name}
+
+
+def test_torch_conversion_runs_on_the_reader_threads(ds: Any) -> None:
+    tl = torch_loader(ds, batch_size=8, workers=2, dtype=torch.float32, mean=MEAN, std=STD, pin_memory=False)
+    names: list[str] = []
+    inner = tl.loader.finisher
+    assert inner is not None
+
+    def spy(batch: dict[str, Any]) -> dict[str, Any]:
+        out = inner(batch)
+        names.append(threading.current_thread().name)
+        assert out["image"].dtype == torch.float32  # converted here, not on the caller's thread
+        return out
+
+    tl.loader.finisher = spy
+    assert len(list(tl)) == 3
+    assert len(names) == 3 and all(n.startswith("dlpack") for n in names)
+
+
+def test_stats_and_report_pass_through(ds: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    tl = torch_loader(ds, batch_size=8, seed=1, report=True, pin_memory=False)
+    assert tl.loader.options.report
+    for _ in range(2):
+        assert len(list(tl)) == 3
+    stats = tl.stats()
+    assert stats == tl.loader.stats() and [s.epoch for s in stats] == [0, 1]
+    assert all(s.complete and s.images == N and s.batches == 3 for s in stats)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("epoch ")]
+    assert len(lines) == 2 and lines[0].startswith("epoch 0: ") and "img/s" in lines[0]
