@@ -52,7 +52,7 @@ __all__ = [
 TIE_MARGIN = 0.01
 #: The default grid's axes. ``sequential`` is left out by default: it does not shuffle, which
 #: changes what a model trains on, so it is a choice for evaluation loops, not a speed knob.
-DEFAULT_WORKERS: tuple[int, ...] = (0, 1, 2)
+DEFAULT_WORKERS: tuple[int | str, ...] = (0, 1, 2, "auto")
 DEFAULT_PREFETCH: tuple[int, ...] = (2, 4, 8)
 DEFAULT_ORDERS: tuple[str, ...] = ("random", "block")
 #: Tie-break rank of the orders: the one that mixes best first.
@@ -344,15 +344,6 @@ def _positive_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
-def auto_workers() -> bool:
-    """Whether this dlpack's LoaderOptions takes ``workers="auto"`` (the loader picks its threads)."""
-    try:
-        LoaderOptions(workers="auto")  # type: ignore[arg-type]
-    except OptionError:
-        return False
-    return True
-
-
 def grid(
     workers: Sequence[int | str], prefetch: Sequence[int], orders: Sequence[str]
 ) -> list[tuple[int | str, int, str]]:
@@ -440,7 +431,7 @@ def tune(
     if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
         raise OptionError(f"repeat must be an integer >= 1, got {repeat!r}")
     if workers is None:
-        workers = (*DEFAULT_WORKERS, "auto") if auto_workers() else DEFAULT_WORKERS
+        workers = DEFAULT_WORKERS
     axes = _check_axes(workers, prefetch, orders)
     batch_size = LoaderOptions().batch_size if batch_size is None else batch_size
     LoaderOptions(batch_size=batch_size)  # an OptionError names a bad batch size

@@ -62,8 +62,8 @@ def _cells(result: Any) -> set[Key]:
 
 @pytest.fixture
 def ints_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The grid as a loader without workers='auto' has it (the tests check the ints either way)."""
-    monkeypatch.setattr(tune_module, "auto_workers", lambda: False)
+    """The grid without workers='auto' (fewer cells to spell out; the "auto" cells are tested on their own)."""
+    monkeypatch.setattr(tune_module, "DEFAULT_WORKERS", (0, 1, 2))
 
 
 # ---------------------------------------------------------------- the grid
@@ -94,40 +94,12 @@ def test_the_default_grid_covers_every_cell_once_and_warms_up_first(tiny: Path, 
     assert {(c[1], c[2]) for c in fixed.calls} == {(0.005, Budget())}
 
 
-def test_workers_auto_joins_the_grid_where_the_loader_takes_it(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    taken: list[Any] = []
-    real = tune_module.LoaderOptions
-
-    def options(**kw: Any) -> Any:  # a LoaderOptions that takes "auto" (as the loader's new default does)
-        taken.append(kw.get("workers"))
-        return real(**{**kw, "workers": 2}) if kw.get("workers") == "auto" else real(**kw)
-
-    monkeypatch.setattr(tune_module, "LoaderOptions", options)
-    assert tune_module.auto_workers() is True
-    monkeypatch.setattr(tune_module, "auto_workers", lambda: True)
-    monkeypatch.setattr(dlpack.Dataset, "loader", _recording_loader)
-    result = tune(tiny / "s.zarr", 5, 4, measure=Fixed(), orders=["random"])
+def test_workers_auto_joins_the_grid_with_every_prefetch(tiny: Path) -> None:
+    fixed = Fixed()
+    result = tune(tiny / "s.zarr", 5, 4, measure=fixed, orders=["random"])
     assert {c.workers for c in result.cells} == {0, 1, 2, "auto"}
     assert {(c.workers, c.prefetch) for c in result.cells if c.workers == "auto"} == {("auto", p) for p in (2, 4, 8)}
-
-
-def _recording_loader(self: Any, **kw: Any) -> Loader:
-    """``ds.loader`` that maps workers='auto' to 2 and keeps the asked value on the options."""
-    asked = kw.get("workers")
-    loader = dlpack.loader.source_loader(
-        self, None, None, kw.pop("split", None), None, {**kw, "workers": 2 if asked == "auto" else asked}
-    )
-    object.__setattr__(loader.options, "workers", asked)
-    return loader
-
-
-def test_auto_workers_follows_what_loader_options_accepts() -> None:
-    try:
-        dlpack.LoaderOptions(workers="auto")  # type: ignore[arg-type]
-        accepted = True
-    except dlpack.OptionError:
-        accepted = False
-    assert tune_module.auto_workers() is accepted
+    assert {k[0] for k, *_ in fixed.calls} == {0, 1, 2, "auto"}  # the loaders were made with workers="auto"
 
 
 # ---------------------------------------------------------------- the choice
@@ -336,8 +308,7 @@ def test_the_simulated_step_takes_about_its_time_and_zero_takes_none() -> None:
 
 def test_a_real_short_run_gives_every_cell_finite_values_and_valid_options(tiny: Path) -> None:
     result = tune(tiny / "s.zarr", 1, 4, max_batches=4, max_seconds=0.05)
-    workers = (0, 1, 2, "auto") if tune_module.auto_workers() else (0, 1, 2)
-    assert _cells(result) == set(grid(workers, (2, 4, 8), ("random", "block")))
+    assert _cells(result) == set(grid((0, 1, 2, "auto"), (2, 4, 8), ("random", "block")))
     for c in result.cells:
         assert 0.0 <= c.busy_share <= 1.0 and c.images_per_s > 0 and c.batches >= 1
         assert all(math.isfinite(v) for v in (c.busy_share, c.images_per_s, c.wait_p99_ms, c.seconds))
