@@ -493,9 +493,9 @@ def main(argv: list[str] | None = None) -> int:
             rows = rss_mode(args.rss, args.jobs, workdir, args.rss_side)
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
-                doc = {"benchmark": "build-rss", "command": " ".join(sys.argv), "machine": machine_info(workdir),
+                rss_doc: dict[str, Any] = {"benchmark": "build-rss", "command": " ".join(sys.argv), "machine": machine_info(workdir),
                        "runs": rows}  # fmt: skip
-                args.json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                args.json.write_text(json.dumps(rss_doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         finally:
             if not args.keep and args.workdir is None:
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -524,11 +524,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"generating {args.count} images of {args.image_size} px into {src} ...", file=sys.stderr)
                 make_sample(src, args.count, size=args.image_size, seed=args.seed)
         if args.cli:
-            doc = cli_mode(src, args.size or "512x512", jobs, args.repeat, workdir)
+            cli_doc = cli_mode(src, args.size or "512x512", jobs, args.repeat, workdir)
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
-                doc.update(benchmark="build-cli", command=" ".join(sys.argv), machine=machine_info(workdir))
-                args.json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                cli_doc.update(benchmark="build-cli", command=" ".join(sys.argv), machine=machine_info(workdir))
+                args.json.write_text(json.dumps(cli_doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             return 0
         items, _, _ = scan_folder(src)
         # An untimed build finds the files dlpack rejects; the bare loop leaves them out too, so every

@@ -93,6 +93,12 @@ def warm_pool(n_jobs: int) -> None:
                 pass
 
     thread = threading.Thread(target=warm, name="dlpack-pool-start", daemon=True)
+    if _WARMING is None:
+        import atexit
+
+        # A build that fails before it packs exits with the pool still starting: let it finish
+        # first, so joblib shuts down a pool that is whole (registered after joblib's, run before).
+        atexit.register(wait_for_warm_pool)
     _WARMING = (thread, n_jobs)
     thread.start()
 
