@@ -17,7 +17,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BlockProgress", "Ticks", "parallel", "pooled", "progress", "quiet_resource_tracker", "start_watchdog"]
+__all__ = [
+    "BlockProgress",
+    "Ticks",
+    "parallel",
+    "pool_ready",
+    "pooled",
+    "progress",
+    "quiet_resource_tracker",
+    "start_watchdog",
+    "warm_pool",
+    "warming",
+]
 
 
 def pooled(n_jobs: int, n_calls: int) -> bool:
@@ -37,13 +48,77 @@ def parallel(n_jobs: int, calls: Iterable[Any], count: int | None = None) -> Ite
         for fn, args, kwargs in calls:
             yield fn(*args, **kwargs)
         return
+    wait_for_warm_pool()
+    yield from _runner(n_jobs)(calls)
+
+
+def _runner(n_jobs: int) -> Any:
     from joblib import Parallel, parallel_config
 
     quiet_resource_tracker()
     # Every worker watches this process from its start, so a killed build leaves no workers.
     with parallel_config(backend="loky", initializer=start_watchdog, initargs=(os.getpid(),)):
-        runner = Parallel(n_jobs=n_jobs, return_as="generator", pre_dispatch="2*n_jobs")
-    yield from runner(calls)
+        return Parallel(n_jobs=n_jobs, return_as="generator", pre_dispatch="2*n_jobs")
+
+
+def _warm_worker() -> int:
+    """In a new worker: import what decoding and writing need, so the first real call starts at once."""
+    import cv2  # noqa: F401
+
+    from .backends import _zarr  # noqa: F401
+    from .pack import workers  # noqa: F401
+
+    return os.getpid()
+
+
+#: The thread starting the worker pool ahead of its first use (:func:`warm_pool`), with its job count.
+_WARMING: tuple[threading.Thread, int] | None = None
+
+
+def warm_pool(n_jobs: int) -> None:
+    """Start ``n_jobs`` worker processes in a background thread, while this process goes on.
+
+    Starting a worker (a new interpreter importing NumPy, OpenCV and the store writer) takes about
+    a second; a build that scans and probes meanwhile has its pool ready when it packs. The pool is
+    joblib's reusable one: :func:`parallel` with the same job count takes it over.
+    """
+    global _WARMING
+    if n_jobs <= 1 or warming():
+        return
+    from joblib import delayed
+
+    def warm() -> None:
+        with contextlib.suppress(Exception):  # a pool that fails to start fails again, loudly, when used
+            for _ in _runner(n_jobs)(delayed(_warm_worker)() for _ in range(n_jobs)):
+                pass
+
+    thread = threading.Thread(target=warm, name="dlpack-pool-start", daemon=True)
+    if _WARMING is None:
+        import atexit
+
+        # A build that fails before it packs exits with the pool still starting: let it finish
+        # first, so joblib shuts down a pool that is whole (registered after joblib's, run before).
+        atexit.register(wait_for_warm_pool)
+    _WARMING = (thread, n_jobs)
+    thread.start()
+
+
+def pool_ready(n_jobs: int) -> bool:
+    """Whether a pool of ``n_jobs`` workers is started (its :func:`warm_pool` finished), so a call
+    runs there without waiting; False while it is still starting, or when none was asked for."""
+    return _WARMING is not None and _WARMING[1] == n_jobs and not _WARMING[0].is_alive()
+
+
+def warming() -> bool:
+    """Whether a pool is being started in the background (:func:`warm_pool`) right now."""
+    return _WARMING is not None and _WARMING[0].is_alive()
+
+
+def wait_for_warm_pool() -> None:
+    """Let the pool being started finish first: two threads never drive the pool at once."""
+    global _WARMING
+    if _WARMING is not None and _WARMING[0] is not threading.current_thread():
+        _WARMING[0].join()
 
 
 #: How loky's resource tracker is told not to print its own clean-up (a ``-W`` option it inherits).

@@ -50,6 +50,22 @@ def _check_build(out: str, work: Path) -> None:
     }
 
 
+def _check_build_cli(out: str, work: Path) -> None:
+    assert "jobs 1: median" in out and "jobs 2: median" in out and "jobs 2 / jobs 1:" in out
+    doc = json.loads((work / "build-cli.json").read_text())
+    assert {k: len(v) for k, v in doc["runs"].items()} == {"j1": 2, "j2": 2}
+    assert all(r["seconds"] > 0 for v in doc["runs"].values() for r in v)
+
+
+def _check_build_rss(out: str, work: Path) -> None:
+    runs = json.loads((work / "build-rss.json").read_text())["runs"]
+    assert sorted(runs) == ["20-j1", "50-j1"]
+    for r in runs.values():
+        # A store of that many 8x8x3 images, and at least an interpreter's worth of memory measured.
+        assert r["store_bytes"] >= r["images"] * 8 * 8 * 3
+        assert r["peak_tree_rss_mib"] >= 10 and r["max_process_rss_mib"] >= 10
+
+
 def _check_compression(out: str, work: Path) -> None:
     assert out.splitlines()[0].split()[:3] == ["format", "codec", "MB"]
     rows = json.loads((work / "compression.json").read_text())["rows"]
@@ -245,7 +261,16 @@ RUNS: dict[str, list[Run]] = {
             ("--count", "8", "--image-size", "64", "--size", "32x32", "--repeat", "1", "--jobs", "1")
             + ("--max-tries", "1", "--workdir", "work", "--json", "build.json"),
             _check_build,
-        )
+        ),
+        Run(
+            ("--cli", "--count", "6", "--image-size", "64", "--size", "32x32", "--repeat", "2")
+            + ("--workdir", "work", "--json", "build-cli.json"),
+            _check_build_cli,
+        ),
+        Run(
+            ("--rss", "20,50", "--rss-side", "8", "--jobs", "1", "--workdir", "work", "--json", "build-rss.json"),
+            _check_build_rss,
+        ),
     ],
     "benchmarks/compression.py": [
         Run(

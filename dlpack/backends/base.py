@@ -797,6 +797,8 @@ class StoreWriter(ABC):
         self._ragged: dict[str, _RaggedBuffer] = {}
         #: Stored arrays this writer created or wrote into: ``commit`` checksums them.
         self._touched: set[str] = set()
+        #: Checksums of whole stored arrays taken while they were written (:meth:`set_written_digest`).
+        self._written_digests: dict[str, str] = {}
 
     # ------------------------------------------------------------------ backend hooks
 
@@ -947,6 +949,7 @@ class StoreWriter(ABC):
         spec = self.arrays.pop(name, None)
         if spec is None:
             raise StoreError(f"store {self.path} has no array {name!r}")
+        self._written_digests.pop(name, None)
         for stored in spec.stored_names():
             self._delete_stored(stored)
             self._touched.discard(stored)
@@ -961,6 +964,7 @@ class StoreWriter(ABC):
         spec = self.arrays.get(old)
         if spec is None:
             raise StoreError(f"store {self.path} has no array {old!r}")
+        self._written_digests.pop(old, None)
         if new in self.arrays:
             raise OptionError(f"store {self.path} already has an array {new!r}; delete_array it first")
         names = dict(zip(spec.stored_names(), replace(spec, name=new, sha256={}).stored_names(), strict=True))
@@ -992,6 +996,16 @@ class StoreWriter(ABC):
         """Whether worker processes may write disjoint ``shard_rows`` blocks of ``name`` concurrently."""
         return False
 
+    def set_written_digest(self, name: str, digest: str) -> None:
+        """Record ``digest``, the SHA-256 of fixed array ``name``'s bytes as :func:`array_digest`
+        defines it, taken by whoever wrote every row: ``commit`` then uses it instead of reading the
+        array back (a build hashes its images block by block as they land). Any later write of the
+        array forgets it."""
+        spec = self.arrays.get(name)
+        if spec is None or spec.ragged:
+            raise StoreError(f"store {self.path} has no fixed array {name!r}")
+        self._written_digests[name] = digest
+
     def write_block(self, name: str, start: int, values: np.ndarray | Sequence[np.ndarray]) -> None:
         """Write samples ``start .. start + len(values)`` of array ``name``.
 
@@ -1001,6 +1015,7 @@ class StoreWriter(ABC):
         spec = self.arrays.get(name)
         if spec is None:
             raise StoreError(f"store {self.path} has no array {name!r}; create_array it first")
+        self._written_digests.pop(name, None)
         assert self.count is not None
         if name not in self._touched and not spec.ragged:
             # Written in place after a commit: readers that opened the committed store must see it
@@ -1055,7 +1070,9 @@ class StoreWriter(ABC):
                 if stored in self._touched or stored not in digests:
                     dtype = stored_dtype(spec, stored)
                     row = spec.item_nbytes if dtype == spec.dtype else 8
-                    digest = array_digest(partial_rows(self, stored), self._stored_rows(stored), row, dtype)
+                    digest = self._written_digests.pop(stored, "") or array_digest(
+                        partial_rows(self, stored), self._stored_rows(stored), row, dtype
+                    )
                     self._set_digest(stored, digest)
                     digests[stored] = digest
             arrays[name] = replace(spec, sha256=digests)

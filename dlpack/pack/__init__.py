@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import _parallel
 from .._lock import BuildLock, journal_path, partial_path
 from ..backends import Backend, backend_for_path, remove_store
 from ..errors import DlpackError, OptionError, SourceError, StoreExistsError
@@ -31,6 +32,7 @@ from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
 from .arrays import manifest_stage
 from .inputs import (
+    PROBE_STEP,
     Probe,
     Selection,
     as_source,
@@ -252,6 +254,9 @@ def build(
                 raise StoreExistsError(exists)
         root = source.root
         scan = scan_stage(source)
+        if _parallel.pooled(opts.n_jobs, -(-len(scan.items) // PROBE_STEP)):
+            # Workers start (about a second) while this process probes, plans and opens the store.
+            _parallel.warm_pool(opts.n_jobs)
         if opts.split:
             scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         probes = probe_stage(root, scan.items, opts)

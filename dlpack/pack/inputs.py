@@ -295,18 +295,24 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[Probe]
     return out
 
 
+#: Files per probe call.
+PROBE_STEP = 256
+
+
 def probe_stage(root: Path, items: Sequence[SourceItem], opts: BuildOptions) -> tuple[Probe, ...]:
     """2. Read every file's header (in workers): size, channels, depth, and why a file is unusable."""
     from joblib import delayed
 
     rels = [it.rel for it in items]
-    step = 256
+    step = PROBE_STEP
     calls = [
         delayed(_probe_files)(os.fspath(root), rels[s : s + step], opts.max_pixels) for s in range(0, len(rels), step)
     ]
     probes: list[Probe] = []
+    # While the pool is still starting (see build), reading headers here beats waiting for it.
+    jobs = 1 if _parallel.warming() else min(opts.n_jobs, max(1, len(calls)))
     with _parallel.progress(len(rels), "checking", opts.quiet) as bar:
-        for block in _parallel.parallel(min(opts.n_jobs, max(1, len(calls))), calls):
+        for block in _parallel.parallel(jobs, calls):
             probes.extend(block)
             bar.update(len(block))
     return tuple(probes)

@@ -262,6 +262,32 @@ def mask_block(plan: BuildPlan, n: int) -> np.ndarray | None:
     return np.zeros((n, plan.image.height, plan.image.width), dtype=lp.mask_dtype)
 
 
+def decode_fixed_block(
+    root: str, plan: BuildPlan, pairs: Sequence[Job], ticks: Ticks | None = None
+) -> tuple[np.ndarray, np.ndarray | None, list[Sample | InputFileError]]:
+    """Decode a block of a fixed-size store: its images, its masks (or None), and per-file results."""
+    block = fixed_block(plan, len(pairs))
+    masks = mask_block(plan, len(pairs))
+    return block, masks, decode_block(root, plan, pairs, out=block, ticks=ticks, masks=masks)
+
+
+def write_decoded(
+    writer: StoreWriter,
+    start: int,
+    block: np.ndarray,
+    masks: np.ndarray | None,
+    results: Sequence[Sample | InputFileError],
+) -> bool:
+    """Write a decoded block (and its masks, in the same rows) as one block; False (nothing written)
+    when a file of it failed: the store is then discarded (or rebuilt) anyway."""
+    if any(isinstance(r, InputFileError) for r in results):
+        return False
+    writer.write_block("images", start, block)
+    if masks is not None:
+        writer.write_block("mask", start, masks)
+    return True
+
+
 def write_block_worker(
     writer: StoreWriter,
     root: str,
@@ -270,14 +296,7 @@ def write_block_worker(
     pairs: Sequence[Job],
     ticks: Ticks | None = None,
 ) -> list[Sample | InputFileError]:
-    """Decode a block and write it (and its masks, in the same rows) as one block (in a worker, for
-    writers that allow it)."""
-    block = fixed_block(plan, len(pairs))
-    masks = mask_block(plan, len(pairs))
-    results = decode_block(root, plan, pairs, out=block, ticks=ticks, masks=masks)
-    # A block with a failure is not written: the store is then discarded (or rebuilt) anyway.
-    if not any(isinstance(r, InputFileError) for r in results):
-        writer.write_block("images", start, block)
-        if masks is not None:
-            writer.write_block("mask", start, masks)
+    """Decode a block and write it as one block (in a worker, for writers that allow it)."""
+    block, masks, results = decode_fixed_block(root, plan, pairs, ticks)
+    write_decoded(writer, start, block, masks, results)
     return results

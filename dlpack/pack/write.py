@@ -8,9 +8,12 @@ the HDF5 library, whose file a kill can leave inconsistent; those builds start o
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import threading
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,17 @@ from .inputs import Probe, Selection, bad_inputs
 from .journal import Journal, JournalState, Restart, read_journal
 from .plan import BuildPlan, image_array, plan_stage
 from .stats import with_pixel_stats
-from .workers import Job, Sample, decode_block, fixed_block, jobs_of, mask_block, write_block_worker
+from .workers import (
+    Job,
+    Sample,
+    decode_block,
+    decode_fixed_block,
+    fixed_block,
+    jobs_of,
+    mask_block,
+    write_block_worker,
+    write_decoded,
+)
 
 
 def _journal_header(plan: BuildPlan, shard_rows: int) -> dict[str, Any]:
@@ -288,10 +301,19 @@ def write_images(
         results: list[Sample | InputFileError] = []
         slots: dict[int, list[Sample | InputFileError]] = {s: list(v) for s, v in partial.done.items()}
         failed = False
+        pooled = _parallel.pooled(opts.n_jobs, len(starts))
+        digest = _InOrderDigest(images.dtype)
+        digest.on = in_workers and not partial.done
         with (
             _parallel.progress(len(pairs), "packing", opts.quiet) as bar,
-            _parallel.BlockProgress(bar, len(starts), _parallel.pooled(opts.n_jobs, len(starts))) as progress,
+            _parallel.BlockProgress(bar, len(starts), pooled) as progress,
         ):
+            if in_workers and not pooled:
+                bar.update(sum(len(v) for v in slots.values()))
+                for s, block in _write_behind(writer, journal, root, plan, pairs, starts, step, progress, digest):
+                    failed = failed or any(isinstance(r, InputFileError) for r in block)
+                    slots[s] = block
+                starts = []
             if in_workers:
                 calls = [
                     delayed(write_block_worker)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
@@ -302,7 +324,8 @@ def write_images(
                     delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
                     for j, s in enumerate(starts)
                 ]
-            bar.update(sum(len(v) for v in slots.values()))
+            if starts:
+                bar.update(sum(len(v) for v in slots.values()))
             for slot, (s, block) in enumerate(zip(starts, _parallel.parallel(opts.n_jobs, calls), strict=True)):
                 bad = any(isinstance(r, InputFileError) for r in block)
                 failed = failed or bad
@@ -325,8 +348,13 @@ def write_images(
                     block = [replace(r, pixels=None, mask=None) if isinstance(r, Sample) else r for r in block]
                 if journal is not None and not bad:
                     journal.append_block(s, [r for r in block if isinstance(r, Sample)])
+                if in_workers and not failed and digest.on:
+                    # Read back while the workers decode the next blocks (it is in the page cache).
+                    digest.add(s, writer.read_block(images.name, s, s + len(block)))
                 slots[s] = block
                 progress.finished(slot, len(block))
+        if not failed:
+            digest.record(writer, images.name, len(pairs))
         for s in sorted(slots):
             results.extend(slots[s])
     except BaseException as exc:
@@ -336,6 +364,94 @@ def write_images(
         discard_partial(partial, out)
         return results, None, partial.note
     return results, partial, partial.note
+
+
+class _InOrderDigest:
+    """The SHA-256 of the images array, taken block by block as the blocks land in order, so the
+    commit does not read the whole array back and hash it while nothing else runs.
+
+    The bytes hashed are :func:`~dlpack.backends.base.array_digest`'s: rows in order, C order,
+    little-endian. A block out of order (a resumed build's kept blocks) switches it off, and the
+    commit hashes the array as before.
+    """
+
+    def __init__(self, dtype: str) -> None:
+        self.h: Any = hashlib.sha256()
+        self.rows = 0
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.on = True
+
+    def add(self, start: int, rows: np.ndarray) -> None:
+        if not self.on:
+            return
+        if start != self.rows:
+            self.on = False
+            return
+        block = np.ascontiguousarray(rows, dtype=self.dtype)
+        self.h.update(block.data.cast("B") if block.size else b"")
+        self.rows += len(block)
+
+    def record(self, writer: StoreWriter, name: str, count: int) -> None:
+        """Hand the digest to ``writer`` when every one of ``count`` rows was hashed."""
+        if self.on and self.rows == count:
+            writer.set_written_digest(name, self.h.hexdigest())
+
+
+def _write_behind(
+    writer: StoreWriter,
+    journal: Journal[Sample] | None,
+    root: str,
+    plan: BuildPlan,
+    pairs: Sequence[Job],
+    starts: Sequence[int],
+    step: int,
+    progress: _parallel.BlockProgress,
+    digest: _InOrderDigest,
+) -> Iterator[tuple[int, list[Sample | InputFileError]]]:
+    """Blocks decoded in this process while a thread writes (and journals) the one before.
+
+    Writing a block and syncing its journal line wait on the disk with the GIL released, so the
+    next block's decode runs meanwhile. The writes are those of :func:`write_block_worker`, in the
+    same order, so the bytes do not change; a block is journalled only once it is written.
+    """
+
+    # Set once a write (or its journal line) failed or was stopped: the block queued after it is not
+    # written, so the journal ends at the block that failed.
+    stop = threading.Event()
+
+    def write(s: int, block: np.ndarray, masks: np.ndarray | None, results: list[Sample | InputFileError]) -> None:
+        if stop.is_set():
+            return
+        try:
+            if write_decoded(writer, s, block, masks, results):
+                digest.add(s, block)  # hashed here, from memory, while the next block decodes
+                if journal is not None:
+                    journal.append_block(s, [r for r in results if isinstance(r, Sample)])
+        except BaseException:
+            stop.set()
+            raise
+
+    # A build stopped here (Ctrl-C while decoding) still finishes the block handed to the writer.
+    with ThreadPoolExecutor(1, thread_name_prefix="dlpack-write") as pool:
+        pending: tuple[int, int, Future[None], list[Sample | InputFileError]] | None = None
+        for slot, s in enumerate(starts):
+            block, masks, results = decode_fixed_block(root, plan, pairs[s : s + step], progress.ticks(slot))
+            written = pool.submit(write, s, block, masks, results)
+            del block, masks  # the thread holds them until written: two blocks in memory at most
+            if pending is not None:
+                yield _landed(pending, progress)
+            pending = (slot, s, written, results)
+        if pending is not None:
+            yield _landed(pending, progress)
+
+
+def _landed(
+    pending: tuple[int, int, Future[None], list[Sample | InputFileError]], progress: _parallel.BlockProgress
+) -> tuple[int, list[Sample | InputFileError]]:
+    slot, s, written, results = pending
+    written.result()  # a failed write (or journal line) raises here
+    progress.finished(slot, len(results))
+    return s, results
 
 
 def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
