@@ -435,7 +435,7 @@ def dlpack_loader(key: str) -> Factory:
             ds.close()
             raise RuntimeError(f"the store holds {shape} images, not {images.case.shape}")
         # Store index -> index of the source image (the build orders samples by path).
-        src = np.array([int(Path(s).stem) for s in ds.get_batch(np.arange(len(ds)))["source"]], np.int64)
+        src = np.array([int(Path(s).stem) for s in ds.reader.sources(range(len(ds)))], np.int64)
         kw: dict[str, Any] = {} if workers is None else {"workers": workers, "prefetch": 0 if workers == 0 else 4}
         loader = ds.loader(batch_size=BATCH, order=order, seed=0, **kw)
 
