@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -61,13 +61,11 @@ def _runner(n_jobs: int) -> Any:
         return Parallel(n_jobs=n_jobs, return_as="generator", pre_dispatch="2*n_jobs")
 
 
-def _warm_worker() -> int:
-    """In a new worker: import what decoding and writing need, so the first real call starts at once."""
-    import cv2  # noqa: F401
-
-    from .backends import _zarr  # noqa: F401
-    from .pack import workers  # noqa: F401
-
+def _warm_worker(preload: Callable[[], Any] | None) -> int:
+    """In a new worker: ``preload()`` (the caller's imports: decoding, the store writer), so the
+    first real call starts at once."""
+    if preload is not None:
+        preload()
     return os.getpid()
 
 
@@ -75,12 +73,13 @@ def _warm_worker() -> int:
 _WARMING: tuple[threading.Thread, int] | None = None
 
 
-def warm_pool(n_jobs: int) -> None:
+def warm_pool(n_jobs: int, preload: Callable[[], Any] | None = None) -> None:
     """Start ``n_jobs`` worker processes in a background thread, while this process goes on.
 
     Starting a worker (a new interpreter importing NumPy, OpenCV and the store writer) takes about
     a second; a build that scans and probes meanwhile has its pool ready when it packs. The pool is
-    joblib's reusable one: :func:`parallel` with the same job count takes it over.
+    joblib's reusable one: :func:`parallel` with the same job count takes it over. ``preload`` (a
+    module-level function, pickled to each worker) runs in every new worker first.
     """
     global _WARMING
     if n_jobs <= 1 or warming():
@@ -89,7 +88,7 @@ def warm_pool(n_jobs: int) -> None:
 
     def warm() -> None:
         with contextlib.suppress(Exception):  # a pool that fails to start fails again, loudly, when used
-            for _ in _runner(n_jobs)(delayed(_warm_worker)() for _ in range(n_jobs)):
+            for _ in _runner(n_jobs)(delayed(_warm_worker)(preload) for _ in range(n_jobs)):
                 pass
 
     thread = threading.Thread(target=warm, name="dlpack-pool-start", daemon=True)

@@ -41,7 +41,7 @@ def test_a_warmed_pool_is_the_one_the_calls_run_in() -> None:
     # Warm again: the same workers (joblib's reusable pool), not new ones.
     _parallel.warm_pool(2)
     again = set(_parallel.parallel(2, [delayed(_pid)() for _ in range(8)]))
-    assert again <= pids | again and again & pids
+    assert again & pids  # at least one worker of the first pool took calls again
 
 
 def test_the_probe_runs_here_while_the_pool_starts(

@@ -56,7 +56,7 @@ from .publish import (
 )
 from .result import BuildResult, label_summary
 from .update import recorded_label_options, update_stage
-from .workers import jobs_of, validate_stage
+from .workers import jobs_of, preload, validate_stage
 from .write import commit_store, discard_partial, pack_stage
 
 __all__ = ["build", "BuildResult", "BuildPlan", "PublishedInterrupt"]
@@ -256,7 +256,7 @@ def build(
         scan = scan_stage(source)
         if _parallel.pooled(opts.n_jobs, -(-len(scan.items) // PROBE_STEP)):
             # Workers start (about a second) while this process probes, plans and opens the store.
-            _parallel.warm_pool(opts.n_jobs)
+            _parallel.warm_pool(opts.n_jobs, preload)
         if opts.split:
             scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         probes = probe_stage(root, scan.items, opts)

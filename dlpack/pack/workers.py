@@ -35,6 +35,14 @@ from .plan import BuildPlan
 Job = tuple[str, ImageHeader | None, Mapping[str, Any] | None]
 
 
+def preload() -> None:
+    """What a new worker imports before its first block (``_parallel.warm_pool``): OpenCV and the
+    Zarr writer; unpickling this function has imported this module, and with it the decoder."""
+    import cv2  # noqa: F401
+
+    from ..backends import _zarr  # noqa: F401
+
+
 def jobs_of(items: Sequence[Any], probes: Sequence[Any], keep: Sequence[int]) -> list[Job]:
     """The worker jobs of the scanned ``items`` at positions ``keep`` (with their ``probes``)."""
     return [(items[k].rel, probes[k].header, items[k].annotations) for k in keep]
