@@ -520,11 +520,7 @@ class Loader:
         self._live: weakref.ref[Generator[dict[str, Any], None, None]] | None = None
         self._live_lock = threading.Lock()
         self._stats: list[EpochStats] = []
-        if o.workers == "auto":
-            self._workers, why = auto_workers(source, o, extra_work=transform is not None or o.online is not None)
-            self._workers_why = f"workers=auto->{self._workers} ({why})"
-        else:
-            self._workers, self._workers_why = int(o.workers), f"workers={o.workers}"
+        self._pick_workers(finisher_works=finisher is not None)
         layout = source.image_layout()
         # Batches per worker task: enough for about 2 MiB, so small images amortise the handoff.
         self._group = 1
@@ -535,6 +531,24 @@ class Loader:
             self._group = max(1, min(64, (2 * 2**20) // max(1, batch_bytes)))
             limit = max(self.options.prefetch, self._group) + 2 * self._group
             self._pool = _BufferPool((self.options.batch_size, *shape), dtype, limit)
+
+    def _pick_workers(self, finisher_works: bool) -> None:
+        """The reader-thread count (``workers="auto"``: :func:`auto_workers`) and what repr says of it."""
+        o = self.options
+        if o.workers == "auto":
+            work = finisher_works or self.transform is not None or o.online is not None
+            self._workers, why = auto_workers(self.source, o, extra_work=work)
+            self._workers_why = f"workers=auto->{self._workers} ({why})"
+        else:
+            self._workers, self._workers_why = int(o.workers), f"workers={o.workers}"
+
+    def set_finisher(self, finisher: Callable[[dict[str, Any]], dict[str, Any]] | None, *, works: bool) -> None:
+        """Install ``finisher`` (run on the reader thread after ``transform``). ``works``: it does
+        per-batch work (a float conversion, a copy), so ``workers="auto"`` reads on every core;
+        a finisher that only wraps the arrays (a zero-copy tensor view) keeps the copy's count."""
+        self._check_idle("set a finisher")
+        self.finisher = finisher
+        self._pick_workers(finisher_works=works)
 
     @property
     def dataset(self) -> BatchSource:

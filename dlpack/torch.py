@@ -440,7 +440,8 @@ class TorchLoader:
         if self.pin_memory and pool is not None:
             pool.use_allocator(_pinned_block)
         self._finisher = _Finisher(self, pool.limit if pool is not None else 8, layout)
-        loader.finisher = self._finisher
+        # Converting or copying on the reader threads is work: "auto" then reads on every core.
+        loader.set_finisher(self._finisher, works=self.converts or self.contiguous)
 
     def __len__(self) -> int:
         return len(self.loader)

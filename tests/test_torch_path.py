@@ -443,3 +443,19 @@ def test_stats_and_report_pass_through(ds: Any, capsys: pytest.CaptureFixture[st
     assert all(s.complete and s.images == N and s.batches == 3 for s in stats)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("epoch ")]
     assert len(lines) == 2 and lines[0].startswith("epoch 0: ") and "img/s" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("kw", "works"),
+    [({}, False), ({"dtype": torch.float32}, True), ({"memory_format": torch.contiguous_format}, True)],
+)
+def test_auto_workers_counts_the_conversion_as_work_on_the_reader_threads(
+    ds: Any, kw: dict[str, Any], works: bool
+) -> None:
+    """A zero-copy view adds nothing to the copy (one thread reads at memory speed); a float
+    conversion or an NCHW copy is work per batch, so "auto" reads on every core, as for a transform."""
+    tl = torch_loader(ds, batch_size=4, **kw)
+    plain = ds.loader(batch_size=4)
+    busy = ds.loader(batch_size=4, transform=lambda b: b)
+    assert tl.loader.workers == (busy.workers if works else plain.workers)
+    assert ("work per batch" in repr(tl.loader)) is works
