@@ -131,18 +131,34 @@ def test_exit_141_or_0_when_stdout_is_closed_early(store: Path) -> None:
     assert proc.stderr == ""
 
 
-#: ``python -c PAUSED K ARGS``: the build pauses for good once its journal records K blocks.
+#: ``python -c PAUSED K ARGS``: the build's main thread pauses for good once its journal records K
+#: blocks. ``--jobs 1`` journals on its writer thread while the main thread decodes the next block, so
+#: the main thread (the one Ctrl-C reaches) pauses after that decode, once the writer has journalled K.
 PAUSED = r"""
 import importlib, runpy, sys, threading
 b = importlib.import_module("dlpack.pack.journal")
+w = importlib.import_module("dlpack.pack.write")
 k = int(sys.argv[1])
 del sys.argv[1:2]
+reached = threading.Event()
 append = b.Journal.append_block
 def paused(self, *args, **kwargs):
     append(self, *args, **kwargs)
     if self.blocks >= k:
-        threading.Event().wait()
+        reached.set()
+        if threading.current_thread() is threading.main_thread():
+            threading.Event().wait()
 b.Journal.append_block = paused
+decode = w.decode_fixed_block
+decoded = [0]
+def decode_then_pause(*args, **kwargs):
+    out = decode(*args, **kwargs)
+    decoded[0] += 1
+    if decoded[0] > k:
+        reached.wait()
+        threading.Event().wait()
+    return out
+w.decode_fixed_block = decode_then_pause
 runpy.run_module("dlpack", run_name="__main__", alter_sys=True)
 """
 
