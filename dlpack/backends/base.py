@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import math
 import os
 import shutil
 import threading
@@ -72,29 +73,120 @@ _SCRATCH = threading.local()
 #: microsecond per row is then under 2 % of the copy, and a second pass through a scratch buffer
 #: (which a 25 MB batch of 512x512x3 images does not fit in the cache) would cost more.
 _LARGE_ROW = 64 * 2**10
+_PAGE = 4096
+#: Where a copy's destination sits in its page relative to its source: a destination a few bytes past
+#: its source modulo 4096 (``np.empty`` gives 16) makes every load wait on an unrelated store
+#: (4K aliasing); a 64x64x3 gather from a shard's map ran 5x slower into such a buffer than here.
+_ALIAS_GAP = 2048
+#: :class:`RowSpan` copies a row as this many equal pieces at most (more cost more than the span saves).
+_SPAN_PIECES = 8
 
 
-def _scratch(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    """A per-thread buffer of at least ``shape[0]`` rows (a fresh multi-MB array per batch costs its
-    page faults); kept for the thread's life, sized by the largest batch seen."""
-    got = getattr(_SCRATCH, "buf", None)
-    if got is None or got.shape[1:] != shape[1:] or got.dtype != dtype or len(got) < shape[0]:
-        got = _SCRATCH.buf = np.empty(shape, dtype=dtype)
-    buf: np.ndarray = got[: shape[0]]
+def _scratch(shape: tuple[int, ...], dtype: np.dtype[Any], near: int) -> np.ndarray:
+    """A per-thread buffer of at least ``shape[0]`` rows placed :data:`_ALIAS_GAP` bytes past address
+    ``near`` (the source) in its page (a fresh multi-MB array per batch costs its page faults); kept
+    for the thread's life, sized by the largest batch seen."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    got: np.ndarray | None = getattr(_SCRATCH, "block", None)
+    if got is None or len(got) < nbytes + _PAGE:
+        got = _SCRATCH.block = np.empty(nbytes + _PAGE, dtype=np.uint8)
+    at = (near + _ALIAS_GAP - got.__array_interface__["data"][0]) % _PAGE
+    buf: np.ndarray = got[at : at + nbytes].view(dtype).reshape(shape)
     return buf
 
 
-def gather_rows(views: Sequence[np.ndarray], rows_per_view: int, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+class _Span:
+    """What NumPy sees of an address range: ``__array_interface__``, and the views it must outlive."""
+
+    def __init__(self, interface: dict[str, Any], keep: Sequence[np.ndarray]) -> None:
+        self.__array_interface__ = interface
+        self.keep = keep
+
+
+class RowSpan:
+    """The rows of several views (one store array's shard maps) gathered by one ``np.take``.
+
+    A batch of small rows spans many shards (a random batch of 256 64x64x3 images touches all 8 of
+    a 20,000-image store), and gathering it shard by shard needs a second pass to put the rows in
+    batch order, which cost as much as the gather. Here one array covers the address range from the
+    lowest view to the end of the highest, in units of ``unit`` bytes (the largest that divides the
+    row size and every view's distance from the lowest); row ``j`` of view ``s`` is ``step``
+    consecutive units from ``first[s] + j * step``, so the whole batch is one take straight into place.
+
+    The range holds gaps between the maps that are not readable: the array is never used but for
+    that take, always of indices checked here first, and it keeps the views (so their maps) alive.
+    """
+
+    __slots__ = ("_units", "_first", "_pieces", "_per", "_step", "_unit", "_rows", "_dtype", "_row")
+
+    def __init__(self, units: np.ndarray, first: np.ndarray, per: int, step: int, rows: int, like: np.ndarray) -> None:
+        self._units, self._first, self._per, self._step = units, first, per, step
+        self._unit, self._rows = int(units.shape[1]), rows
+        self._pieces = np.arange(step, dtype=np.int64)
+        self._dtype, self._row = like.dtype, like.shape[1:]
+
+    @classmethod
+    def of(cls, views: Sequence[np.ndarray], rows_per_view: int) -> RowSpan | None:
+        """The span of ``views`` (row ``i`` is ``views[i // rows_per_view][i % rows_per_view]``), or
+        None where one take would not pay: a single view, rows of :data:`_LARGE_ROW` or more, or rows
+        that would be copied in more than :data:`_SPAN_PIECES` pieces."""
+        if len(views) < 2 or not len(views[0]):
+            return None
+        like = views[0]
+        rb = like[0].nbytes
+        if rb >= _LARGE_ROW or any(
+            v.dtype != like.dtype or v.shape[1:] != like.shape[1:] or not v.flags.c_contiguous for v in views
+        ):
+            return None
+        if any(len(v) != rows_per_view for v in views[:-1]) or not 0 < len(views[-1]) <= rows_per_view:
+            return None
+        addrs = [int(v.__array_interface__["data"][0]) for v in views]
+        lo = min(addrs)
+        unit = math.gcd(rb, *(a - lo for a in addrs))
+        if rb // unit > _SPAN_PIECES:
+            return None
+        hi = max(a + v.nbytes for a, v in zip(addrs, views, strict=True))
+        face = {"shape": ((hi - lo) // unit, unit), "typestr": "|u1", "data": (lo, True), "version": 3}
+        units = np.asarray(_Span(face, list(views)))
+        first = np.array([(a - lo) // unit for a in addrs], dtype=np.int64)
+        rows = rows_per_view * (len(views) - 1) + len(views[-1])
+        return cls(units, first, rows_per_view, rb // unit, rows, like)
+
+    def gather(self, idx: np.ndarray, out: np.ndarray) -> bool:
+        """Rows ``idx`` (int64) into ``out[:len(idx)]`` in ``idx`` order; False (nothing written) when
+        ``out`` is not a C-contiguous array of the views' dtype and row shape. An index outside the
+        rows is an OptionError: it would read memory between the maps."""
+        k = len(idx)
+        dest = out[:k]
+        if dest.dtype != self._dtype or dest.shape[1:] != self._row or not dest.flags.c_contiguous:
+            return False
+        if k == 0:
+            return True
+        if int(idx.min()) < 0 or int(idx.max()) >= self._rows:
+            bad = idx[(idx < 0) | (idx >= self._rows)][0]
+            raise OptionError(f"sample index {int(bad)} is out of range for an array of {self._rows} rows")
+        shard = idx // self._per
+        at = np.take(self._first, shard) + (idx - shard * self._per) * self._step
+        if self._step > 1:
+            at = (at[:, None] + self._pieces).reshape(-1)
+        np.take(self._units, at, axis=0, out=dest.reshape(-1).view(np.uint8).reshape(-1, self._unit), mode="clip")
+        return True
+
+
+def gather_rows(
+    views: Sequence[np.ndarray], rows_per_view: int, idx: np.ndarray, out: np.ndarray, span: RowSpan | None = None
+) -> np.ndarray:
     """Rows ``idx`` (int64, already range-checked) of the raw in-memory ``views`` (row ``i`` is
     ``views[i // rows_per_view][i % rows_per_view]``) into ``out[:len(idx)]``, in ``idx`` order.
 
-    Vectorised: one ``np.take(mode="clip")`` per view the batch touches, instead of one Python copy
-    per row (a row copy costs about 1 us of interpreter time, as much as copying a 64x64x3 image).
-    ``mode="clip"`` because the indices are checked here once: ``mode="raise"`` takes a slower path
-    (2x at 32x32). A batch of small rows spanning several views is gathered view by view into a
-    per-thread scratch buffer in sorted order (sequential reads when the page cache is cold), then
-    put in batch order by one more take of that (cache-warm) buffer; rows of :data:`_LARGE_ROW`
-    or more are copied into place one by one, in sorted order.
+    Vectorised: one ``np.take(mode="clip")`` for a batch within one view, or through ``span`` (the
+    views' :class:`RowSpan`) for small rows across views, instead of one Python copy per row (a row
+    copy costs about 1 us of interpreter time, as much as copying a 64x64x3 image). ``mode="clip"``
+    because the indices are checked once beforehand: ``mode="raise"`` takes a slower path (2x at
+    32x32). Without a span, a batch of small rows spanning several views is gathered view by view
+    into a per-thread scratch buffer in sorted order (sequential reads when the page cache is cold),
+    then put in batch order by one more take of that (cache-warm) buffer; rows of :data:`_LARGE_ROW`
+    or more are copied into place one by one, in sorted order. Index arrays of any length work.
     """
     k = len(idx)
     dest = out[:k]
@@ -102,6 +194,8 @@ def gather_rows(views: Sequence[np.ndarray], rows_per_view: int, idx: np.ndarray
         return out
     if len(views) == 1:
         np.take(views[0], idx, axis=0, out=dest, mode="clip")
+        return out
+    if span is not None and span.gather(idx, out):
         return out
     shard = idx // rows_per_view
     lo, hi = int(shard.min()), int(shard.max())
@@ -116,7 +210,7 @@ def gather_rows(views: Sequence[np.ndarray], rows_per_view: int, idx: np.ndarray
         return out
     counts = np.bincount(shard, minlength=hi + 1).tolist()
     local = idx[order] - shard[order] * rows_per_view
-    tmp = _scratch(dest.shape, dest.dtype)
+    tmp = _scratch(dest.shape, dest.dtype, int(views[lo].__array_interface__["data"][0]))
     at = 0
     for s in range(lo, hi + 1):
         c = counts[s]
@@ -231,7 +325,7 @@ class StoreReader(ABC):
         #: The same offsets as int64 arrays, for gathering a batch's rows in one step.
         self._offsets_np: dict[str, np.ndarray] = {}
         self._offsets_twin: dict[str, str] = {}
-        self._row_sources: dict[str, tuple[ArrayAccess, Any]] = {}
+        self._row_sources: dict[str, tuple[ArrayAccess, Any, RowSpan | None]] = {}
         self._mixes: dict[tuple[str, ...], Any] = {}
         #: Per fixed array, how :meth:`gather` reads it (looked up once: this runs for every batch).
         self._gathers: dict[str, tuple[str, Any, int]] = {}
@@ -438,7 +532,7 @@ class StoreReader(ABC):
         if rows is None:
             views = self._row_source(name)  # raw in-memory rows (uncompressed shards, a mapped dataset)
             if views is not None:
-                return gather_rows(views[0], views[1], picked, out)
+                return gather_rows(views[0], views[1], picked, out, self._row_span(name))
         positions = picked.tolist()
         return self._stored(name).read_into(positions, out, None if rows is None else list(rows))
 
@@ -447,8 +541,9 @@ class StoreReader(ABC):
         (``0 <= i < len``), gathered into ``out[:len(idx)]`` in their order.
 
         The way each array is read is found once: a small array from its in-memory copy and raw
-        rows from their memory maps by :func:`gather_rows` (one ``np.take`` per shard); compressed
-        arrays through the backend, image by image. A 32x32 batch of 256 takes a few microseconds,
+        rows from their memory maps by :func:`gather_rows` (one ``np.take`` over every shard the
+        batch touches, through the maps' :class:`RowSpan`); compressed arrays through the backend,
+        image by image. ``idx`` may be of any length (several batches at once). A 32x32 batch of 256 takes a few microseconds,
         so the per-batch lookups and checks that :meth:`read_into` makes would double it.
         """
         plan = self._gathers.get(name)
@@ -458,7 +553,9 @@ class StoreReader(ABC):
                 plan = ("whole", self.read_all(name), 0)
             else:
                 views = self._row_source(name)
-                plan = ("views", views[0], views[1]) if views is not None else ("access", None, 0)
+                plan = (
+                    ("views", (views[0], self._row_span(name)), views[1]) if views is not None else ("access", None, 0)
+                )
             self._gathers[name] = plan
         kind, data, per = plan
         data = cast(Any, data)
@@ -466,7 +563,7 @@ class StoreReader(ABC):
             np.take(data, idx, axis=0, out=out[: len(idx)], mode="clip")
             return out
         if kind == "views":
-            return gather_rows(data, per, idx, out)
+            return gather_rows(data[0], per, idx, out, data[1])
         return self.read_into(name, idx, out)
 
     def read_into_from(
@@ -532,8 +629,15 @@ class StoreReader(ABC):
         acc = self._stored(name)
         got = self._row_sources.get(name)
         if got is None or got[0] is not acc:
-            got = self._row_sources[name] = (acc, getattr(acc, "row_source", lambda: None)())
+            src = getattr(acc, "row_source", lambda: None)()
+            got = self._row_sources[name] = (acc, src, None if src is None else RowSpan.of(*src))
         return got[1]
+
+    def _row_span(self, name: str) -> RowSpan | None:
+        """The :class:`RowSpan` of the array's row source (None where it has none), kept with it."""
+        self._row_source(name)
+        span: RowSpan | None = self._row_sources[name][2]
+        return span
 
     def _ragged_offsets(self, name: str) -> list[int]:
         off = self._offsets.get(name)
@@ -650,15 +754,10 @@ class StoreReader(ABC):
         data, off = self._sources
         return data[off[index] : off[index + 1]].decode("utf-8")
 
-    def sources(self, indices: Sequence[int]) -> list[str]:
-        """The relative source paths of samples ``indices`` (validated), for a batch."""
-        if not len(indices):
-            return []
-        if self._sources is None:
-            self.source(int(indices[0]))  # reads and checks the paths once
-        assert self._sources is not None
-        data, off = self._sources
-        return [data[off[j] : off[j + 1]].decode("utf-8") for j in indices]
+    def sources(self, indices: Sequence[int] | np.ndarray) -> list[str]:
+        """The relative source paths of samples ``indices`` (validated), for a batch: the paths of
+        :meth:`lazy_sources`, decoded now (one decoding path for both)."""
+        return list(self.lazy_sources(np.asarray(indices, dtype=np.int64).reshape(-1)))
 
     def lazy_sources(self, indices: np.ndarray) -> SourceList:
         """:meth:`sources` made only when read: what a loader batch carries as ``source``."""

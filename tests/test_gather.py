@@ -1,0 +1,185 @@
+"""Store gathers: every path of ``StoreReader.gather`` gives the bytes a plain per-image read gives.
+
+The paths: one take over every shard map (:class:`RowSpan`, rows whose size splits into a few
+page-aligned pieces), shard by shard through a scratch buffer (other small rows), row by row (rows
+of 64 KiB or more), a single mapped dataset (HDF5), the backend's own reads (compressed stores).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+import dlpack
+from dlpack.backends.base import _ALIAS_GAP, _PAGE, RowSpan, _scratch, gather_rows
+from dlpack.errors import OptionError
+
+N = 41
+#: (side, channels): 12 KiB rows (the span, in 3 pieces), 4,800-byte rows (75 pieces: the scratch
+#: path) and 65,712-byte rows (row by row); shards of 64 KiB hold 5, 13 and 1 of them.
+SHAPES = ((64, 3), (40, 3), (148, 3))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("gather")
+    out: dict[str, Path] = {}
+    for side, ch in SHAPES:
+        src = tmp / f"png{side}"
+        for i in range(N):
+            img = np.random.default_rng([7, side, i]).integers(0, 256, (side, side, ch), dtype=np.uint8)
+            d = src / f"c{i % 3}"
+            d.mkdir(parents=True, exist_ok=True)
+            assert cv2.imwrite(str(d / f"{i:03d}.png"), img)
+        for suffix in (".zarr", ".h5"):
+            for comp in ("none", "lz4"):
+                path = tmp / f"s{side}-{comp}{suffix}"
+                dlpack.build(src, path, size=(side, side), channels=ch, compression=comp, shard_bytes=2**16, quiet=True)
+                out[f"{side}-{comp}{suffix}"] = path
+    return out
+
+
+def _orders(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {
+        "random": rng.permutation(N),
+        "sorted": np.arange(N),
+        "reversed": np.arange(N)[::-1].copy(),
+        "repeated": np.array([5, 5, 40, 0, 5, 20, 40]),
+        "across two shards": np.array([4, 5, 6, 3]),
+        "last partial shard": np.array([40, 39]),
+        "one": np.array([17]),
+        "long": rng.integers(0, N, 3000),  # several batches at once
+        "empty": np.array([], dtype=np.int64),
+    }
+
+
+@pytest.mark.parametrize("key", [f"{s}-{c}{x}" for s, _ in SHAPES for c in ("none", "lz4") for x in (".zarr", ".h5")])
+def test_gather_equals_per_image_reads(stores: dict[str, Path], key: str) -> None:
+    ds = dlpack.open(stores[key])
+    r = ds.reader
+    ref = np.stack([r.read("images", i) for i in range(N)])
+    assert ref.any()
+    for name, idx in _orders(np.random.default_rng(3)).items():
+        idx = idx.astype(np.int64)
+        out = np.zeros((len(idx) + 2, *ref.shape[1:]), dtype=ref.dtype)
+        assert r.gather("images", idx, out) is out
+        assert np.array_equal(out[: len(idx)], ref[idx]), name
+        assert not out[len(idx) :].any(), name  # nothing written past the batch
+        again = np.zeros_like(out)
+        r.read_into("images", idx, again)
+        assert np.array_equal(again[: len(idx)], ref[idx]), name
+        assert np.array_equal(ds.get_batch(idx)["image"], ref[idx]), name
+
+
+def test_which_path_each_store_takes(stores: dict[str, Path]) -> None:
+    """The span is there for the small-row raw Zarr store only: the test above covers every path."""
+    for side, _ in SHAPES:
+        got = {x: dlpack.open(stores[f"{side}-none{x}"]).reader._row_span("images") for x in (".zarr", ".h5")}
+        assert got[".h5"] is None  # one mapped dataset: a single take already
+        assert (got[".zarr"] is not None) == (side == 64), side
+    assert dlpack.open(stores["64-lz4.zarr"]).reader._row_span("images") is None  # decoded, not mapped
+
+
+def test_a_span_outlives_the_readers_close(stores: dict[str, Path]) -> None:
+    """The span keeps its shard maps: a batch in flight while the reader closes reads the same bytes."""
+    r = dlpack.open(stores["64-none.zarr"]).reader
+    ref = np.stack([r.read("images", i) for i in range(N)])
+    span = r._row_span("images")
+    assert span is not None
+    r.close()
+    idx = np.random.default_rng(4).permutation(N).astype(np.int64)
+    out = np.empty((N, *ref.shape[1:]), dtype=ref.dtype)
+    assert span.gather(idx, out)
+    assert np.array_equal(out, ref[idx])
+
+
+def _views(
+    rows: int, row_shape: tuple[int, ...], per: int, pages: int, seed: int = 0
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``rows`` random rows as views of ``per`` rows placed ``pages`` pages apart in one block (as
+    shard maps lie apart in memory): the row span's unit is ``gcd(row bytes, pages * 4096)``."""
+    whole = np.random.default_rng(seed).integers(0, 256, (rows, *row_shape), dtype=np.uint8)
+    count = -(-rows // per)
+    assert whole[:per].nbytes <= pages * _PAGE
+    block = np.empty((count * pages + 1) * _PAGE, dtype=np.uint8)
+    base = -block.__array_interface__["data"][0] % _PAGE
+    views = []
+    for v, s in enumerate(range(0, rows, per)):
+        part = whole[s : s + per]
+        at = base + v * pages * _PAGE
+        view = block[at : at + part.nbytes].reshape(part.shape)
+        view[...] = part
+        views.append(view)
+    return whole, views
+
+
+def test_row_span_gathers_across_views_in_one_take() -> None:
+    whole, views = _views(50, (16, 16, 3), 7, pages=2)  # 768-byte rows 8,192 bytes apart: 3 pieces of 256
+    span = RowSpan.of(views, 7)
+    assert span is not None and span._step == 3
+    rng = np.random.default_rng(5)
+    for k in (1, 2, 49, 50, 4000):
+        idx = rng.integers(0, 50, k).astype(np.int64)
+        out = np.zeros((k, 16, 16, 3), dtype=np.uint8)
+        assert span.gather(idx, out)
+        assert np.array_equal(out, whole[idx])
+        again = np.zeros_like(out)
+        assert np.array_equal(gather_rows(views, 7, idx, again, span), whole[idx])
+        assert np.array_equal(gather_rows(views, 7, idx, np.zeros_like(out)), whole[idx])  # the scratch path
+
+
+def test_row_span_refuses_indices_outside_its_rows() -> None:
+    """An unchecked index would read memory between the maps: it is an error, never a read."""
+    _, views = _views(20, (8, 8, 4), 6, pages=1)
+    span = RowSpan.of(views, 6)
+    assert span is not None
+    out = np.zeros((3, 8, 8, 4), dtype=np.uint8)
+    for bad in (20, -1, 10**9):
+        with pytest.raises(OptionError, match=f"sample index {bad} is out of range"):
+            span.gather(np.array([0, bad, 1], dtype=np.int64), out)
+        assert not out.any()
+
+
+def test_row_span_declines_what_it_cannot_write_in_place() -> None:
+    whole, views = _views(20, (8, 8, 4), 6, pages=1)
+    span = RowSpan.of(views, 6)
+    assert span is not None
+    idx = np.array([19, 0, 7], dtype=np.int64)
+    strided = np.zeros((6, 8, 8, 4), dtype=np.uint8)[::2]
+    assert not span.gather(idx, strided) and not strided.any()
+    assert not span.gather(idx, np.zeros((3, 8, 8, 4), dtype=np.int16))
+    assert np.array_equal(gather_rows(views, 6, idx, strided, span), whole[idx])  # the other paths then
+
+
+def test_row_span_only_where_one_take_pays() -> None:
+    _, views = _views(14, (8, 8, 4), 6, pages=1)
+    assert RowSpan.of(views, 6) is not None
+    assert RowSpan.of(views[:1], 6) is None  # one view: a plain take
+    assert RowSpan.of(views[::-1], 6) is None  # a short view before the last: not a store's shards
+    _, large = _views(4, (128, 128, 4), 2, pages=32)
+    assert RowSpan.of(large, 2) is None  # 64 KiB rows go row by row
+    _, odd = _views(12, (10, 10, 3), 6, pages=2)
+    assert RowSpan.of(odd, 6) is None  # 300-byte rows 8,192 bytes apart would be copied in 75 pieces
+
+
+def test_scratch_sits_off_its_source_in_the_page() -> None:
+    """A buffer a few bytes past its source modulo 4096 makes the copy several times slower."""
+    for near in (0, 16, 3000, 4096 * 7 + 5):
+        buf = _scratch((5, 12, 3), np.dtype(np.uint8), near)
+        assert buf.shape == (5, 12, 3) and buf.flags.c_contiguous
+        assert (buf.__array_interface__["data"][0] - near) % _PAGE == _ALIAS_GAP
+    wide = _scratch((3, 2), np.dtype(np.float32), 0)
+    assert wide.dtype == np.float32 and (wide.__array_interface__["data"][0] % _PAGE) == _ALIAS_GAP
+
+
+def test_sources_and_lazy_sources_are_one_path(stores: dict[str, Path]) -> None:
+    r = dlpack.open(stores["40-none.zarr"]).reader
+    idx = np.array([40, 0, 7, 7], dtype=np.int64)
+    eager = r.sources(idx.tolist())
+    assert eager == list(r.lazy_sources(idx)) == [r.source(int(i)) for i in idx]
+    assert r.sources(idx) == eager and isinstance(eager, list) and all(isinstance(p, str) for p in eager)
+    assert eager[2] == eager[3] and len(set(eager)) == 3 and all(p.endswith(".png") for p in eager)
+    assert r.sources([]) == []
