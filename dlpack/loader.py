@@ -405,6 +405,11 @@ def auto_workers(
     return 1, f"{what}, one thread copies at memory speed; {on}"
 
 
+#: The bytes of images a group of batches holds (one read, one block). A group amortises the
+#: handoff to a thread and the per-call cost of ``get_batch``; a larger one no longer stays in the
+#: CPU cache between the copy into it and the step's read (the pool rotates a few blocks).
+_GROUP_BYTES = 2 * 2**20
+
 #: Where in a memory page a pooled batch array starts. ``np.empty`` puts a large array 16 bytes past
 #: a page boundary (the allocator's header), while image rows in memory maps mostly start on one
 #: (shards of whole-page chunks, aligned HDF5 datasets): a copy whose destination sits just past its
@@ -481,30 +486,24 @@ def split_batch(batch: dict[str, Any], sizes: Sequence[int]) -> list[dict[str, A
     (a :class:`~dlpack.ragged.RaggedBatch`, a batch's ``source`` paths). None when a value has
     another length or cannot be cut: the loader then reads batch by batch."""
     total = sum(sizes)
-    bounds: list[tuple[int, int]] = []
+    cuts: list[slice] = []
     at = 0
     for n in sizes:
-        bounds.append((at, at + n))
+        cuts.append(slice(at, at + n))
         at += n
-    parts: list[dict[str, Any]] = [{} for _ in sizes]
-    for key, value in batch.items():
-        if isinstance(value, np.ndarray):
-            if value.ndim == 0 or len(value) != total:
+    columns: list[list[Any]] = []
+    for value in batch.values():
+        if isinstance(value, (np.ndarray, list)):
+            if (isinstance(value, np.ndarray) and value.ndim == 0) or len(value) != total:
                 return None
-            for part, (a, b) in zip(parts, bounds, strict=True):
-                part[key] = value[a:b]
-        elif isinstance(value, list):
-            if len(value) != total:
-                return None
-            for part, (a, b) in zip(parts, bounds, strict=True):
-                part[key] = value[a:b]
-        else:
-            cut = getattr(value, "take_rows", None)
-            if cut is None or len(value) != total:
-                return None
-            for part, (a, b) in zip(parts, bounds, strict=True):
-                part[key] = cut(a, b)
-    return parts
+            columns.append([value[c] for c in cuts])
+            continue
+        cut = getattr(value, "take_rows", None)
+        if cut is None or len(value) != total:
+            return None
+        columns.append([cut(c.start, c.stop) for c in cuts])
+    keys = list(batch)
+    return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 class Loader:
@@ -589,7 +588,7 @@ class Loader:
         if layout is not None:
             shape, dtype = layout
             batch_bytes = self.options.batch_size * int(np.prod(shape)) * np.dtype(dtype).itemsize
-            self._group = max(1, min(64, (2 * 2**20) // max(1, batch_bytes)))
+            self._group = max(1, min(64, _GROUP_BYTES // max(1, batch_bytes)))
             if self.options.prefetch == 0:  # each batch is read when asked: no group is read ahead
                 self._group = 1
             rows = self.options.batch_size * (self._group if self._grouped else 1)
@@ -726,6 +725,20 @@ class Loader:
             return reads
         self._drop_carry()
         return []
+
+    def _steal(self, pending: deque[_Read], epoch: int) -> None:
+        """While the caller waits for a group a thread is reading, read the next group no thread has
+        started on the caller's thread: it had nothing else to do, and both cores then read (with
+        no step, one reader thread alone ran 20-45 % slower than reading in the calling thread)."""
+        for i, r in enumerate(pending):
+            if r.future.cancel():
+                done: Future[list[dict[str, Any]]] = Future()
+                try:
+                    done.set_result(self._load_group(r.group, epoch))
+                except Exception as exc:  # raised when the caller gets to this group, as a thread's would be
+                    done.set_exception(exc)
+                pending[i] = _Read(done, r.group, r.epoch)
+                return
 
     def _load_group(self, group: list[np.ndarray], epoch: int) -> list[dict[str, Any]]:
         """The finished batches of ``group`` (consecutive batches of one epoch), in order.
@@ -864,6 +877,8 @@ class Loader:
                     top_up()
                     loaded = self._load_group(r.group, epoch)
                 else:
+                    if self._inline and pending and not r.future.done():
+                        self._steal(pending, epoch)
                     loaded = r.future.result()
                     top_up()  # before yielding, so reads overlap the caller's step
                 for batch in loaded:

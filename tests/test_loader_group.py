@@ -9,6 +9,7 @@ the caller's thread.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,50 @@ def test_source_list_take_rows_is_the_slice_still_undecoded(labelled: Path) -> N
         sources = ds.get_batch(np.arange(10))["source"]
         part = sources.take_rows(3, 7)
         assert isinstance(part, SourceList) and list(part) == list(sources)[3:7]
+
+
+def test_while_a_thread_reads_the_head_the_caller_reads_the_next_group(labelled: Path) -> None:
+    """The caller waits for a group a thread is reading: it reads the next one meanwhile (a reader
+    thread alone must not be slower than reading in the calling thread)."""
+    main = threading.current_thread().name
+    gate = threading.Event()
+
+    class Gated(Recording):
+        def get_batch(self, indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+            if threading.current_thread().name == main:
+                gate.set()
+            else:
+                gate.wait(10)  # the thread's first read holds until the caller reads one itself
+            return super().get_batch(indices, epoch, out)
+
+    with dlpack.open(labelled) as ds:
+        src = Gated(ds, grouped=True)
+        loader = Loader(src, LoaderOptions(batch_size=2, workers=1, prefetch=4, shuffle=False))
+        loader._group = 1  # four single-batch groups ahead
+        t = time.perf_counter()
+        got = list(loader)
+        assert time.perf_counter() - t < 5
+        assert np.array_equal(np.concatenate([b["index"] for b in got]), np.arange(N))
+        names = {name for _, _, name in src.calls}
+        assert main in names and len(names) == 2
+
+
+def test_a_stolen_read_that_fails_raises_when_its_batch_is_asked_for(labelled: Path) -> None:
+    main = threading.current_thread().name
+    gate = threading.Event()
+
+    class Failing(Recording):
+        def get_batch(self, indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+            if threading.current_thread().name == main:
+                gate.set()
+                raise OSError("disk gone")
+            gate.wait(10)
+            return super().get_batch(indices, epoch, out)
+
+    with dlpack.open(labelled) as ds:
+        loader = Loader(Failing(ds, grouped=True), LoaderOptions(batch_size=2, workers=1, prefetch=4, shuffle=False))
+        loader._group = 1
+        it = iter(loader)
+        assert next(it)["index"].tolist() == [0, 1]  # the thread's read, handed out first
+        with pytest.raises(OSError, match="disk gone"):
+            next(it)

@@ -205,3 +205,20 @@ def test_a_transform_is_never_run_ahead_of_its_pass(store: Path) -> None:
 def test_read_ahead_epochs_must_be_a_bool() -> None:
     with pytest.raises(OptionError, match="read_ahead_epochs must be True or False"):
         LoaderOptions(read_ahead_epochs="yes")  # type: ignore[arg-type]
+
+
+def test_bench_runs_read_nothing_ahead_and_stop_their_threads(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold bench run evicts the files and then reads them: no read of an earlier run may follow."""
+    from dlpack.bench import measure, run_bench
+
+    made: list[Loader] = []
+    real = measure._loader
+
+    def spy(source: Any, lopts: LoaderOptions) -> Loader:
+        made.append(real(source, lopts))
+        return made[-1]
+
+    monkeypatch.setattr(measure, "_loader", spy)
+    run_bench([store], samples=16, repeat=1, batch_size=4, quiet=True)
+    assert made and all(not ld.options.read_ahead_epochs and ld._threads is None for ld in made)
+    assert all(ld._carry is None for ld in made)
