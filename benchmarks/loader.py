@@ -22,11 +22,14 @@ Two sections run on their own (and only them) with a flag:
   images in the same order from a memory map of the same bytes into one preallocated batch (a
   per-image copy loop, fancy indexing, ``np.take(axis=0, out=)`` with ``mode='raise'`` and
   ``mode='clip'``), a 2-thread gather, and the loader (Zarr, HDF5; workers 0, 1, 2 and the default),
-  interleaved, as ratios to the ceiling.
+  interleaved, as ratios to the ceiling; and, in the same rounds, the Zarr loader reading as it did
+  before grouped reads ("per batch": one ``get_batch`` per batch, no reads on the caller's thread,
+  none across epochs), for a before/after in one run.
 - ``--steps``: simulated 5 ms training steps fed by the loader: one holding the GIL for 1.5 ms
   (pure Python, like a PyTorch step's own code) then releasing it for 3.5 ms, one releasing it
   throughout (``time.sleep``); busy % by the loader's ``stats()`` and by the step's own clock, for
-  the default and workers 0, 1, 2, at 512x512x3 batches of 32 and 64x64x3 batches of 256.
+  the default and workers 0, 1, 2, and the default without read-ahead across epochs
+  (``read_ahead_epochs=False``), at 512x512x3 batches of 32 and 64x64x3 batches of 256.
   ``--quick`` shrinks both to a smoke run.
 
 ``--torch-only`` runs just the PyTorch-path section (:func:`torch_main`) on a 256x256x3 store,
