@@ -245,3 +245,28 @@ def test_a_stolen_read_that_fails_raises_when_its_batch_is_asked_for(labelled: P
         assert next(it)["index"].tolist() == [0, 1]  # the thread's read, handed out first
         with pytest.raises(OSError, match="disk gone"):
             next(it)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_transform_and_finisher_run_once_per_batch_in_order_on_grouped_reads(labelled: Path, workers: int) -> None:
+    seen: list[list[int]] = []
+    finished: list[list[int]] = []
+
+    def transform(batch: dict[str, Any], indices: np.ndarray) -> dict[str, Any]:
+        assert np.array_equal(batch["index"], indices) and len(batch["image"]) == len(indices)
+        seen.append(indices.tolist())
+        return batch | {"doubled": batch["image"].astype(np.int16) * 2}
+
+    def finisher(batch: dict[str, Any]) -> dict[str, Any]:
+        finished.append(batch["index"].tolist())
+        return batch
+
+    with dlpack.open(labelled) as ds:
+        src = Recording(ds, grouped=True)
+        loader = Loader(src, LoaderOptions(batch_size=6, workers=workers, seed=4), transform, finisher=finisher)
+        got = list(loader)
+        want = [b.tolist() for b in loader.batches(0)]
+        assert [b["index"].tolist() for b in got] == want == seen == finished
+        assert len(src.calls) < len(want)  # grouped: fewer calls than batches
+        for batch in got:
+            assert np.array_equal(batch["doubled"], ds.get_batch(batch["index"])["image"].astype(np.int16) * 2)
