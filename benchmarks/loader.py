@@ -22,11 +22,14 @@ Two sections run on their own (and only them) with a flag:
   images in the same order from a memory map of the same bytes into one preallocated batch (a
   per-image copy loop, fancy indexing, ``np.take(axis=0, out=)`` with ``mode='raise'`` and
   ``mode='clip'``), a 2-thread gather, and the loader (Zarr, HDF5; workers 0, 1, 2 and the default),
-  interleaved, as ratios to the ceiling.
+  interleaved, as ratios to the ceiling; and, in the same rounds, the Zarr loader reading as it did
+  before grouped reads ("per batch": one ``get_batch`` per batch, no reads on the caller's thread,
+  none across epochs), for a before/after in one run.
 - ``--steps``: simulated 5 ms training steps fed by the loader: one holding the GIL for 1.5 ms
   (pure Python, like a PyTorch step's own code) then releasing it for 3.5 ms, one releasing it
   throughout (``time.sleep``); busy % by the loader's ``stats()`` and by the step's own clock, for
-  the default and workers 0, 1, 2, at 512x512x3 batches of 32 and 64x64x3 batches of 256.
+  the default and workers 0, 1, 2, and the default without read-ahead across epochs
+  (``read_ahead_epochs=False``), at 512x512x3 batches of 32 and 64x64x3 batches of 256.
   ``--quick`` shrinks both to a smoke run.
 
 ``--torch-only`` runs just the PyTorch-path section (:func:`torch_main`) on a 256x256x3 store,
@@ -43,6 +46,7 @@ conversion three ways (the earlier passes, the fused scale-and-shift, a per-chan
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -142,6 +146,15 @@ def small_store(work: Path, side: int, channels: int, count: int) -> dict[str, A
     return {"zarr": dlpack.open(root / "s.zarr"), "hdf5": dlpack.open(root / "s.h5"), "view": np.asarray(mm)}
 
 
+def per_batch(loader: Any) -> Any:
+    """``loader`` reading as it did before grouped reads: one ``get_batch`` per batch, every group
+    waited for on a reader thread, nothing read across epochs (a comparison in the same run)."""
+    loader._grouped = False
+    loader._inline = False
+    loader.options = dataclasses.replace(loader.options, read_ahead_epochs=False)
+    return loader
+
+
 def _timed_epochs(epoch: Any, min_s: float) -> float:
     """Images/s of ``epoch(e) -> images`` run with e = 0, 1, ... until ``min_s`` seconds have passed."""
     t = time.perf_counter()
@@ -215,6 +228,8 @@ def small_case(
         for backend in ("zarr", "hdf5")
         for w in ("auto", 0, 1, 2)
     }
+    for w in ("auto", 0):  # the read path before grouped reads, side by side: one get_batch per batch
+        loaders[f"dlpack zarr workers={w}, per batch"] = per_batch(got["zarr"].loader(batch_size=b, workers=w))
 
     def through(loader: Any) -> Any:
         def run(e: int) -> int:
@@ -281,7 +296,8 @@ def steps_section(work: Path, repeat: int, quick: bool, step_ms: float = 5.0) ->
     for side, ch, count, b in cases:
         ds = small_store(work, side, ch, count)["zarr"]
         for kind, step in (("GIL 1.5 ms + sleep 3.5 ms", _gil_step), ("sleep 5 ms", _sleep_step)):
-            loaders = {w: ds.loader(batch_size=b, workers=w) for w in ("auto", 0, 1, 2)}
+            loaders: dict[Any, Any] = {w: ds.loader(batch_size=b, workers=w) for w in ("auto", 0, 1, 2)}
+            loaders["auto, no read-ahead across epochs"] = ds.loader(batch_size=b, read_ahead_epochs=False)
             own: dict[str, list[float]] = {str(w): [] for w in loaders}
             for e in range(repeat + 1):  # the first epoch warms the page cache and the threads
                 for w, ld in loaders.items():

@@ -306,6 +306,10 @@ class Dataset:
 
     # ------------------------------------------------------------------ BatchSource
 
+    #: A row of :meth:`get_batch` depends only on its index: the loader may read several batches in
+    #: one call and cut them apart (:class:`~dlpack.loader.BatchSource`).
+    batch_rows_independent = True
+
     def get_batch(
         self, indices: Sequence[int] | np.ndarray, epoch: int = 0, out: np.ndarray | None = None
     ) -> dict[str, Any]:

@@ -68,6 +68,13 @@ class RaggedBatch(Sequence[np.ndarray]):
         for j in range(len(b) - 1):
             yield data[b[j] : b[j + 1]]
 
+    def take_rows(self, start: int, stop: int) -> RaggedBatch:
+        """Samples ``start..stop`` as a RaggedBatch of their rows (a view, no copy): how the loader
+        cuts a batch out of several read at once."""
+        off = self.offsets
+        lo = int(off[start])
+        return RaggedBatch(self.data[lo : int(off[stop])], off[start : stop + 1] - lo)
+
     def counts(self) -> np.ndarray:
         """Rows per sample (``[B]`` int64)."""
         return np.diff(self.offsets)

@@ -97,6 +97,7 @@ def _check_loader_small(out: str, work: Path) -> None:
         for backend in ("zarr", "hdf5"):
             for w in ("auto", "0", "1", "2"):
                 assert ratios[f"dlpack {backend} workers={w}"] > 0
+        assert ratios["dlpack zarr workers=auto, per batch"] > 0 and ratios["dlpack zarr workers=0, per batch"] > 0
 
 
 def _check_loader_steps(out: str, work: Path) -> None:
@@ -105,7 +106,7 @@ def _check_loader_steps(out: str, work: Path) -> None:
     assert len(doc) == 4  # two shapes x two step kinds
     for row in doc.values():
         assert row["default"].startswith("<dlpack.Loader") and "workers=auto->" in row["default"]
-        for w in ("auto", "0", "1", "2"):
+        for w in ("auto", "0", "1", "2", "auto, no read-ahead across epochs"):
             assert 0 < row[w]["busy_stats"] <= 1 and 0 < row[w]["busy_own_clock"] <= 1
 
 

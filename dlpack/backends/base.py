@@ -1221,6 +1221,11 @@ class SourceList(Sequence[str]):
     def __len__(self) -> int:
         return len(self._idx)
 
+    def take_rows(self, start: int, stop: int) -> SourceList:
+        """The paths of samples ``start..stop``, still undecoded (how the loader cuts a batch out
+        of several read at once)."""
+        return SourceList(self._data, self._off, self._idx[start:stop])
+
     def __getitem__(self, i: Any) -> Any:
         return self._paths()[i]
 

@@ -108,8 +108,12 @@ def _timed_run(
     budget: _Budget,
     step_s: float | None,
 ) -> tuple[BenchRun, int]:
-    """Read batches as a training loop would until the budget is spent; returns the run and the next epoch."""
-    loader = _loader(source, lopts)
+    """Read batches as a training loop would until the budget is spent; returns the run and the next epoch.
+
+    No read outlives the run: the next run may evict the files and read them cold, and a read made
+    ahead for an epoch nobody asks for would bring pages back (``read_ahead_epochs`` is off and the
+    reader threads stop when the run ends)."""
+    loader = _loader(source, replace(lopts, read_ahead_epochs=False))
     waits: list[float] = []
     images = batches = decoded = 0
     disk = 0.0
@@ -150,6 +154,7 @@ def _timed_run(
                 close()  # stops the read-ahead now instead of at garbage collection
         if budget.one_epoch or got == 0:
             done = True
+    loader.close()
     # Up to the last batch consumed: stopping mid-epoch waits for in-flight reads nobody will use.
     seconds = last - t0
     w = np.asarray(waits, dtype=np.float64) * 1e3

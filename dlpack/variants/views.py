@@ -122,6 +122,10 @@ class CachedViews:
         many: np.ndarray = table[rows[:, 0]].reshape(-1).astype(np.int64)
         return many
 
+    #: A row's view depends only on (index, epoch) and each sample's rows of a batch come together,
+    #: so the loader may read several batches in one call and cut them apart.
+    batch_rows_independent = True
+
     def get_batch(
         self, indices: Sequence[int] | np.ndarray, epoch: int = 0, out: np.ndarray | None = None
     ) -> dict[str, Any]:
