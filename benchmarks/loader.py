@@ -38,6 +38,10 @@ random order, warm cache, 2 workers, interleaved epochs:
 contiguous NCHW), float32 normalised against the conversion the adapter made before (kept here as
 :func:`before_to_tensor`), ``TorchDataset`` in a ``DataLoader(num_workers=2)``, and one batch's
 conversion three ways (the earlier passes, the fused scale-and-shift, a per-channel lookup table).
+Then the uint8 target on its own (:func:`paired_torch`): ``ds.loader`` and ``torch_loader`` in a
+new random order each round, images/s and CPU time per batch; ``--torch-baseline FILE`` adds
+another checkout's adapter as a third arm (``git show REV:dlpack/torch.py > FILE``), and
+``--torch-workers`` sets the loaders' workers (2 by default, or ``auto``, or 0).
 """
 
 from __future__ import annotations
@@ -381,8 +385,67 @@ def conversion_ms(images: np.ndarray, repeat: int) -> dict[str, float]:
     return {k: 1000 * statistics.median(v[1:]) for k, v in times.items()}
 
 
+def baseline_adapter(path: str) -> Any:
+    """``dlpack/torch.py`` of another checkout (``git show REV:dlpack/torch.py > FILE``), loaded as
+    a module of this dlpack: its ``torch_loader`` over the same store, loader and threads, so the
+    paired arms compare the adapters alone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dlpack._torch_baseline", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--torch-baseline {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def paired_torch(arms: dict[str, Any], n: int, b: int, rounds: int) -> dict[str, Any]:
+    """``ds.loader`` against the uint8 adapter arms, one epoch each per round in a new random
+    order every round (no arm always follows the same one), ``rounds`` rounds after a warm-up.
+
+    Per arm: images/s, and process CPU time per batch, the work the arm costs whatever else the
+    machine runs (wall rates move with the load of other processes; the CPU time much less). The
+    ratios are medians over rounds of each round's ratio to the first arm."""
+    order = np.random.default_rng(7)
+    names = list(arms)
+    rates: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
+    batches = -(-n // b)
+
+    def epoch(name: str) -> tuple[float, float]:
+        t, c, k = time.perf_counter(), time.process_time(), 0
+        for batch in arms[name]:
+            k += len(batch["index"])
+        assert k == n, f"{name}: an epoch held {k} of {n} images"
+        return k / (time.perf_counter() - t), 1e6 * (time.process_time() - c) / batches
+
+    for name in names:
+        epoch(name)
+    for _ in range(rounds):
+        for j in order.permutation(len(names)):
+            r, c = epoch(names[j])
+            rates[names[j]].append(r)
+            cpu[names[j]].append(c)
+    base = names[0]
+    return {
+        "rounds": rounds,
+        "median_images_per_s": {k: statistics.median(v) for k, v in rates.items()},
+        "cpu_us_per_batch": {k: statistics.median(v) for k, v in cpu.items()},
+        "ratio_to_ds_loader": {
+            k: statistics.median(x / y for x, y in zip(rates[k], rates[base], strict=True)) for k in names[1:]
+        },
+        "cpu_ratio_to_ds_loader": {
+            k: statistics.median(x / y for x, y in zip(cpu[k], cpu[base], strict=True)) for k in names[1:]
+        },
+        "runs": rates,
+        "cpu_runs": cpu,
+    }
+
+
 def torch_main(a: argparse.Namespace) -> int:
-    """The PyTorch-path section: every arm one epoch in turn, ``--repeat`` rounds, medians."""
+    """The PyTorch-path section: every arm one epoch in turn, ``--repeat`` rounds, medians; then
+    the uint8 adapter paired with ``ds.loader`` alone (:func:`paired_torch`)."""
     import torch
 
     from dlpack.torch import TorchDataset, torch_loader
@@ -395,7 +458,8 @@ def torch_main(a: argparse.Namespace) -> int:
         dlpack.build(src, path, size=(TORCH_SIZE, TORCH_SIZE), quiet=True)
     ds = dlpack.open(path)
     n, b = len(ds), a.batch_size
-    kw: dict[str, Any] = {"batch_size": b, "workers": 2, "prefetch": 4}
+    workers: Any = a.torch_workers if a.torch_workers == "auto" else int(a.torch_workers)
+    kw: dict[str, Any] = {"batch_size": b, "workers": workers, "prefetch": 4}
     float_kw: dict[str, Any] = {"dtype": torch.float32, "mean": TORCH_MEAN, "std": TORCH_STD, "pin_memory": False}
     # One loader per arm for the whole run, as a training script keeps one: each pass is the next epoch.
     plain, before_u8, before_f = (ds.loader(seed=k, **kw) for k in range(3))
@@ -445,7 +509,7 @@ def torch_main(a: argparse.Namespace) -> int:
         "runs": runs,
         "median_images_per_s": {k: statistics.median(v) for k, v in runs.items()},
     }
-    print(f"{n} images of {TORCH_SIZE}x{TORCH_SIZE}x3, batch {b}, random, warm cache, workers 2, "
+    print(f"{n} images of {TORCH_SIZE}x{TORCH_SIZE}x3, batch {b}, random, warm cache, workers {workers}, "
           f"median of {max(4, a.repeat)} interleaved epochs")  # fmt: skip
     for k, v in res["median_images_per_s"].items():
         print(f"{k:<46} {v:>10,.0f} images/s   runs: {', '.join(f'{r:,.0f}' for r in runs[k])}", flush=True)
@@ -468,6 +532,29 @@ def torch_main(a: argparse.Namespace) -> int:
     print("\nratios (median of the per-round ratios)")
     for k, v in ratios.items():
         print(f"  {k:<56} {v:8.2f}")
+    # The uint8 target in a phase of its own: the arms above share the rounds with 7 others.
+    paired = {
+        "ds.loader uint8": ds.loader(seed=10, **kw),
+        "torch_loader uint8": torch_loader(ds, seed=11, pin_memory=False, **kw),
+    }
+    if a.torch_baseline:
+        old = baseline_adapter(a.torch_baseline)
+        paired[f"baseline torch_loader uint8 ({Path(a.torch_baseline).name})"] = old.torch_loader(
+            ds, seed=12, pin_memory=False, **kw
+        )
+    # The same reader threads in every arm (workers="auto" picks per loader), said rather than assumed.
+    threads = {getattr(ld, "loader", ld).workers for ld in paired.values()}
+    assert len(threads) == 1, f"the paired arms read on different thread counts: {threads}"
+    # An epoch of 1000 images takes ~40 ms: many short rounds, so a burst of other load moves a
+    # few per-round ratios rather than the median.
+    rounds = max(60, 20 * a.repeat)
+    res["paired"] = pr = paired_torch(paired, n, b, rounds)
+    print(f"\nuint8 paired with ds.loader, {rounds} rounds in random order, workers {kw['workers']} -> {threads}:")
+    for k in paired:
+        ratio_s = (f"  ratio {pr['ratio_to_ds_loader'][k]:.3f}, cpu ratio {pr['cpu_ratio_to_ds_loader'][k]:.3f}"
+                   if k in pr["ratio_to_ds_loader"] else "")  # fmt: skip
+        print(f"  {k:<52} {pr['median_images_per_s'][k]:>9,.0f} images/s  "
+              f"{pr['cpu_us_per_batch'][k]:6.0f} us cpu/batch{ratio_s}", flush=True)  # fmt: skip
     first = ds.get_batch(np.arange(min(b, n)))["image"]
     res["conversion_ms"] = conversion_ms(first, a.repeat)
     print(
@@ -495,6 +582,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", action="store_true", help="run only the short-step section")
     p.add_argument("--quick", action="store_true", help="with --small/--steps: tiny sets (a smoke run)")
     p.add_argument("--torch-only", action="store_true", help="run only the PyTorch-path section (256x256x3)")
+    p.add_argument(
+        "--torch-baseline", default=None, help="with --torch-only: another checkout's dlpack/torch.py as a paired arm"
+    )
+    p.add_argument("--torch-workers", default="2", help="with --torch-only: the loaders' workers (an integer, or auto)")
     a = p.parse_args(argv)
     if a.torch_only:
         return torch_main(a)
