@@ -39,7 +39,8 @@ contiguous NCHW), float32 normalised against the conversion the adapter made bef
 :func:`before_to_tensor`), ``TorchDataset`` in a ``DataLoader(num_workers=2)``, and one batch's
 conversion three ways (the earlier passes, the fused scale-and-shift, a per-channel lookup table).
 Then the uint8 target on its own (:func:`paired_torch`): ``ds.loader`` and ``torch_loader`` in a
-new random order each round, images/s and CPU time per batch; ``--torch-baseline FILE`` adds
+new random order each round, images/s and CPU time per batch, and where a batch's time goes with
+``workers=0`` (:func:`torch_profile`); ``--torch-baseline FILE`` adds
 another checkout's adapter as a third arm (``git show REV:dlpack/torch.py > FILE``), and
 ``--torch-workers`` sets the loaders' workers (2 by default, or ``auto``, or 0).
 """
@@ -443,6 +444,61 @@ def paired_torch(arms: dict[str, Any], n: int, b: int, rounds: int) -> dict[str,
     }
 
 
+def torch_profile(arms: dict[str, Any], rounds: int) -> dict[str, dict[str, float]]:
+    """Where a batch's time goes with ``workers=0`` (everything on the calling thread): per arm,
+    the median microseconds of the source's ``get_batch``, of the adapter's finisher, and of the
+    rest of ``next()`` (the loader's own work, the adapter's hand-over, freeing the batch before).
+    ``arms`` are loaders or torch loaders with ``workers=0``, each timed one epoch per round."""
+    times: dict[str, dict[str, list[int]]] = {k: {"get_batch": [], "finisher": [], "next": []} for k in arms}
+    for name, arm in arms.items():
+        ld, got = getattr(arm, "loader", arm), times[name]
+        src, fin = ld.source, ld.finisher
+
+        class Timed:  # the source, its get_batch timed (a BatchSource is duck-typed)
+            def __getattr__(self, key: str, src: Any = src) -> Any:
+                return getattr(src, key)
+
+            def __len__(self, src: Any = src) -> int:
+                return len(src)
+
+            def get_batch(self, idx: Any, epoch: int = 0, out: Any = None, src: Any = src, got: Any = got) -> Any:
+                t = time.perf_counter_ns()
+                batch = src.get_batch(idx, epoch, out)
+                got["get_batch"].append(time.perf_counter_ns() - t)
+                return batch
+
+        ld.source = Timed()
+        if fin is not None:
+
+            def timed(batch: dict[str, Any], fin: Any = fin, got: Any = got) -> Any:
+                t = time.perf_counter_ns()
+                out = fin(batch)
+                got["finisher"].append(time.perf_counter_ns() - t)
+                return out
+
+            ld.finisher = timed
+    names = list(arms)
+    for r in range(rounds + 1):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            it, got = iter(arms[name]), times[name]["next"]
+            while True:
+                t = time.perf_counter_ns()
+                batch = next(it, None)
+                if batch is None:
+                    break
+                got.append(time.perf_counter_ns() - t)
+        if r == 0:  # a warm-up round
+            for got_arm in times.values():
+                for v in got_arm.values():
+                    v.clear()
+    out: dict[str, dict[str, float]] = {}
+    for name, got in times.items():
+        med = {k: statistics.median(v) / 1e3 if v else 0.0 for k, v in got.items()}
+        out[name] = {"get_batch_us": med["get_batch"], "finisher_us": med["finisher"],
+                     "rest_of_next_us": med["next"] - med["get_batch"] - med["finisher"], "next_us": med["next"]}  # fmt: skip
+    return out
+
+
 def torch_main(a: argparse.Namespace) -> int:
     """The PyTorch-path section: every arm one epoch in turn, ``--repeat`` rounds, medians; then
     the uint8 adapter paired with ``ds.loader`` alone (:func:`paired_torch`)."""
@@ -555,6 +611,18 @@ def torch_main(a: argparse.Namespace) -> int:
                    if k in pr["ratio_to_ds_loader"] else "")  # fmt: skip
         print(f"  {k:<52} {pr['median_images_per_s'][k]:>9,.0f} images/s  "
               f"{pr['cpu_us_per_batch'][k]:6.0f} us cpu/batch{ratio_s}", flush=True)  # fmt: skip
+    one = {"batch_size": b, "workers": 0, "prefetch": 0}
+    arms0: dict[str, Any] = {
+        "ds.loader uint8": ds.loader(seed=20, **one),
+        "torch_loader uint8": torch_loader(ds, seed=21, pin_memory=False, **one),
+    }
+    if a.torch_baseline:
+        arms0["baseline torch_loader uint8"] = old.torch_loader(ds, seed=22, pin_memory=False, **one)
+    res["profile_workers0"] = prof = torch_profile(arms0, max(8, a.repeat))
+    print(f"\nwhere a batch's time goes, workers=0, median us of {max(8, a.repeat)} epochs each:")
+    for k, v in prof.items():
+        print(f"  {k:<30} get_batch {v['get_batch_us']:7.1f}  finisher {v['finisher_us']:6.1f}  "
+              f"rest of next() {v['rest_of_next_us']:6.1f}  next() {v['next_us']:7.1f}")  # fmt: skip
     first = ds.get_batch(np.arange(min(b, n)))["image"]
     res["conversion_ms"] = conversion_ms(first, a.repeat)
     print(

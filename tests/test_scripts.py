@@ -124,6 +124,10 @@ def _check_loader_torch(out: str, work: Path) -> None:
     assert list(paired["ratio_to_ds_loader"]) == ["torch_loader uint8", "baseline torch_loader uint8 (torch.py)"]
     assert all(len(v) == 60 and min(v) > 0 for v in paired["runs"].values())
     assert all(v > 0 for v in paired["cpu_us_per_batch"].values())
+    prof = res["profile_workers0"]  # workers=0: the source's read, the adapter's finisher, the rest
+    assert set(prof) == {"ds.loader uint8", "torch_loader uint8", "baseline torch_loader uint8"}
+    assert prof["ds.loader uint8"]["finisher_us"] == 0 < prof["torch_loader uint8"]["finisher_us"]
+    assert all(v["get_batch_us"] > 0 and v["next_us"] >= v["get_batch_us"] for v in prof.values())
 
 
 def _check_peers(out: str, work: Path) -> None:
