@@ -41,6 +41,11 @@ random order, warm cache, 2 workers, interleaved epochs:
 contiguous NCHW), float32 normalised against the conversion the adapter made before (kept here as
 :func:`before_to_tensor`), ``TorchDataset`` in a ``DataLoader(num_workers=2)``, and one batch's
 conversion three ways (the earlier passes, the fused scale-and-shift, a per-channel lookup table).
+Then the uint8 target on its own (:func:`paired_torch`): ``ds.loader`` and ``torch_loader`` in a
+new random order each round, images/s and CPU time per batch, and where a batch's time goes with
+``workers=0`` (:func:`torch_profile`); ``--torch-baseline FILE`` adds
+another checkout's adapter as a third arm (``git show REV:dlpack/torch.py > FILE``), and
+``--torch-workers`` sets the loaders' workers (2 by default, or ``auto``, or 0).
 """
 
 from __future__ import annotations
@@ -397,8 +402,122 @@ def conversion_ms(images: np.ndarray, repeat: int) -> dict[str, float]:
     return {k: 1000 * statistics.median(v[1:]) for k, v in times.items()}
 
 
+def baseline_adapter(path: str) -> Any:
+    """``dlpack/torch.py`` of another checkout (``git show REV:dlpack/torch.py > FILE``), loaded as
+    a module of this dlpack: its ``torch_loader`` over the same store, loader and threads, so the
+    paired arms compare the adapters alone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dlpack._torch_baseline", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--torch-baseline {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def paired_torch(arms: dict[str, Any], n: int, b: int, rounds: int) -> dict[str, Any]:
+    """``ds.loader`` against the uint8 adapter arms, one epoch each per round in a new random
+    order every round (no arm always follows the same one), ``rounds`` rounds after a warm-up.
+
+    Per arm: images/s, and process CPU time per batch, the work the arm costs whatever else the
+    machine runs (wall rates move with the load of other processes; the CPU time much less). The
+    ratios are medians over rounds of each round's ratio to the first arm."""
+    order = np.random.default_rng(7)
+    names = list(arms)
+    rates: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
+    batches = -(-n // b)
+
+    def epoch(name: str) -> tuple[float, float]:
+        t, c, k = time.perf_counter(), time.process_time(), 0
+        for batch in arms[name]:
+            k += len(batch["index"])
+        assert k == n, f"{name}: an epoch held {k} of {n} images"
+        return k / (time.perf_counter() - t), 1e6 * (time.process_time() - c) / batches
+
+    for name in names:
+        epoch(name)
+    for _ in range(rounds):
+        for j in order.permutation(len(names)):
+            r, c = epoch(names[j])
+            rates[names[j]].append(r)
+            cpu[names[j]].append(c)
+    base = names[0]
+    return {
+        "rounds": rounds,
+        "median_images_per_s": {k: statistics.median(v) for k, v in rates.items()},
+        "cpu_us_per_batch": {k: statistics.median(v) for k, v in cpu.items()},
+        "ratio_to_ds_loader": {
+            k: statistics.median(x / y for x, y in zip(rates[k], rates[base], strict=True)) for k in names[1:]
+        },
+        "cpu_ratio_to_ds_loader": {
+            k: statistics.median(x / y for x, y in zip(cpu[k], cpu[base], strict=True)) for k in names[1:]
+        },
+        "runs": rates,
+        "cpu_runs": cpu,
+    }
+
+
+def torch_profile(arms: dict[str, Any], rounds: int) -> dict[str, dict[str, float]]:
+    """Where a batch's time goes with ``workers=0`` (everything on the calling thread): per arm,
+    the median microseconds of the source's ``get_batch``, of the adapter's finisher, and of the
+    rest of ``next()`` (the loader's own work, the adapter's hand-over, freeing the batch before).
+    ``arms`` are loaders or torch loaders with ``workers=0``, each timed one epoch per round."""
+    times: dict[str, dict[str, list[int]]] = {k: {"get_batch": [], "finisher": [], "next": []} for k in arms}
+    for name, arm in arms.items():
+        ld, got = getattr(arm, "loader", arm), times[name]
+        src, fin = ld.source, ld.finisher
+
+        class Timed:  # the source, its get_batch timed (a BatchSource is duck-typed)
+            def __getattr__(self, key: str, src: Any = src) -> Any:
+                return getattr(src, key)
+
+            def __len__(self, src: Any = src) -> int:
+                return len(src)
+
+            def get_batch(self, idx: Any, epoch: int = 0, out: Any = None, src: Any = src, got: Any = got) -> Any:
+                t = time.perf_counter_ns()
+                batch = src.get_batch(idx, epoch, out)
+                got["get_batch"].append(time.perf_counter_ns() - t)
+                return batch
+
+        ld.source = Timed()
+        if fin is not None:
+
+            def timed(batch: dict[str, Any], fin: Any = fin, got: Any = got) -> Any:
+                t = time.perf_counter_ns()
+                out = fin(batch)
+                got["finisher"].append(time.perf_counter_ns() - t)
+                return out
+
+            ld.finisher = timed
+    names = list(arms)
+    for r in range(rounds + 1):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            it, got = iter(arms[name]), times[name]["next"]
+            while True:
+                t = time.perf_counter_ns()
+                batch = next(it, None)
+                if batch is None:
+                    break
+                got.append(time.perf_counter_ns() - t)
+        if r == 0:  # a warm-up round
+            for got_arm in times.values():
+                for v in got_arm.values():
+                    v.clear()
+    out: dict[str, dict[str, float]] = {}
+    for name, got in times.items():
+        med = {k: statistics.median(v) / 1e3 if v else 0.0 for k, v in got.items()}
+        out[name] = {"get_batch_us": med["get_batch"], "finisher_us": med["finisher"],
+                     "rest_of_next_us": med["next"] - med["get_batch"] - med["finisher"], "next_us": med["next"]}  # fmt: skip
+    return out
+
+
 def torch_main(a: argparse.Namespace) -> int:
-    """The PyTorch-path section: every arm one epoch in turn, ``--repeat`` rounds, medians."""
+    """The PyTorch-path section: every arm one epoch in turn, ``--repeat`` rounds, medians; then
+    the uint8 adapter paired with ``ds.loader`` alone (:func:`paired_torch`)."""
     import torch
 
     from dlpack.torch import TorchDataset, torch_loader
@@ -411,7 +530,8 @@ def torch_main(a: argparse.Namespace) -> int:
         dlpack.build(src, path, size=(TORCH_SIZE, TORCH_SIZE), quiet=True)
     ds = dlpack.open(path)
     n, b = len(ds), a.batch_size
-    kw: dict[str, Any] = {"batch_size": b, "workers": 2, "prefetch": 4}
+    workers: Any = a.torch_workers if a.torch_workers == "auto" else int(a.torch_workers)
+    kw: dict[str, Any] = {"batch_size": b, "workers": workers, "prefetch": 4}
     float_kw: dict[str, Any] = {"dtype": torch.float32, "mean": TORCH_MEAN, "std": TORCH_STD, "pin_memory": False}
     # One loader per arm for the whole run, as a training script keeps one: each pass is the next epoch.
     plain, before_u8, before_f = (ds.loader(seed=k, **kw) for k in range(3))
@@ -461,7 +581,7 @@ def torch_main(a: argparse.Namespace) -> int:
         "runs": runs,
         "median_images_per_s": {k: statistics.median(v) for k, v in runs.items()},
     }
-    print(f"{n} images of {TORCH_SIZE}x{TORCH_SIZE}x3, batch {b}, random, warm cache, workers 2, "
+    print(f"{n} images of {TORCH_SIZE}x{TORCH_SIZE}x3, batch {b}, random, warm cache, workers {workers}, "
           f"median of {max(4, a.repeat)} interleaved epochs")  # fmt: skip
     for k, v in res["median_images_per_s"].items():
         print(f"{k:<46} {v:>10,.0f} images/s   runs: {', '.join(f'{r:,.0f}' for r in runs[k])}", flush=True)
@@ -484,6 +604,41 @@ def torch_main(a: argparse.Namespace) -> int:
     print("\nratios (median of the per-round ratios)")
     for k, v in ratios.items():
         print(f"  {k:<56} {v:8.2f}")
+    # The uint8 target in a phase of its own: the arms above share the rounds with 7 others.
+    paired = {
+        "ds.loader uint8": ds.loader(seed=10, **kw),
+        "torch_loader uint8": torch_loader(ds, seed=11, pin_memory=False, **kw),
+    }
+    if a.torch_baseline:
+        old = baseline_adapter(a.torch_baseline)
+        paired[f"baseline torch_loader uint8 ({Path(a.torch_baseline).name})"] = old.torch_loader(
+            ds, seed=12, pin_memory=False, **kw
+        )
+    # The same reader threads in every arm (workers="auto" picks per loader), said rather than assumed.
+    threads = {getattr(ld, "loader", ld).workers for ld in paired.values()}
+    assert len(threads) == 1, f"the paired arms read on different thread counts: {threads}"
+    # An epoch of 1000 images takes ~40 ms: many short rounds, so a burst of other load moves a
+    # few per-round ratios rather than the median.
+    rounds = max(60, 20 * a.repeat)
+    res["paired"] = pr = paired_torch(paired, n, b, rounds)
+    print(f"\nuint8 paired with ds.loader, {rounds} rounds in random order, workers {kw['workers']} -> {threads}:")
+    for k in paired:
+        ratio_s = (f"  ratio {pr['ratio_to_ds_loader'][k]:.3f}, cpu ratio {pr['cpu_ratio_to_ds_loader'][k]:.3f}"
+                   if k in pr["ratio_to_ds_loader"] else "")  # fmt: skip
+        print(f"  {k:<52} {pr['median_images_per_s'][k]:>9,.0f} images/s  "
+              f"{pr['cpu_us_per_batch'][k]:6.0f} us cpu/batch{ratio_s}", flush=True)  # fmt: skip
+    one = {"batch_size": b, "workers": 0, "prefetch": 0}
+    arms0: dict[str, Any] = {
+        "ds.loader uint8": ds.loader(seed=20, **one),
+        "torch_loader uint8": torch_loader(ds, seed=21, pin_memory=False, **one),
+    }
+    if a.torch_baseline:
+        arms0["baseline torch_loader uint8"] = old.torch_loader(ds, seed=22, pin_memory=False, **one)
+    res["profile_workers0"] = prof = torch_profile(arms0, max(8, a.repeat))
+    print(f"\nwhere a batch's time goes, workers=0, median us of {max(8, a.repeat)} epochs each:")
+    for k, v in prof.items():
+        print(f"  {k:<30} get_batch {v['get_batch_us']:7.1f}  finisher {v['finisher_us']:6.1f}  "
+              f"rest of next() {v['rest_of_next_us']:6.1f}  next() {v['next_us']:7.1f}")  # fmt: skip
     first = ds.get_batch(np.arange(min(b, n)))["image"]
     res["conversion_ms"] = conversion_ms(first, a.repeat)
     print(
@@ -511,6 +666,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", action="store_true", help="run only the short-step section")
     p.add_argument("--quick", action="store_true", help="with --small/--steps: tiny sets (a smoke run)")
     p.add_argument("--torch-only", action="store_true", help="run only the PyTorch-path section (256x256x3)")
+    p.add_argument(
+        "--torch-baseline", default=None, help="with --torch-only: another checkout's dlpack/torch.py as a paired arm"
+    )
+    p.add_argument("--torch-workers", default="2", help="with --torch-only: the loaders' workers (an integer, or auto)")
     a = p.parse_args(argv)
     if a.torch_only:
         return torch_main(a)

@@ -120,6 +120,15 @@ def _check_loader_torch(out: str, work: Path) -> None:
         "fused NCHW",
         "table",
     }
+    paired = res["paired"]  # the uint8 target on its own: ds.loader, the adapter, the baseline adapter file
+    assert paired["rounds"] == 60 and "uint8 paired with ds.loader, 60 rounds in random order, workers auto" in out
+    assert list(paired["ratio_to_ds_loader"]) == ["torch_loader uint8", "baseline torch_loader uint8 (torch.py)"]
+    assert all(len(v) == 60 and min(v) > 0 for v in paired["runs"].values())
+    assert all(v > 0 for v in paired["cpu_us_per_batch"].values())
+    prof = res["profile_workers0"]  # workers=0: the source's read, the adapter's finisher, the rest
+    assert set(prof) == {"ds.loader uint8", "torch_loader uint8", "baseline torch_loader uint8"}
+    assert prof["ds.loader uint8"]["finisher_us"] == 0 < prof["torch_loader uint8"]["finisher_us"]
+    assert all(v["get_batch_us"] > 0 and v["next_us"] >= v["get_batch_us"] for v in prof.values())
 
 
 def _check_peers(out: str, work: Path) -> None:
@@ -346,6 +355,7 @@ RUNS: dict[str, list[Run]] = {
         Run(("--steps", "--quick", "--repeat", "1", "--work", "work", "--json", "steps.json"), _check_loader_steps),
         Run(
             ("--torch-only", "--work", "work", "--count", "16", "--batch-size", "8", "--repeat", "1")
+            + ("--torch-workers", "auto", "--torch-baseline", str(ROOT / "dlpack" / "torch.py"))
             + ("--json", "torch.json"),
             _check_loader_torch,
             needs=("torch",),

@@ -459,3 +459,97 @@ def test_auto_workers_counts_the_conversion_as_work_on_the_reader_threads(
     busy = ds.loader(batch_size=4, transform=lambda b: b)
     assert tl.loader.workers == (busy.workers if works else plain.workers)
     assert ("work per batch" in repr(tl.loader)) is works
+
+
+# ---------------------------------------------------------------- what a batch costs
+
+
+class _Calls(torch.overrides.TorchFunctionMode):
+    """Records the torch functions and tensor methods called on this thread while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_default_batch_is_made_without_a_torch_operation(ds: Any) -> None:
+    """uint8 channels_last: the image, label and index tensors wrap NumPy arrays (``from_numpy`` of
+    a transposed view), and the only torch call per batch splits each ragged array into its
+    samples. Each torch call costs microseconds on a reader thread whose caches the copy flushed."""
+    tl = torch_loader(ds, batch_size=8, seed=3, workers=0, prefetch=0, pin_memory=False)
+    finish = tl.loader.finisher
+    assert finish is not None
+    ref = _reference(ds)
+    for b in ref:
+        batch = ds.get_batch(b["index"], 0, np.empty((len(b["index"]), *SHAPE), np.uint8))
+        with _Calls() as calls:  # what the reader thread does to the batch
+            t = finish(batch)
+        assert calls.names == ["split", "split"]  # boxes and box_labels
+        assert t["image"].is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(t["image"], to_tensor(b["image"]))
+        assert t["label"].tolist() == b["label"].tolist() and t["index"].tolist() == b["index"].tolist()
+        assert len(t["boxes"]) == len(b["index"]) and torch.equal(t["mask"], torch.from_numpy(b["mask"]))
+
+
+def test_on_the_cpu_the_training_thread_gets_the_finished_batches_as_they_are(ds: Any) -> None:
+    """Without pinning or a device, nothing is left to do per batch on the training thread: the
+    dicts the reader threads finished are the ones yielded (no generator and dict rebuilt between)."""
+    for device in (None, "cpu"):
+        tl = torch_loader(ds, batch_size=8, seed=3, workers=2, pin_memory=False, device=device)
+        finished: list[dict[str, Any]] = []
+        inner = tl.loader.finisher
+        assert inner is not None
+
+        def spy(batch: dict[str, Any], inner: Any = inner, finished: list[dict[str, Any]] = finished) -> Any:
+            finished.append(inner(batch))
+            return finished[-1]
+
+        tl.loader.finisher = spy
+        got = list(tl)
+        assert len(got) == 3 and all(a is b for a, b in zip(got, finished, strict=True))
+        assert all(t["label"].device.type == "cpu" for t in got)
+    moved = torch_loader(ds, batch_size=8, seed=3, workers=2, pin_memory=False, device="meta")
+    assert all(t["image"].device.type == "meta" for t in moved)  # moving still happens where asked
+
+
+def test_torch_batches_recycle_the_loaders_batch_blocks(ds: Any) -> None:
+    """A tensor made from a batch keeps its block only while the caller holds it: over epochs the
+    pool serves every batch from its blocks, as for ``ds.loader`` (no fresh array per batch)."""
+    tl = torch_loader(ds, batch_size=8, seed=3, workers=2, pin_memory=False)
+    pool = tl.loader._pool
+    assert pool is not None
+    blocks: list[np.ndarray] = []
+
+    def counted(nbytes: int) -> np.ndarray:
+        blocks.append(np.empty(nbytes, np.uint8))
+        return blocks[-1]
+
+    pool.use_allocator(counted)
+    seen = 0
+    for _ in range(4):
+        for t in tl:
+            assert any(np.shares_memory(t["image"].numpy(), blk) for blk in blocks)
+            seen += 1
+    assert seen == 12 and 1 <= len(blocks) <= pool.limit
+
+
+def test_the_device_path_wraps_a_16_bit_batch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uint16 pixels cross widened to int32 (torch lacks uint16 arithmetic) and are scaled there."""
+    made: list[tuple[int, ...]] = []
+    real = torch.from_numpy
+
+    def counting(arr: np.ndarray) -> Any:
+        made.append(arr.shape)
+        return real(arr)
+
+    src = _Deep()
+    tl = TorchLoader(Loader(src, LoaderOptions(batch_size=5, shuffle=False, workers=0)), torch.float32, None, None,
+                     pin_memory=False, device="meta")  # fmt: skip
+    monkeypatch.setattr(torch, "from_numpy", counting)
+    got = list(tl)
+    assert len(got) == 3 and all(t["image"].device.type == "meta" and t["image"].dtype == torch.float32 for t in got)
+    assert [s for s in made if len(s) == 4] == [(5, 5, 7, 3), (5, 5, 7, 3), (2, 5, 7, 3)]  # one per batch
