@@ -27,6 +27,7 @@ worker start-up included) per job count, interleaved; ``--rss 100000,1000000`` m
 memory of command-line builds of that many tiny images (hard links of one PNG)::
 
     python benchmarks/build.py --cli --images DIR --size 256x256 --repeat 5
+    python benchmarks/build.py --cli --images DIR --size 256x256 --repeat 3 --code OLD_TREE,NEW_TREE
     python benchmarks/build.py --rss 10000,100000 --jobs 1,2
 """
 
@@ -284,37 +285,75 @@ def print_table(variants: list[Variant], runs: dict[str, list[dict[str, Any]]], 
 # ---------------------------------------------------------------- the whole command (--cli)
 
 
-def cli_mode(src: Path, size: str, jobs: list[int], repeat: int, workdir: Path) -> dict[str, Any]:
+def cli_mode(
+    src: Path, size: str, jobs: list[int], repeat: int, workdir: Path, code: list[Path] | None = None
+) -> dict[str, Any]:
     """``python -m dlpack build SRC OUT --size S --jobs J`` as a user runs it (interpreter start,
-    scan, probe, worker start-up, pack, publish), the job counts interleaved, rotated each repeat."""
+    scan, probe, worker start-up, pack, publish), the job counts interleaved, rotated each repeat.
+
+    ``code``: source trees of dlpack to compare (each run's ``PYTHONPATH``), interleaved with the
+    job counts in one run, so that two versions see the same load. Each run also reports the CPU
+    seconds per image of the build process and its workers, which load distorts far less than the
+    wall time."""
     import subprocess
 
-    runs: dict[str, list[dict[str, Any]]] = {f"j{j}": [] for j in jobs}
+    count = len(scan_folder(src)[0])
+    trees: list[Path | None] = list(code) if code else [None]
+    arms = [(c, j) for c in range(len(trees)) for j in jobs]
+    name = {arm: (f"c{arm[0]}-" if code else "") + f"j{arm[1]}" for arm in arms}
+    runs: dict[str, list[dict[str, Any]]] = {name[arm]: [] for arm in arms}
     for r in range(repeat):
-        for j in jobs[r % len(jobs) :] + jobs[: r % len(jobs)]:
+        for c, j in arms[r % len(arms) :] + arms[: r % len(arms)]:
             out = workdir / f"bench-cli-j{j}.zarr"
             _remove(out)
             cmd = [sys.executable, "-m", "dlpack", "build", str(src), str(out), "--size", size, "--jobs", str(j)]
             cmd += ["--force-jobs", "--quiet"]
+            tree = trees[c]
+            env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
 
-            def go(cmd: list[str] = cmd) -> int:
-                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            def go(cmd: list[str] = cmd, env: dict[str, str] | None = env) -> int:
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
                 return 1
 
             t = _timed(go)
-            runs[f"j{j}"].append(t)
+            t["images"] = count
+            load = os.getloadavg()[0]
+            t["load_average"] = load
+            runs[name[(c, j)]].append(t)
             share = t.get("other_cpu_share")
+            own = t.get("own_cpu_seconds")
             print(
-                f"  repeat {r + 1}: jobs {j}: {t['seconds']:.2f} s"
-                + (f" (others used {100 * share:.0f} % of the CPUs)" if share is not None else ""),
+                f"  repeat {r + 1}: {'' if tree is None else f'{tree} '}jobs {j}: {t['seconds']:.2f} s"
+                + (f", {1e3 * own / count:.2f} ms CPU/image" if own is not None else "")
+                + (f" (others used {100 * share:.0f} % of the CPUs" if share is not None else " (")
+                + f", load average {load:.2f})",
                 file=sys.stderr,
             )
             _remove(out)
     med = {k: statistics.median(x["seconds"] for x in v) for k, v in runs.items()}
-    print("  ".join(f"jobs {k[1:]}: median {v:.2f} s" for k, v in med.items()))
-    if "j1" in med and "j2" in med:
-        print(f"jobs 2 / jobs 1: {med['j1'] / med['j2']:.2f}x (target >= {TARGET_SPEEDUP}x)")
-    return {"runs": runs, "median_seconds": med}
+    cpu = {
+        k: statistics.median(x["own_cpu_seconds"] / count for x in v)
+        for k, v in runs.items()
+        if all("own_cpu_seconds" in x for x in v)
+    }
+    for c, tree in enumerate(trees):
+        pre = f"c{c}-" if code else ""
+        print(
+            (f"{tree}: " if tree is not None else "")
+            + "  ".join(
+                f"jobs {j}: median {med[pre + f'j{j}']:.2f} s"
+                + (f" ({1e3 * cpu[pre + f'j{j}']:.2f} ms CPU/image)" if pre + f"j{j}" in cpu else "")
+                for j in jobs
+            )
+        )
+        if pre + "j1" in med and pre + "j2" in med:
+            print(f"  jobs 2 / jobs 1: {med[pre + 'j1'] / med[pre + 'j2']:.2f}x (target >= {TARGET_SPEEDUP}x)")
+    return {
+        "runs": runs,
+        "median_seconds": med,
+        "median_cpu_seconds_per_image": cpu,
+        "code": [str(t) for t in trees if t is not None],
+    }
 
 
 # ---------------------------------------------------------------- peak memory (--rss)
@@ -460,6 +499,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="instead: time the whole command-line build of --images (or the generated set) per job count",
     )
+    p.add_argument(
+        "--code",
+        help="with --cli: comma-separated dlpack source trees to compare (each run's PYTHONPATH), "
+        "interleaved with the job counts",
+    )
     p.add_argument("--rss-side", type=int, default=16, help="side of the --rss images (default 16)")
     args = p.parse_args(argv)
     if args.repeat < 1 or args.max_tries < 1:
@@ -524,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"generating {args.count} images of {args.image_size} px into {src} ...", file=sys.stderr)
                 make_sample(src, args.count, size=args.image_size, seed=args.seed)
         if args.cli:
-            cli_doc = cli_mode(src, args.size or "512x512", jobs, args.repeat, workdir)
+            code = [Path(c) for c in args.code.split(",") if c] if args.code else None
+            cli_doc = cli_mode(src, args.size or "512x512", jobs, args.repeat, workdir, code)
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 cli_doc.update(benchmark="build-cli", command=" ".join(sys.argv), machine=machine_info(workdir))

@@ -56,7 +56,16 @@ def _check_build_cli(out: str, work: Path) -> None:
     assert "jobs 1: median" in out and "jobs 2: median" in out and "jobs 2 / jobs 1:" in out
     doc = json.loads((work / "build-cli.json").read_text())
     assert {k: len(v) for k, v in doc["runs"].items()} == {"j1": 2, "j2": 2}
-    assert all(r["seconds"] > 0 for v in doc["runs"].values() for r in v)
+    assert all(r["seconds"] > 0 and r["images"] == 6 for v in doc["runs"].values() for r in v)
+    assert sorted(doc["median_cpu_seconds_per_image"]) == ["j1", "j2"]
+    assert all(v > 0 for v in doc["median_cpu_seconds_per_image"].values())
+
+
+def _check_build_cli_code(out: str, work: Path) -> None:
+    doc = json.loads((work / "build-cli-code.json").read_text())
+    assert doc["code"] == [str(ROOT)]
+    assert {k: len(v) for k, v in doc["runs"].items()} == {"c0-j1": 1, "c0-j2": 1}
+    assert f"{ROOT}: jobs 1: median" in out and "ms CPU/image" in out
 
 
 def _check_build_rss(out: str, work: Path) -> None:
@@ -328,6 +337,11 @@ RUNS: dict[str, list[Run]] = {
             ("--cli", "--count", "6", "--image-size", "64", "--size", "32x32", "--repeat", "2")
             + ("--workdir", "work", "--json", "build-cli.json"),
             _check_build_cli,
+        ),
+        Run(
+            ("--cli", "--count", "6", "--image-size", "64", "--size", "32x32", "--repeat", "1", "--code", str(ROOT))
+            + ("--workdir", "work", "--json", "build-cli-code.json"),
+            _check_build_cli_code,
         ),
         Run(
             ("--rss", "20,50", "--rss-side", "8", "--jobs", "1", "--workdir", "work", "--json", "build-rss.json"),

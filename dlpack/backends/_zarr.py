@@ -317,6 +317,26 @@ class ZarrWriter(StoreWriter):
                 f"samples {start}..{stop} of array {name!r} of {self.path} cannot be read: {exc!r}"
             ) from exc
 
+    def read_written(self, name: str, start: int, stop: int) -> np.ndarray:
+        """A whole raw shard as :meth:`_write_raw_shard` wrote it is its rows, from byte 0: read
+        into one array without zarr-python's codec pipeline, which cost the build process about
+        1 s of CPU per 400 MB (on a 2-core machine, taken from the workers decoding)."""
+        lay = self._layout_of(name)
+        per = lay.shard_rows
+        aligned = start % per == 0 and (stop - start == per or (stop == lay.rows and stop - start <= per))
+        if lay.compression != "none" or not aligned or stop <= start:
+            return super().read_written(name, start, stop)
+        out = np.empty((stop - start, *lay.trailing), dtype=np.dtype(lay.dtype).newbyteorder("<"))
+        path = self._shard_path(name, lay, start // per)
+        try:
+            with open(path, "rb") as f:
+                got = f.readinto(out.data.cast("B"))
+        except OSError as exc:
+            raise StoreError(f"shard {start // per} of array {name!r} of {self.path} cannot be read: {exc}") from exc
+        if got != out.nbytes:
+            raise StoreError(f"shard {start // per} of array {name!r} of {self.path} is truncated")
+        return out
+
     def share_block(self, name: str, start: int, other: Path) -> bool:
         lay = self._layout_of(name)
         if start % lay.shard_rows:

@@ -1010,6 +1010,12 @@ class StoreWriter(ABC):
             raise OptionError(f"samples {start}..{stop} are outside array {name!r} of {self.count}")
         return self._read_rows(name, start, stop)
 
+    def read_written(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Samples ``start .. stop`` of fixed array ``name``, a block this writer (or a worker's copy
+        of it) has just written, for the build's checksum of the array; the same rows as
+        :meth:`read_block`, which formats may read faster than their library does."""
+        return self.read_block(name, start, stop)
+
     def undo_commit(self, keep: Sequence[str]) -> bool:
         """Take a partial store killed while committing back to holding only arrays ``keep``.
 

@@ -30,6 +30,7 @@ from ..sources.labels import prepare_labels
 from ..sources.probe import ImageHeader
 from .inputs import open_input
 from .plan import BuildPlan
+from .stats import histograms
 
 #: What a worker is given per file: its path relative to the root, its probed header, its annotations.
 Job = tuple[str, ImageHeader | None, Mapping[str, Any] | None]
@@ -296,6 +297,12 @@ def write_decoded(
     return True
 
 
+def block_counts(plan: BuildPlan, block: np.ndarray) -> np.ndarray:
+    """The per-channel value counts of a written block (:func:`~dlpack.pack.stats.histograms`),
+    taken from memory where the block is written, so the commit need not read the images back."""
+    return histograms(block, plan.image.channels, plan.image.dtype)
+
+
 def write_block_worker(
     writer: StoreWriter,
     root: str,
@@ -303,8 +310,10 @@ def write_block_worker(
     start: int,
     pairs: Sequence[Job],
     ticks: Ticks | None = None,
-) -> list[Sample | InputFileError]:
-    """Decode a block and write it as one block (in a worker, for writers that allow it)."""
+) -> tuple[list[Sample | InputFileError], np.ndarray | None]:
+    """Decode a block and write it as one block (in a worker, for writers that allow it): the
+    per-file results, and the block's :func:`block_counts` (None when a file failed and nothing was written)."""
     block, masks, results = decode_fixed_block(root, plan, pairs, ticks)
-    write_decoded(writer, start, block, masks, results)
-    return results
+    if not write_decoded(writer, start, block, masks, results):
+        return results, None
+    return results, block_counts(plan, block)

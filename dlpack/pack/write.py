@@ -34,6 +34,7 @@ from .stats import with_pixel_stats
 from .workers import (
     Job,
     Sample,
+    block_counts,
     decode_block,
     decode_fixed_block,
     fixed_block,
@@ -117,6 +118,9 @@ class Partial:
     note: str
     #: Whether the store is already complete (a killed build's committed partial): publish it as it is.
     committed: bool = False
+    #: The per-channel value counts of every image, summed as the blocks were written (None: the
+    #: commit reads the images back for their statistics).
+    pixel_counts: np.ndarray | None = None
 
 
 def _continue_partial(
@@ -304,13 +308,16 @@ def write_images(
         pooled = _parallel.pooled(opts.n_jobs, len(starts))
         digest = _InOrderDigest(images.dtype)
         digest.on = in_workers and not partial.done
+        counts = _PixelCounts()
+        counts.on = fixed and not partial.done
         with (
             _parallel.progress(len(pairs), "packing", opts.quiet) as bar,
             _parallel.BlockProgress(bar, len(starts), pooled) as progress,
         ):
             if in_workers and not pooled:
                 bar.update(sum(len(v) for v in slots.values()))
-                for s, block in _write_behind(writer, journal, root, plan, pairs, starts, step, progress, digest):
+                blocks = _write_behind(writer, journal, root, plan, pairs, starts, step, progress, digest, counts)
+                for s, block in blocks:
                     failed = failed or any(isinstance(r, InputFileError) for r in block)
                     slots[s] = block
                 starts = []
@@ -326,7 +333,12 @@ def write_images(
                 ]
             if starts:
                 bar.update(sum(len(v) for v in slots.values()))
-            for slot, (s, block) in enumerate(zip(starts, _parallel.parallel(opts.n_jobs, calls), strict=True)):
+            for slot, (s, out_) in enumerate(zip(starts, _parallel.parallel(opts.n_jobs, calls), strict=True)):
+                if in_workers:
+                    block, written = out_
+                    counts.add(written)
+                else:
+                    block = out_
                 bad = any(isinstance(r, InputFileError) for r in block)
                 failed = failed or bad
                 if not in_workers:
@@ -341,6 +353,7 @@ def write_images(
                         writer.write_block(images.name, s, arr)
                         if masks is not None:
                             writer.write_block("mask", s, masks)
+                        counts.add(block_counts(plan, arr))
                     elif not failed:
                         pixels = [r.pixels for r in block if isinstance(r, Sample) and r.pixels is not None]
                         writer.write_block(images.name, appended, pixels)
@@ -350,11 +363,14 @@ def write_images(
                     journal.append_block(s, [r for r in block if isinstance(r, Sample)])
                 if in_workers and not failed and digest.on:
                     # Read back while the workers decode the next blocks (it is in the page cache).
-                    digest.add(s, writer.read_block(images.name, s, s + len(block)))
+                    digest.add(s, writer.read_written(images.name, s, s + len(block)))
                 slots[s] = block
                 progress.finished(slot, len(block))
         if not failed:
             digest.record(writer, images.name, len(pairs))
+            if fixed:
+                h, w = plan.image.height or 0, plan.image.width or 0
+                partial.pixel_counts = counts.total(len(pairs) * h * w)
         for s in sorted(slots):
             results.extend(slots[s])
     except BaseException as exc:
@@ -397,6 +413,32 @@ class _InOrderDigest:
             writer.set_written_digest(name, self.h.hexdigest())
 
 
+class _PixelCounts:
+    """The images' per-channel value counts (:func:`~dlpack.pack.workers.block_counts`), summed as
+    the blocks are written, so the commit's statistics need no second pass over the images.
+
+    A block without counts (a failed block, a ragged store) switches it off, and so does a resumed
+    build (its kept blocks were written by another run): the commit then reads the images back.
+    """
+
+    def __init__(self) -> None:
+        self.sum: np.ndarray | None = None
+        self.pixels = 0
+        self.on = True
+
+    def add(self, counts: np.ndarray | None) -> None:
+        if counts is None:
+            self.on = False
+        if not self.on or counts is None:
+            return
+        self.sum = counts.copy() if self.sum is None else self.sum + counts
+        self.pixels += int(counts[0].sum())
+
+    def total(self, pixels: int) -> np.ndarray | None:
+        """The summed counts when all ``pixels`` pixels (of every image) were counted, else None."""
+        return self.sum if self.on and self.sum is not None and self.pixels == pixels else None
+
+
 def _write_behind(
     writer: StoreWriter,
     journal: Journal[Sample] | None,
@@ -407,6 +449,7 @@ def _write_behind(
     step: int,
     progress: _parallel.BlockProgress,
     digest: _InOrderDigest,
+    counts: _PixelCounts,
 ) -> Iterator[tuple[int, list[Sample | InputFileError]]]:
     """Blocks decoded in this process while a thread writes (and journals) the one before.
 
@@ -425,6 +468,7 @@ def _write_behind(
         try:
             if write_decoded(writer, s, block, masks, results):
                 digest.add(s, block)  # hashed here, from memory, while the next block decodes
+                counts.add(block_counts(plan, block))
                 if journal is not None:
                     journal.append_block(s, [r for r in results if isinstance(r, Sample)])
         except BaseException:
@@ -468,7 +512,8 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
         for spec, values in arrays.values():
             writer.create_array(spec, manifest.count)
             writer.write_block(spec.name, 0, values)
-        writer.commit(with_pixel_stats(manifest, writer))  # the written pixels' statistics (pack/stats.py)
+        # The written pixels' statistics (pack/stats.py), from the counts taken as the blocks were written.
+        writer.commit(with_pixel_stats(manifest, writer, partial.pixel_counts))
     except BaseException as exc:
         discard_partial(partial, out, exc)
         raise
