@@ -71,6 +71,7 @@ from dlpack.sources import FolderSource, TargetSpec, prepare_image
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _images import make_pngs  # noqa: E402
+from _memory import placed_empty  # noqa: E402
 
 SIZE = 512
 #: The folder baseline decodes with the build's own rules (RGB, 8-bit, area shrink).
@@ -189,7 +190,7 @@ def small_case(
     got = small_store(work, side, ch, count)
     view = got["view"]
     n = len(view)
-    bufs = [np.empty((b, side, side, ch), dtype=np.uint8) for _ in range(2)]
+    bufs = [placed_empty((b, side, side, ch)) for _ in range(2)]
     orders: dict[int, list[np.ndarray]] = {}
 
     def batches(e: int, n: int = n, b: int = b) -> list[np.ndarray]:

@@ -79,6 +79,7 @@ import dlpack
 sys.path.insert(0, str(Path(__file__).parent))
 from _cpu import busy_cpu_s as _busy_cpu_s  # noqa: E402
 from _cpu import own_cpu_s as _own_cpu_s  # noqa: E402
+from _memory import placed_empty  # noqa: E402
 
 BATCH = 32
 COMMON_WORKERS = 2
@@ -362,7 +363,7 @@ def _order(n: int, order: str, rng: np.random.Generator) -> np.ndarray:
 
 def take_loader(paths: dict[str, Path], images: RawImages, order: str, workers: int | None) -> Epochs:
     view, n = images.mm, len(images)
-    out = np.empty((BATCH, *images.case.shape), np.uint8)
+    out = placed_empty((BATCH, *images.case.shape))
     rng = np.random.default_rng(0)
 
     def epoch() -> Iterator[tuple[Any, Any]]:
@@ -391,7 +392,7 @@ def fancy_loader(paths: dict[str, Path], images: RawImages, order: str, workers:
 
 def loop_loader(paths: dict[str, Path], images: RawImages, order: str, workers: int | None) -> Epochs:
     view, n = images.mm, len(images)
-    out = np.empty((BATCH, *images.case.shape), np.uint8)
+    out = placed_empty((BATCH, *images.case.shape))
     rng = np.random.default_rng(0)
 
     def epoch() -> Iterator[tuple[Any, Any]]:
@@ -408,7 +409,7 @@ def loop_loader(paths: dict[str, Path], images: RawImages, order: str, workers: 
 def gather2_loader(paths: dict[str, Path], images: RawImages, order: str, workers: int | None) -> Epochs:
     """Two threads, each gathering every other batch with np.take into its own buffer: no hand-off."""
     view, n = images.mm, len(images)
-    bufs = [np.empty((BATCH, *images.case.shape), np.uint8) for _ in range(2)]
+    bufs = [placed_empty((BATCH, *images.case.shape)) for _ in range(2)]
     rng = np.random.default_rng(0)
     pool = ThreadPoolExecutor(2)
 

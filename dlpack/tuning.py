@@ -533,6 +533,10 @@ class Cycled:
     def __init__(self, inner: Any, count: int) -> None:
         self.inner, self.count = inner, max(int(count), len(inner))
         self.path = getattr(inner, "path", None)
+        # What the loader reads off a store to choose its threads and its grouped reads: the view
+        # is read as its store is (a row depends only on its sample and epoch).
+        self.manifest = getattr(inner, "manifest", None)
+        self.batch_rows_independent = bool(getattr(inner, "batch_rows_independent", False))
 
     def __len__(self) -> int:
         return self.count

@@ -294,6 +294,18 @@ def test_cycled_reads_sample_i_mod_n(tiny: Path) -> None:
     np.testing.assert_array_equal(batch["image"], ds.get_batch(np.array([0, 1, 5]))["image"])
 
 
+def test_cycled_is_read_as_its_store_is(tiny: Path) -> None:
+    """A trial store's view keeps what the loader reads off a store: its codec (for the thread
+    count) and that its rows are independent (grouped reads), so a trial measures the real path."""
+    ds = dlpack.open(tiny / "s.zarr")
+    view = tune_module.Cycled(ds, 30)
+    assert view.manifest is ds.manifest and view.batch_rows_independent is True
+    loader = dlpack.Loader(view, dlpack.LoaderOptions(batch_size=4, seed=1, workers=0))
+    assert loader._grouped and len(loader.batches()) == 8
+    for indices, batch in zip(loader.batches(), loader, strict=True):
+        np.testing.assert_array_equal(batch["image"], ds.get_batch(indices % len(ds))["image"])
+
+
 # ---------------------------------------------------------------- the real thing, briefly
 
 
