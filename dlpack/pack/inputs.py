@@ -18,6 +18,7 @@ from .._names import shown as shown_name
 from ..backends import BACKENDS
 from ..errors import BadInputsError, InputFileError, OptionError, SourceError
 from ..options import SPLIT_PART_NAMES, BuildOptions
+from ..sources._items import ItemTable
 from ..sources.anomaly import AnomalyFolderSource
 from ..sources.base import Source, SourceItem, SourceScan
 from ..sources.decode import DecodeError, check_header, incomplete_reason, no_header_reason, normalise_header
@@ -179,6 +180,13 @@ def _source_splits_error(scan: SourceScan, where: str, what: str) -> OptionError
     )
 
 
+def _with_splits(items: Sequence[SourceItem], splits: Sequence[str | None]) -> Sequence[SourceItem]:
+    """``items`` with the splits ``splits``: columns stay columns."""
+    if isinstance(items, ItemTable):
+        return items.with_splits(splits)
+    return tuple(replace(it, split=name) for it, name in zip(items, splits, strict=True))
+
+
 def split_stage(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
     """1b. Give every item a split (``--split``): by class, each class shared by ``percent``.
 
@@ -200,8 +208,7 @@ def split_stage(scan: SourceScan, percent: Sequence[int], seed: int, where: str)
             for k in ks[pos : pos + n]:
                 assigned[k] = name
             pos += n
-    items = tuple(replace(it, split=name) for it, name in zip(scan.items, assigned, strict=True))
-    return replace(scan, items=items)
+    return replace(scan, items=_with_splits(scan.items, assigned))
 
 
 def split_per_file(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
@@ -215,13 +222,11 @@ def split_per_file(scan: SourceScan, percent: Sequence[int], seed: int, where: s
         )
     names = SPLIT_PART_NAMES[len(percent)]
     bounds = np.cumsum(percent) / 100
-    items = tuple(
-        replace(
-            it, split=names[min(int(np.searchsorted(bounds, _split_draw(seed, it.rel), side="right")), len(names) - 1)]
-        )
+    assigned = [
+        names[min(int(np.searchsorted(bounds, _split_draw(seed, it.rel), side="right")), len(names) - 1)]
         for it in scan.items
-    )
-    return replace(scan, items=items)
+    ]
+    return replace(scan, items=_with_splits(scan.items, assigned))
 
 
 @dataclass(frozen=True)
