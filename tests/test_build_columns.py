@@ -243,3 +243,39 @@ def test_job_list_makes_the_jobs_of_the_kept_items() -> None:
     assert pickle.loads(pickle.dumps(jobs)) == list(jobs)
     sel = Selection(range(3), ())
     assert sel.drop({}).keep == range(3)
+
+
+class ListedSource:
+    def __init__(self, root: Path, rels: tuple[str, ...]) -> None:
+        self._root, self.rels = Path(root), rels
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def scan(self) -> SourceScan:
+        return SourceScan(tuple(SourceItem(r) for r in self.rels))
+
+
+@pytest.mark.parametrize(
+    ("rels", "twice"),
+    [
+        (("a.png", "b.png", "c.png"), None),
+        (("b.png", "a.png", "c.png"), None),  # out of order, no path twice
+        (("a.png", "b.png", "b.png"), "b.png"),
+        (("b.png", "a.png", "b.png"), "b.png"),  # the second b comes after the order broke
+        (("c.png", "a.png", "b.png", "a.png"), "a.png"),
+    ],
+)
+def test_scan_stage_finds_a_path_listed_twice_in_any_order(
+    tmp_path: Path, rels: tuple[str, ...], twice: str | None
+) -> None:
+    from dlpack.errors import SourceError
+    from dlpack.pack.inputs import scan_stage
+
+    source = ListedSource(tmp_path, rels)
+    if twice is None:
+        assert [it.rel for it in scan_stage(source).items] == list(rels)
+    else:
+        with pytest.raises(SourceError, match=f"lists '{twice}' twice"):
+            scan_stage(source)

@@ -12,9 +12,9 @@ from ..backends import ArraySpec
 from ..manifest import Manifest
 from ..ragged import RaggedBatch
 from ..sources.base import SourceItem, SourceScan
+from .columns import SampleTable
 from .inputs import Selection, split_names
 from .plan import BuildPlan
-from .columns import SampleTable
 from .workers import Sample
 
 

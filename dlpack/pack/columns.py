@@ -20,6 +20,7 @@ from .workers import Sample
 
 __all__ = ["SampleTable"]
 
+
 class SampleTable(Sequence[Sample]):
     """The samples of a build, in sample order, as the columns of the manifest's arrays.
 

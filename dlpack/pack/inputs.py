@@ -137,17 +137,24 @@ def scan_stage(source: Source) -> SourceScan:
     classes = set(scan.classes)
     if len(classes) != len(scan.classes):
         raise SourceError(f"the source {where!r} lists a class name twice: {list(scan.classes)}")
-    seen: set[str] = set()
-    for item in scan.items:
+    # Paths in rising order (a folder's scan) are unique when each is above the one before: no set
+    # of every path is needed unless the order breaks.
+    seen: set[str] | None = None
+    last: str | None = None
+    for k, item in enumerate(scan.items):
         rel = item.rel
         if not rel or rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
             raise SourceError(
                 f"the source {where!r} lists {rel!r}; item paths are relative to the source root, "
                 "with '/' separators and no empty, '.' or '..' parts"
             )
-        if rel in seen:
-            raise SourceError(f"the source {where!r} lists {rel!r} twice")
-        seen.add(rel)
+        if seen is None and last is not None and rel <= last:
+            seen = {it.rel for it in scan.items[:k]}
+        if seen is not None:
+            if rel in seen:
+                raise SourceError(f"the source {where!r} lists {rel!r} twice")
+            seen.add(rel)
+        last = rel
         if item.label is not None and item.label not in classes:
             raise SourceError(
                 f"the source {where!r} labels {rel!r} {item.label!r}, which is not one of its classes {list(scan.classes)}"

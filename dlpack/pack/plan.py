@@ -19,7 +19,7 @@ from ..manifest import ImageSpec
 from ..options import SPLIT_PART_NAMES, BuildOptions, parse_labels, parse_split
 from ..sources.base import SourceItem, SourceScan
 from ..sources.decode import TargetSpec
-from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
+from ..sources.probe import HEADER_BYTES, probe_header
 from ..transforms.functional import UpscaleError
 from .inputs import Probe, Selection
 

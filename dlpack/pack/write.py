@@ -27,11 +27,11 @@ from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import SourceScan
+from .columns import SampleTable
 from .inputs import Probe, Selection, bad_inputs
 from .journal import Journal, JournalState, Restart, read_journal
 from .plan import BuildPlan, image_array, plan_stage
 from .stats import with_pixel_stats
-from .columns import SampleTable
 from .workers import (
     Job,
     Sample,

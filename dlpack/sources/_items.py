@@ -23,7 +23,7 @@ class ItemTable(Sequence[SourceItem]):
 
     Parameters
     ----------
-    rels : iterable of str
+    rels : sequence of str
         The items' relative paths, in item order.
     labels, splits : sequence of int or numpy.ndarray
         Per item, the index into ``label_names`` / ``split_names``, or -1 for none.
@@ -41,10 +41,11 @@ class ItemTable(Sequence[SourceItem]):
         splits: Sequence[int] | np.ndarray,
         split_names: tuple[str, ...],
     ) -> None:
-        encoded = [r.encode("utf-8") for r in rels]
-        self._blob = b"".join(encoded)
-        self._ends = np.cumsum(np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded)))
-        del encoded
+        # No second object per path: the byte lengths counted, then one join and one encode.
+        rels = rels if isinstance(rels, Sequence) else list(rels)
+        lengths = (len(r) if r.isascii() else len(r.encode("utf-8")) for r in rels)
+        self._ends = np.cumsum(np.fromiter(lengths, dtype=np.int64, count=len(rels)))
+        self._blob = "".join(rels).encode("utf-8")
         self._labels = np.asarray(labels, dtype=np.int32).reshape(-1)
         self._splits = np.asarray(splits, dtype=np.int16).reshape(-1)
         self._label_names = tuple(label_names)
