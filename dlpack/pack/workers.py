@@ -281,10 +281,10 @@ def validate_stage(root: str, plan: BuildPlan, pairs: Sequence[Job], opts: Build
     from joblib import delayed
 
     step = 16
-    calls = [delayed(decode_block)(root, plan, pairs[s : s + step]) for s in range(0, len(pairs), step)]
+    calls = (delayed(decode_block)(root, plan, pairs[s : s + step]) for s in range(0, len(pairs), step))
     found: list[InputFileError] = []
     with _parallel.progress(len(pairs), "checking pixels", opts.quiet) as bar:
-        for block in _parallel.parallel(opts.n_jobs, calls):
+        for block in _parallel.parallel(opts.n_jobs, calls, -(-len(pairs) // step)):
             found.extend(r for r in block if isinstance(r, InputFileError))
             bar.update(len(block))
     return found

@@ -319,19 +319,17 @@ def write_images(
                     failed = failed or any(isinstance(r, InputFileError) for r in block)
                     errors.update(table.put_results(s, block))
                 starts = []
-            if in_workers:
-                calls = [
-                    delayed(write_block_worker)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
-                    for j, s in enumerate(starts)
-                ]
-            else:
-                calls = [
-                    delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
-                    for j, s in enumerate(starts)
-                ]
+            # Generators: a block's jobs are made when the pool takes its call, not all before the first.
+            calls = (
+                delayed(write_block_worker)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
+                if in_workers
+                else delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
+                for j, s in enumerate(starts)
+            )
             if starts:
                 bar.update(already)
-            for slot, (s, block) in enumerate(zip(starts, _parallel.parallel(opts.n_jobs, calls), strict=True)):
+            landed = _parallel.parallel(opts.n_jobs, calls, len(starts))
+            for slot, (s, block) in enumerate(zip(starts, landed, strict=True)):
                 bad = any(isinstance(r, InputFileError) for r in block)
                 failed = failed or bad
                 if not in_workers:
