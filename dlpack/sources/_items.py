@@ -102,13 +102,15 @@ class ItemTable(Sequence[SourceItem]):
     def source_bytes(self, keep: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The UTF-8 paths of items ``keep``, as one ``uint8`` array and ``len(keep) + 1`` offsets
         into it: the ``source`` array of a store, without one object per sample."""
+        blob = np.frombuffer(self._blob, dtype=np.uint8)
+        if isinstance(keep, range) and keep == range(len(self)):  # every item: the blob and its ends as they are
+            return blob, np.concatenate((np.zeros(1, dtype=np.int64), self._ends))
         idx = np.asarray(keep, dtype=np.int64).reshape(-1)
         ends = self._ends[idx]
         starts = np.where(idx > 0, self._ends[np.maximum(idx - 1, 0)], 0)
         lengths = ends - starts
         offsets = np.zeros(len(idx) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        blob = np.frombuffer(self._blob, dtype=np.uint8)
         if len(idx) == len(self) and (len(idx) == 0 or bool(np.all(idx == np.arange(len(idx))))):
             return blob, offsets
         # Runs of consecutive items are contiguous in the blob: one slice each, no per-byte index.
