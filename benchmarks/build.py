@@ -24,11 +24,13 @@ bare loop.
 
 Two other modes: ``--cli`` times the whole ``python -m dlpack build`` command (interpreter start and
 worker start-up included) per job count, interleaved; ``--rss 100000,1000000`` measures the peak
-memory of command-line builds of that many tiny images (hard links of one PNG)::
+memory of command-line builds of that many tiny images (hard links of one PNG), and with
+``--rss-records`` the memory of the build's per-image records alone (no decoding)::
 
     python benchmarks/build.py --cli --images DIR --size 256x256 --repeat 5
     python benchmarks/build.py --cli --images DIR --size 256x256 --repeat 3 --code OLD_TREE,NEW_TREE
     python benchmarks/build.py --rss 10000,100000 --jobs 1,2
+    python benchmarks/build.py --rss 100000,1000000 --rss-records
 """
 
 from __future__ import annotations
@@ -441,12 +443,72 @@ def rss_run(src: Path, out: Path, jobs: int, side: int) -> dict[str, Any]:
             "store_bytes": store}  # fmt: skip
 
 
-def rss_mode(counts: list[int], jobs: list[int], workdir: Path, side: int) -> dict[str, Any]:
+#: The build's per-image records alone, stage by stage, in a child process (``--rss-records``):
+#: scan, probe and plan as the build runs them, then one worker result per image put where the
+#: build keeps them (a list of ``Sample`` objects before the columns existed) and the manifest's
+#: arrays. It prints ``stage rss_mib peak_mib seconds`` lines.
+RECORDS_SCRIPT = r"""
+import hashlib, os, resource, sys, time
+from dlpack.options import BuildOptions
+from dlpack.sources import FolderSource
+from dlpack.pack.inputs import scan_stage, probe_stage, probed
+from dlpack.pack.plan import plan_stage
+from dlpack.pack.arrays import manifest_stage
+from dlpack.pack.workers import Sample
+src, side = sys.argv[1], int(sys.argv[2])
+t0 = time.perf_counter()
+def say(stage):
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(stage, rss, peak, time.perf_counter() - t0, flush=True)
+say("start")
+opts = BuildOptions(size=(side, side), jobs=1, quiet=True)
+scan = scan_stage(FolderSource(src)); say("scan")
+probes = probe_stage(FolderSource(src).root, scan.items, opts); say("probe")
+plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, "zarr", src); say("plan")
+def one(k):  # what a worker returns for one image: its own tuples and digest
+    return Sample(tuple([side, side]), tuple([side, side, 3]), tuple([1.0, 1.0, 0.0, 0.0]), k, (), None,
+                  tuple([100, 1_700_000_000_000_000_000 + k]), hashlib.sha256(str(k).encode()).hexdigest())
+try:
+    from dlpack.pack.columns import SampleTable
+except ImportError:  # before the columns: the build held every Sample until the manifest
+    samples = [one(k) for k in range(plan.count)]
+else:
+    samples = SampleTable(plan.count)
+    for s in range(0, plan.count, 4096):
+        samples.put(s, [one(k) for k in range(s, min(s + 4096, plan.count))])
+say("samples")
+arrays, manifest = manifest_stage(plan, scan, sel, samples); say("manifest")
+"""
+
+
+def records_run(src: Path, side: int) -> dict[str, Any]:
+    """The per-image records of a build of ``src`` (``RECORDS_SCRIPT``): RSS and peak after each stage."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", RECORDS_SCRIPT, str(src / "data"), str(side)], check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    stages = {}
+    for line in out.splitlines():
+        stage, rss, peak, seconds = line.split()
+        stages[stage] = {"rss_mib": float(rss), "peak_mib": float(peak), "seconds": float(seconds)}
+    return stages
+
+
+def rss_mode(counts: list[int], jobs: list[int], workdir: Path, side: int, records: bool = False) -> dict[str, Any]:
     """Peak build memory against the image count: tiny images, so what grows is per-image state."""
     rows: dict[str, Any] = {}
     for n in counts:
         print(f"making {n} files of {side}x{side} ...", file=sys.stderr)
         src = tiny_tree(workdir / f"tiny-{n}", n, side)
+        if records:
+            stages = records_run(src, side)
+            rows[f"{n}-records"] = {"images": n, "stages": stages}
+            line = ", ".join(f"{k} {v['rss_mib']:.0f}" for k, v in stages.items())
+            print(f"  {n:>9,} images, records only: RSS MiB after {line}; peak {stages['manifest']['peak_mib']:.0f} MiB",
+                  file=sys.stderr)  # fmt: skip
+            continue
         for j in jobs:
             r = rss_run(src, workdir / f"rss-{n}-j{j}.zarr", j, side)
             rows[f"{n}-j{j}"] = {"images": n, "jobs": j, **r}
@@ -505,6 +567,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "interleaved with the job counts",
     )
     p.add_argument("--rss-side", type=int, default=16, help="side of the --rss images (default 16)")
+    p.add_argument(
+        "--rss-records",
+        action="store_true",
+        help="with --rss: only the per-image records (scan, probe, plan, one sample per image, the manifest "
+        "arrays) in one process, no decoding: the memory that grows with the count, in minutes at 1,000,000",
+    )
     args = p.parse_args(argv)
     if args.repeat < 1 or args.max_tries < 1:
         p.error("--repeat and --max-tries must be >= 1")
@@ -534,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rss is not None:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dlpack-bench-rss-"))
         try:
-            rows = rss_mode(args.rss, args.jobs, workdir, args.rss_side)
+            rows = rss_mode(args.rss, args.jobs, workdir, args.rss_side, args.rss_records)
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 rss_doc: dict[str, Any] = {"benchmark": "build-rss", "command": " ".join(sys.argv), "machine": machine_info(workdir),

@@ -105,7 +105,7 @@ class DLDatasetView:
         self.classes: tuple[str, ...] = scan.classes
         self.class_ids: tuple[int, ...] = scan.class_ids
         self.skipped = scan.errors
-        self.items: tuple[SourceItem, ...] = scan.items
+        self.items: tuple[SourceItem, ...] = tuple(scan.items)
         self.splits: tuple[str, ...] = tuple(sorted({it.split for it in self.items if it.split is not None}))
         self.target = target
         self._labels = np.array(

@@ -77,6 +77,15 @@ def _check_build_rss(out: str, work: Path) -> None:
         assert r["peak_tree_rss_mib"] >= 10 and r["max_process_rss_mib"] >= 10
 
 
+def _check_build_records(out: str, work: Path) -> None:
+    runs = json.loads((work / "build-records.json").read_text())["runs"]
+    assert sorted(runs) == ["30-records"] and runs["30-records"]["images"] == 30
+    stages = runs["30-records"]["stages"]
+    assert sorted(stages) == sorted(["start", "scan", "probe", "plan", "samples", "manifest"])
+    assert all(v["rss_mib"] >= 10 and v["peak_mib"] >= 10 for v in stages.values())
+    assert "30 images, records only" in out
+
+
 def _check_compression(out: str, work: Path) -> None:
     assert out.splitlines()[0].split()[:3] == ["format", "codec", "MB"]
     rows = json.loads((work / "compression.json").read_text())["rows"]
@@ -346,6 +355,10 @@ RUNS: dict[str, list[Run]] = {
         Run(
             ("--rss", "20,50", "--rss-side", "8", "--jobs", "1", "--workdir", "work", "--json", "build-rss.json"),
             _check_build_rss,
+        ),
+        Run(
+            ("--rss", "30", "--rss-side", "8", "--rss-records", "--workdir", "work", "--json", "build-records.json"),
+            _check_build_records,
         ),
     ],
     "benchmarks/compression.py": [

@@ -291,7 +291,7 @@ def build(
                 count=plan.count,
                 skipped=manifest.skipped,
                 seconds=time.perf_counter() - t0,
-                input_bytes=sum(probes[k].nbytes for k in sel.keep),
+                input_bytes=probes.nbytes(sel.keep),
                 output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
                 conversions=dict(manifest.conversions),
                 plan=plan,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,47 +10,65 @@ import numpy as np
 from .. import __version__
 from ..backends import ArraySpec
 from ..manifest import Manifest
+from ..ragged import RaggedBatch
 from ..sources.base import SourceItem, SourceScan
+from .columns import SampleTable
 from .inputs import Selection, split_names
 from .plan import BuildPlan
 from .workers import Sample
 
 
+def _source_array(items: Sequence[SourceItem], keep: Sequence[int]) -> Any:
+    """The ragged ``source`` values of items ``keep``: their UTF-8 paths, one view each of one array."""
+    source_bytes = getattr(items, "source_bytes", None)  # an ItemTable holds them as one blob already
+    if source_bytes is not None:
+        data, offsets = source_bytes(keep)
+    else:
+        encoded = [items[k].rel.encode("utf-8") for k in keep]
+        data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return RaggedBatch(data, offsets)
+
+
 def _meta_arrays(
     items: Sequence[SourceItem],
-    samples: Sequence[Sample],
+    keep: Sequence[int],
+    samples: SampleTable,
     classes: Sequence[str],
-    shapes: Sequence[tuple[int, ...]] | None,
+    variable: bool,
     splits: Sequence[str] = (),
 ) -> dict[str, tuple[ArraySpec, Any]]:
-    """The per-sample metadata arrays, by name: their specs and values (``split`` only when ``splits``)."""
+    """The per-sample metadata arrays, by name: their specs and values (``split`` only when ``splits``).
+
+    Built from the samples' columns and read item by item for the codes: nothing per sample is an object.
+    """
     class_id = {c: i for i, c in enumerate(classes)}
+    split_id = {name: i for i, name in enumerate(splits)}
+    labels = np.empty(len(keep), dtype="<i4")
+    codes = np.empty(len(keep), dtype="|i1")
+    for j, k in enumerate(keep):
+        it = items[k]
+        labels[j] = class_id[it.label] if it.label is not None else -1
+        if splits:
+            codes[j] = split_id[it.split] if it.split is not None else -1
     fixed: dict[str, tuple[np.ndarray, str | None]] = {
-        "labels": (
-            np.array([class_id[it.label] if it.label is not None else -1 for it in items], dtype="<i4"),
-            "label",
-        ),
-        "original_size": (np.array([s.original_size for s in samples], dtype="<i4").reshape(-1, 2), None),
-        "transform": (np.array([s.transform for s in samples], dtype="<f8").reshape(-1, 4), None),
-        "checksum": (np.array([s.checksum for s in samples], dtype="<u4"), None),
+        "labels": (labels, "label"),
+        "original_size": (samples.original_size, None),
+        "transform": (samples.transform, None),
+        "checksum": (samples.checksum, None),
         # What --update compares the source files with: (size, mtime_ns), then the content hash.
-        "source_stat": (np.array([s.stat for s in samples], dtype="<i8").reshape(-1, 2), None),
-        "source_sha256": (
-            np.frombuffer(b"".join(bytes.fromhex(s.sha256) for s in samples), dtype=np.uint8).reshape(-1, 32),
-            None,
-        ),
+        "source_stat": (samples.stat, None),
+        "source_sha256": (samples.sha256, None),
     }
-    if shapes is not None:
-        fixed["image_shapes"] = (np.array(shapes, dtype="<i4").reshape(-1, 3), None)
+    if variable:
+        fixed["image_shapes"] = (samples.shape, None)
     if splits:
-        split_id = {name: i for i, name in enumerate(splits)}
-        codes = [split_id[it.split] if it.split is not None else -1 for it in items]
-        fixed["split"] = (np.array(codes, dtype="|i1"), "split")
+        fixed["split"] = (codes, "split")
     arrays: dict[str, tuple[ArraySpec, Any]] = {
         name: (ArraySpec(name, arr.dtype.str, arr.shape[1:], key=key), arr) for name, (arr, key) in fixed.items()
     }
-    sources = [np.frombuffer(it.rel.encode("utf-8"), dtype=np.uint8) for it in items]
-    arrays["source"] = (ArraySpec("source", "|u1", (), ragged=True), sources)
+    arrays["source"] = (ArraySpec("source", "|u1", (), ragged=True), _source_array(items, keep))
     return arrays
 
 
@@ -117,12 +134,14 @@ def manifest_stage(
     plan: BuildPlan, scan: SourceScan, sel: Selection, samples: Sequence[Sample]
 ) -> tuple[dict[str, tuple[ArraySpec, Any]], Manifest]:
     """6. The per-sample arrays and the manifest of the written samples (the writer lists the arrays)."""
-    items = [scan.items[k] for k in sel.keep]
+    table = SampleTable.of(samples)
     variable = plan.image.layout == "variable"
     splits = plan.split_names or split_names(scan.items)
-    arrays = _meta_arrays(items, samples, scan.classes, [s.shape for s in samples] if variable else None, splits)
-    arrays.update(label_arrays(plan, items, samples))
-    conversions = Counter(c for s in samples for c in s.conversions)
+    arrays = _meta_arrays(scan.items, sel.keep, table, scan.classes, variable, splits)
+    if plan.labels is not None:
+        items = [scan.items[k] for k in sel.keep]
+        arrays.update(label_arrays(plan, items, table))
+    conversions = table.conversion_counts()
     target = plan.target
     manifest = Manifest(
         count=plan.count,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, overload
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from .._names import shown as shown_name
 from ..backends import BACKENDS
 from ..errors import BadInputsError, InputFileError, OptionError, SourceError
 from ..options import SPLIT_PART_NAMES, BuildOptions
+from ..sources._items import ItemTable
 from ..sources.anomaly import AnomalyFolderSource
 from ..sources.base import Source, SourceItem, SourceScan
 from ..sources.decode import DecodeError, check_header, incomplete_reason, no_header_reason, normalise_header
@@ -30,11 +31,14 @@ from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
 class Selection:
     """Which scanned items are still in (positions in ``SourceScan.items``, in order), and every input error so far."""
 
-    keep: tuple[int, ...]
+    #: A ``range`` while every item is in (no object per item), else a tuple.
+    keep: Sequence[int]
     errors: tuple[InputFileError, ...]
 
     def drop(self, failed: Mapping[int, InputFileError]) -> Selection:
         """A selection without the positions in ``failed``, whose errors are added."""
+        if not failed:
+            return Selection(self.keep, self.errors)
         return Selection(tuple(k for k in self.keep if k not in failed), self.errors + tuple(failed.values()))
 
 
@@ -133,17 +137,24 @@ def scan_stage(source: Source) -> SourceScan:
     classes = set(scan.classes)
     if len(classes) != len(scan.classes):
         raise SourceError(f"the source {where!r} lists a class name twice: {list(scan.classes)}")
-    seen: set[str] = set()
-    for item in scan.items:
+    # Paths in rising order (a folder's scan) are unique when each is above the one before: no set
+    # of every path is needed unless the order breaks.
+    seen: set[str] | None = None
+    last: str | None = None
+    for k, item in enumerate(scan.items):
         rel = item.rel
         if not rel or rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
             raise SourceError(
                 f"the source {where!r} lists {rel!r}; item paths are relative to the source root, "
                 "with '/' separators and no empty, '.' or '..' parts"
             )
-        if rel in seen:
-            raise SourceError(f"the source {where!r} lists {rel!r} twice")
-        seen.add(rel)
+        if seen is None and last is not None and rel <= last:
+            seen = {it.rel for it in scan.items[:k]}
+        if seen is not None:
+            if rel in seen:
+                raise SourceError(f"the source {where!r} lists {rel!r} twice")
+            seen.add(rel)
+        last = rel
         if item.label is not None and item.label not in classes:
             raise SourceError(
                 f"the source {where!r} labels {rel!r} {item.label!r}, which is not one of its classes {list(scan.classes)}"
@@ -176,6 +187,13 @@ def _source_splits_error(scan: SourceScan, where: str, what: str) -> OptionError
     )
 
 
+def _with_splits(items: Sequence[SourceItem], splits: Sequence[str | None]) -> Sequence[SourceItem]:
+    """``items`` with the splits ``splits``: columns stay columns."""
+    if isinstance(items, ItemTable):
+        return items.with_splits(splits)
+    return tuple(replace(it, split=name) for it, name in zip(items, splits, strict=True))
+
+
 def split_stage(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
     """1b. Give every item a split (``--split``): by class, each class shared by ``percent``.
 
@@ -197,8 +215,7 @@ def split_stage(scan: SourceScan, percent: Sequence[int], seed: int, where: str)
             for k in ks[pos : pos + n]:
                 assigned[k] = name
             pos += n
-    items = tuple(replace(it, split=name) for it, name in zip(scan.items, assigned, strict=True))
-    return replace(scan, items=items)
+    return replace(scan, items=_with_splits(scan.items, assigned))
 
 
 def split_per_file(scan: SourceScan, percent: Sequence[int], seed: int, where: str) -> SourceScan:
@@ -212,13 +229,11 @@ def split_per_file(scan: SourceScan, percent: Sequence[int], seed: int, where: s
         )
     names = SPLIT_PART_NAMES[len(percent)]
     bounds = np.cumsum(percent) / 100
-    items = tuple(
-        replace(
-            it, split=names[min(int(np.searchsorted(bounds, _split_draw(seed, it.rel), side="right")), len(names) - 1)]
-        )
+    assigned = [
+        names[min(int(np.searchsorted(bounds, _split_draw(seed, it.rel), side="right")), len(names) - 1)]
         for it in scan.items
-    )
-    return replace(scan, items=items)
+    ]
+    return replace(scan, items=_with_splits(scan.items, assigned))
 
 
 @dataclass(frozen=True)
@@ -226,6 +241,93 @@ class Probe:
     header: ImageHeader | None
     nbytes: int
     error: str | None
+
+
+_FORMATS = ("png", "jpeg", "bmp", "tiff", "webp", "pnm")
+
+
+class ProbeTable(Sequence[Probe]):
+    """Probes as columns (header fields, file size), with the rare errors kept by position."""
+
+    __slots__ = ("_n", "_size", "_head", "_nbytes", "_errors", "_has_header", "_odd")
+
+    def __init__(self, n: int) -> None:
+        self._n = 0
+        #: width and height as the file gives them (a PNM header can say anything)
+        self._size = np.zeros((n, 2), dtype=np.int64)
+        #: format code, channels, has_alpha, bit depth, orientation, pages (at most MAX_TIFF_PAGES + 1)
+        self._head = np.zeros((n, 6), dtype=np.int16)
+        self._nbytes = np.zeros(n, dtype=np.int64)
+        self._has_header = np.zeros(n, dtype=bool)
+        self._errors: dict[int, str] = {}
+        #: headers whose format is not one of the known ones (kept whole)
+        self._odd: dict[int, ImageHeader] = {}
+
+    @classmethod
+    def of(cls, probes: Iterable[Probe], n: int) -> ProbeTable:
+        table = cls(n)
+        table.extend(probes)
+        return table
+
+    def extend(self, probes: Iterable[Probe]) -> None:
+        for p in probes:
+            k = self._n
+            self._n += 1
+            self._nbytes[k] = p.nbytes
+            if p.error is not None:
+                self._errors[k] = p.error
+            h = p.header
+            if h is None:
+                continue
+            self._has_header[k] = True
+            small = (h.channels, int(h.has_alpha), h.bit_depth, h.orientation, h.pages)
+            if h.format not in _FORMATS or not all(0 <= v < 2**15 for v in small):
+                self._odd[k] = h
+                continue
+            self._size[k] = (h.width, h.height)
+            self._head[k] = (_FORMATS.index(h.format), h.channels, h.has_alpha, h.bit_depth, h.orientation, h.pages)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def header(self, k: int) -> ImageHeader | None:
+        if not self._has_header[k]:
+            return None
+        if k in self._odd:
+            return self._odd[k]
+        w, h = self._size[k].tolist()
+        f, c, a, d, o, p = self._head[k].tolist()
+        return ImageHeader(_FORMATS[f], w, h, c, bool(a), d, o, p)
+
+    def _probe(self, k: int) -> Probe:
+        return Probe(self.header(k), int(self._nbytes[k]), self._errors.get(k))
+
+    @overload
+    def __getitem__(self, k: int) -> Probe: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> tuple[Probe, ...]: ...
+
+    def __getitem__(self, k: int | slice) -> Probe | tuple[Probe, ...]:
+        if isinstance(k, slice):
+            return tuple(self._probe(j) for j in range(*k.indices(self._n)))
+        j = k + self._n if k < 0 else k
+        if not 0 <= j < self._n:
+            raise IndexError(f"probe {k} of {self._n}")
+        return self._probe(j)
+
+    def __iter__(self) -> Iterator[Probe]:
+        for k in range(self._n):
+            yield self._probe(k)
+
+    @property
+    def errors(self) -> Mapping[int, str]:
+        """Why each failed probe failed, by position."""
+        return self._errors
+
+    def nbytes(self, keep: Sequence[int] | np.ndarray) -> int:
+        """The summed file sizes of items ``keep``."""
+        return int(self._nbytes[np.asarray(keep, dtype=np.int64)].sum()) if len(keep) else 0
 
 
 def open_input(path: Path) -> BinaryIO:
@@ -299,29 +401,40 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[Probe]
 PROBE_STEP = 256
 
 
-def probe_stage(root: Path, items: Sequence[SourceItem], opts: BuildOptions) -> tuple[Probe, ...]:
-    """2. Read every file's header (in workers): size, channels, depth, and why a file is unusable."""
+def _rels(items: Sequence[SourceItem], start: int, stop: int) -> list[str]:
+    rel = getattr(items, "rel", None)  # an ItemTable gives a path without making its item
+    return [rel(k) for k in range(start, stop)] if rel is not None else [it.rel for it in items[start:stop]]
+
+
+def probe_stage(root: Path, items: Sequence[SourceItem], opts: BuildOptions) -> ProbeTable:
+    """2. Read every file's header (in workers): size, channels, depth, and why a file is unusable.
+
+    The paths of a call are listed only when the pool asks for it, and its probes go into columns.
+    """
     from joblib import delayed
 
-    rels = [it.rel for it in items]
     step = PROBE_STEP
-    calls = [
-        delayed(_probe_files)(os.fspath(root), rels[s : s + step], opts.max_pixels) for s in range(0, len(rels), step)
-    ]
-    probes: list[Probe] = []
+    n = len(items)
+    calls = (
+        delayed(_probe_files)(os.fspath(root), _rels(items, s, min(s + step, n)), opts.max_pixels)
+        for s in range(0, n, step)
+    )
+    n_calls = -(-n // step)
+    probes = ProbeTable(n)
     # While the pool is still starting (see build), reading headers here beats waiting for it.
-    jobs = 1 if _parallel.warming() else min(opts.n_jobs, max(1, len(calls)))
-    with _parallel.progress(len(rels), "checking", opts.quiet) as bar:
-        for block in _parallel.parallel(jobs, calls):
+    jobs = 1 if _parallel.warming() else min(opts.n_jobs, max(1, n_calls))
+    with _parallel.progress(n, "checking", opts.quiet) as bar:
+        for block in _parallel.parallel(jobs, calls, n_calls):
             probes.extend(block)
             bar.update(len(block))
-    return tuple(probes)
+    return probes
 
 
 def probed(scan: SourceScan, probes: Sequence[Probe]) -> Selection:
     """The first selection: every item whose probe passed; the scan's and the probe's errors."""
-    bad = [InputFileError(scan.items[k].rel, p.error) for k, p in enumerate(probes) if p.error is not None]
-    keep = tuple(k for k, p in enumerate(probes) if p.error is None)
+    failed = probes.errors if isinstance(probes, ProbeTable) else {k: p.error for k, p in enumerate(probes) if p.error}
+    bad = [InputFileError(scan.items[k].rel, failed[k]) for k in sorted(failed)]
+    keep = tuple(k for k in range(len(probes)) if k not in failed) if failed else range(len(probes))
     return Selection(keep, scan.errors + tuple(bad))
 
 

@@ -6,10 +6,10 @@ import hashlib
 import json
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from ..manifest import ImageSpec
 from ..options import SPLIT_PART_NAMES, BuildOptions, parse_labels, parse_split
 from ..sources.base import SourceItem, SourceScan
 from ..sources.decode import TargetSpec
-from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
+from ..sources.probe import HEADER_BYTES, probe_header
 from ..transforms.functional import UpscaleError
 from .inputs import Probe, Selection
 
@@ -233,18 +233,23 @@ class BuildPlan:
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _majority(values: Sequence[int], default: int) -> int:
+def _majority(values: Counter[int], default: int) -> int:
     if not values:
         return default
-    counts = Counter(values).most_common()
+    counts = values.most_common()
     best = counts[0][1]
     # Ties go to the richer representation (colour, 16-bit), which loses nothing.
     return max(v for v, n in counts if n == best)
 
 
-def order_digest(items: Sequence[SourceItem]) -> str:
-    text = json.dumps([it.rel for it in items], separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+def order_digest(items: Iterable[SourceItem]) -> str:
+    """SHA-256 of the paths as a compact JSON list, hashed path by path (the same bytes as
+    ``json.dumps`` of the whole list, without holding that list and its text)."""
+    h = hashlib.sha256(b"[")
+    for k, it in enumerate(items):
+        h.update((b"," if k else b"") + json.dumps(it.rel, ensure_ascii=False).encode("utf-8"))
+    h.update(b"]")
+    return h.hexdigest()
 
 
 def _json_default(value: Any) -> Any:
@@ -370,14 +375,17 @@ def plan_stage(
     Items the target would have to enlarge (without ``allow_upscale``) leave the selection as input
     errors. The same inputs always give the same plan.
     """
-    headers: list[ImageHeader] = []
+    # Counted and then read again header by header: a list of every header would be one object per image.
+    channel_counts: Counter[int] = Counter()
+    depth_counts: Counter[int] = Counter()
     for k in sel.keep:
         header = probes[k].header
         if header is None:
             raise ValueError(f"item {scan.items[k].rel!r} is selected but has no probed header")
-        headers.append(header)
-    channels = opts.channels if opts.channels != "keep" else _majority([h.channels for h in headers], 3)
-    depth = _majority([h.bit_depth for h in headers], 8)
+        channel_counts[header.channels] += 1
+        depth_counts[header.bit_depth] += 1
+    channels = opts.channels if opts.channels != "keep" else _majority(channel_counts, 3)
+    depth = _majority(depth_counts, 8)
     target = TargetSpec(
         mode=opts.resize_mode,
         size=opts.size,
@@ -389,10 +397,13 @@ def plan_stage(
     )
     upscale: dict[int, InputFileError] = {}
     sizes: set[tuple[int, int]] = set()
-    for k, h in zip(sel.keep, headers, strict=True):
+    geometry: dict[tuple[int, int], Any] = {}  # one per distinct size: the same answer for the same size
+    for k in sel.keep:
+        h = probes[k].header
+        assert h is not None
         w, hh = h.oriented_size
         try:
-            g = target.geometry(hh, w)
+            g = geometry.get((hh, w)) or geometry.setdefault((hh, w), target.geometry(hh, w))
         except UpscaleError as exc:
             upscale[k] = InputFileError(scan.items[k].rel, str(exc))
             continue
@@ -410,7 +421,7 @@ def plan_stage(
         spec = ImageSpec("fixed", target.channels, target.dtype, oh, ow)
     else:
         spec = ImageSpec("variable", target.channels, target.dtype)
-    kept = [scan.items[k] for k in sel.keep]
+    kept = _Kept(scan.items, sel.keep)
     _check_block_bytes(get_backend(backend), spec, len(kept), opts)
     labels = label_plan(scan, kept, root, opts)
     if labels is not None and labels.mask_dtype is not None and spec.shape is None:
@@ -436,6 +447,31 @@ def plan_stage(
         **label_options(opts),
     )
     return plan, sel
+
+
+class _Kept(Sequence[SourceItem]):
+    """The items at positions ``keep``, made one at a time as they are read."""
+
+    def __init__(self, items: Sequence[SourceItem], keep: Sequence[int]) -> None:
+        self.items, self.keep = items, keep
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    @overload
+    def __getitem__(self, k: int) -> SourceItem: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[SourceItem]: ...
+
+    def __getitem__(self, k: int | slice) -> SourceItem | list[SourceItem]:
+        if isinstance(k, slice):
+            return [self.items[j] for j in self.keep[k]]
+        return self.items[self.keep[k]]
+
+    def __iter__(self) -> Iterator[SourceItem]:
+        for k in self.keep:
+            yield self.items[k]
 
 
 def image_array(image: ImageSpec, compression: str) -> ArraySpec:

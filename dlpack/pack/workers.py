@@ -13,10 +13,10 @@ import hashlib
 import json
 import os
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -44,9 +44,44 @@ def preload() -> None:
     from ..backends import _zarr  # noqa: F401
 
 
-def jobs_of(items: Sequence[Any], probes: Sequence[Any], keep: Sequence[int]) -> list[Job]:
+def jobs_of(items: Sequence[Any], probes: Sequence[Any], keep: Sequence[int]) -> JobList:
     """The worker jobs of the scanned ``items`` at positions ``keep`` (with their ``probes``)."""
-    return [(items[k].rel, probes[k].header, items[k].annotations) for k in keep]
+    return JobList(items, probes, keep)
+
+
+class JobList(Sequence[Job]):
+    """The worker jobs of the scanned items at positions ``keep``, made when a block of them is read."""
+
+    __slots__ = ("_items", "_probes", "_keep")
+
+    def __init__(self, items: Sequence[Any], probes: Sequence[Any], keep: Sequence[int]) -> None:
+        self._items, self._probes = items, probes
+        self._keep = np.asarray(keep, dtype=np.int64).reshape(-1)
+
+    def __len__(self) -> int:
+        return len(self._keep)
+
+    def _job(self, k: int) -> Job:
+        item = self._items[k]
+        return (item.rel, self._probes[k].header, item.annotations)
+
+    @overload
+    def __getitem__(self, k: int) -> Job: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[Job]: ...
+
+    def __getitem__(self, k: int | slice) -> Job | list[Job]:
+        if isinstance(k, slice):
+            return [self._job(int(j)) for j in self._keep[k]]
+        return self._job(int(self._keep[k]))
+
+    def __iter__(self) -> Iterator[Job]:
+        for j in self._keep.tolist():
+            yield self._job(j)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))
 
 
 def label_digest(root: str, label_root: str | None, annotations: Mapping[str, Any] | None) -> str:
@@ -247,10 +282,10 @@ def validate_stage(root: str, plan: BuildPlan, pairs: Sequence[Job], opts: Build
     from joblib import delayed
 
     step = 16
-    calls = [delayed(decode_block)(root, plan, pairs[s : s + step]) for s in range(0, len(pairs), step)]
+    calls = (delayed(decode_block)(root, plan, pairs[s : s + step]) for s in range(0, len(pairs), step))
     found: list[InputFileError] = []
     with _parallel.progress(len(pairs), "checking pixels", opts.quiet) as bar:
-        for block in _parallel.parallel(opts.n_jobs, calls):
+        for block in _parallel.parallel(opts.n_jobs, calls, -(-len(pairs) // step)):
             found.extend(r for r in block if isinstance(r, InputFileError))
             bar.update(len(block))
     return found

@@ -27,6 +27,7 @@ from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import SourceScan
+from .columns import SampleTable
 from .inputs import Probe, Selection, bad_inputs
 from .journal import Journal, JournalState, Restart, read_journal
 from .plan import BuildPlan, image_array, plan_stage
@@ -283,7 +284,7 @@ def write_images(
     root: str,
     pairs: Sequence[Job],
     opts: BuildOptions,
-) -> tuple[list[Sample | InputFileError], Partial | None, str]:
+) -> tuple[Sequence[Sample | InputFileError], Partial | None, str]:
     """5. Write every image into the partial store of ``out``, decoded by workers.
 
     Blocks a killed build already wrote are kept (see :func:`open_partial`); every other block is
@@ -302,8 +303,12 @@ def write_images(
         from joblib import delayed
 
         starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
-        results: list[Sample | InputFileError] = []
-        slots: dict[int, list[Sample | InputFileError]] = {s: list(v) for s, v in partial.done.items()}
+        # Each block's records go into columns as it lands (not one object per image until the manifest).
+        table = SampleTable(len(pairs))
+        errors: dict[int, InputFileError] = {}
+        for s, v in partial.done.items():
+            table.put(s, v)
+        already = sum(len(v) for v in partial.done.values())
         failed = False
         pooled = _parallel.pooled(opts.n_jobs, len(starts))
         digest = _InOrderDigest(images.dtype)
@@ -315,25 +320,23 @@ def write_images(
             _parallel.BlockProgress(bar, len(starts), pooled) as progress,
         ):
             if in_workers and not pooled:
-                bar.update(sum(len(v) for v in slots.values()))
+                bar.update(already)
                 blocks = _write_behind(writer, journal, root, plan, pairs, starts, step, progress, digest, counts)
                 for s, block in blocks:
                     failed = failed or any(isinstance(r, InputFileError) for r in block)
-                    slots[s] = block
+                    errors.update(table.put_results(s, block))
                 starts = []
-            if in_workers:
-                calls = [
-                    delayed(write_block_worker)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
-                    for j, s in enumerate(starts)
-                ]
-            else:
-                calls = [
-                    delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
-                    for j, s in enumerate(starts)
-                ]
+            # Generators: a block's jobs are made when the pool takes its call, not all before the first.
+            calls = (
+                delayed(write_block_worker)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
+                if in_workers
+                else delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
+                for j, s in enumerate(starts)
+            )
             if starts:
-                bar.update(sum(len(v) for v in slots.values()))
-            for slot, (s, out_) in enumerate(zip(starts, _parallel.parallel(opts.n_jobs, calls), strict=True)):
+                bar.update(already)
+            landed = _parallel.parallel(opts.n_jobs, calls, len(starts))
+            for slot, (s, out_) in enumerate(zip(starts, landed, strict=True)):
                 if in_workers:
                     block, written = out_
                     counts.add(written)
@@ -364,22 +367,20 @@ def write_images(
                 if in_workers and not failed and digest.on:
                     # Read back while the workers decode the next blocks (it is in the page cache).
                     digest.add(s, writer.read_written(images.name, s, s + len(block)))
-                slots[s] = block
+                errors.update(table.put_results(s, block))
                 progress.finished(slot, len(block))
         if not failed:
             digest.record(writer, images.name, len(pairs))
             if fixed:
                 h, w = plan.image.height or 0, plan.image.width or 0
                 partial.pixel_counts = counts.total(len(pairs) * h * w)
-        for s in sorted(slots):
-            results.extend(slots[s])
     except BaseException as exc:
         discard_partial(partial, out, exc)
         raise
     if failed:
         discard_partial(partial, out)
-        return results, None, partial.note
-    return results, partial, partial.note
+        return [errors[k] if k in errors else table[k] for k in range(len(pairs))], None, partial.note
+    return table, partial, partial.note
 
 
 class _InOrderDigest:
@@ -498,6 +499,10 @@ def _landed(
     return s, results
 
 
+#: Samples of a ragged per-sample array (``source``, ``boxes``) handed to the writer at once.
+RAGGED_PART = 65536
+
+
 def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
     """Write the per-sample arrays, then the manifest: the partial store is complete after this."""
     writer = partial.writer
@@ -511,7 +516,12 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
             partial.journal.mark_commit()
         for spec, values in arrays.values():
             writer.create_array(spec, manifest.count)
-            writer.write_block(spec.name, 0, values)
+            # A ragged array in parts: the writer holds one object per sample of a part until it is written.
+            step = RAGGED_PART if spec.ragged else max(1, len(values))
+            for start in range(0, len(values), step):
+                writer.write_block(spec.name, start, values[start : start + step])
+            if not len(values):
+                writer.write_block(spec.name, 0, values)
         # The written pixels' statistics (pack/stats.py), from the counts taken as the blocks were written.
         writer.commit(with_pixel_stats(manifest, writer, partial.pixel_counts))
     except BaseException as exc:
@@ -537,7 +547,7 @@ def pack_stage(
     plan: BuildPlan,
     sel: Selection,
     opts: BuildOptions,
-) -> tuple[BuildPlan, Selection, list[Sample], Partial, str]:
+) -> tuple[BuildPlan, Selection, SampleTable, Partial, str]:
     """4-5. Decode and write the selected items under ``plan`` into the partial store of ``out``.
 
     Files that pass the probe but fail to decode (damage inside the compressed data) are rare:
@@ -553,7 +563,8 @@ def pack_stage(
         results, partial, found = write_images(backend, out, plan, os.fspath(root), pairs, opts)
         note = note or found
         if partial is not None:
-            return plan, sel, [r for r in results if isinstance(r, Sample)], partial, note
+            assert isinstance(results, SampleTable)
+            return plan, sel, results, partial, note
         sel = sel.drop({k: r for k, r in zip(sel.keep, results, strict=True) if isinstance(r, InputFileError)})
         if opts.on_error == "fail":
             raise bad_inputs(sel.errors, root, nothing_left=not sel.keep)

@@ -8,7 +8,7 @@ else about where the items came from, so a new source plugs in without touching 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -47,8 +47,10 @@ class SourceScan:
 
     Attributes
     ----------
-    items : tuple of SourceItem
-        Every usable input, in sample order.
+    items : sequence of SourceItem
+        Every usable input, in sample order: a tuple, or (for a folder) an
+        :class:`~dlpack.sources._items.ItemTable` that keeps them as columns and makes each item
+        when it is read, so a million-image scan does not hold a million objects.
     classes : tuple of str
         Class names; a stored label ``k`` means ``classes[k]``. Empty when unlabelled.
     errors : tuple of InputFileError
@@ -72,7 +74,7 @@ class SourceScan:
         3 boxes that stuck out of their image (...)"; nothing in a note stops the build.
     """
 
-    items: tuple[SourceItem, ...]
+    items: Sequence[SourceItem]
     classes: tuple[str, ...] = ()
     errors: tuple[InputFileError, ...] = ()
     labels: str = "none"

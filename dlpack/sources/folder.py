@@ -36,9 +36,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .._names import code_points, normal_form, shown
 from ..errors import InputFileError, OptionError, SourceError
 from ..options import IMAGE_SUFFIXES
+from ._items import ItemTable
 from .base import SourceItem, SourceScan
 
 # The decoding helpers lived here in the first release; callers still import them from this module.
@@ -366,6 +369,7 @@ class FolderSource:
         if walk.label_paths:
             raise label_paths_error(os.fspath(root), sorted(walk.label_paths))
         rels = sorted(walk.files)
+        walk.files.clear()
         errors = tuple(sorted(walk.errors, key=lambda e: e.path))
         if not rels and not errors:
             suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
@@ -382,18 +386,30 @@ class FolderSource:
             task="classification" if classes else "none",
         )
 
-    def _label(self, rels: list[str]) -> tuple[tuple[SourceItem, ...], tuple[str, ...]]:
-        """Items with their splits and labels, and the sorted class names, by the rules in the class docstring."""
+    def _label(self, rels: list[str]) -> tuple[ItemTable, tuple[str, ...]]:
+        """Items with their splits and labels, and the sorted class names, by the rules in the class docstring.
+
+        One pass over the paths, keeping codes rather than split path parts: a million paths split
+        into lists would cost more memory than the rest of the build.
+        """
         where = repr(os.fspath(self.root))
-        parts = [r.split("/") for r in rels]
-        by_split = bool(parts) and all(len(p) > 1 and p[0].lower() in SPLIT_NAMES for p in parts)
-        splits = [p[0].lower() if by_split else None for p in parts]
-        inner = [p[1:] if by_split else p for p in parts]
+        by_split = bool(rels) and all("/" in r and r.split("/", 1)[0].lower() in SPLIT_NAMES for r in rels)
+        split_of: dict[str, int] = {}
+        split_codes = np.full(len(rels), -1, dtype=np.int16)
+        strays: list[str] = []
+        for k, r in enumerate(rels):
+            inner = r
+            if by_split:
+                top, inner = r.split("/", 1)
+                split_codes[k] = split_of.setdefault(top.lower(), len(split_of))
+            if "/" not in inner:
+                strays.append(r)
+        split_names = tuple(split_of)
         if by_split:
-            where = f"the split folders ({', '.join(sorted({p[0] + '/' for p in parts}))}) of {where}"
-        strays = [r for r, p in zip(rels, inner, strict=True) if len(p) == 1]
+            tops = sorted({r.split("/", 1)[0] + "/" for r in rels})
+            where = f"the split folders ({', '.join(tops)}) of {where}"
         if self.labels == "none" or (self.labels == "auto" and len(strays) == len(rels)):
-            return tuple(SourceItem(r, None, split=s) for r, s in zip(rels, splits, strict=True)), ()
+            return ItemTable(rels, np.full(len(rels), -1, dtype=np.int32), (), split_codes, split_names), ()
         if strays:
             if self.labels == "folders":
                 rule = "--labels folders needs every image inside a class folder"
@@ -408,9 +424,17 @@ class FolderSource:
                 f"{_listing(strays)}; {rule}. Move them into class folders, or pass --labels none "
                 "to build an unlabelled store"
             )
-        at = 0 if self.class_folder == "top" else -2
-        items = tuple(SourceItem(r, p[at], split=s) for r, p, s in zip(rels, inner, splits, strict=True))
-        classes = tuple(sorted({p[at] for p in inner}))
+        class_of: dict[str, int] = {}
+        codes = np.empty(len(rels), dtype=np.int32)
+        top_rule = self.class_folder == "top"
+        for k, r in enumerate(rels):
+            inner = r.split("/", 1)[1] if by_split else r
+            name = inner.split("/", 1)[0] if top_rule else inner.rsplit("/", 2)[-2]
+            codes[k] = class_of.setdefault(name, len(class_of))
+        classes = tuple(sorted(class_of))
+        # Codes in order of first sight -> indices into the sorted class names.
+        remap = np.array([classes.index(name) for name in class_of], dtype=np.int32)
+        items = ItemTable(rels, remap[codes], classes, split_codes, split_names)
         # Class folders under different split folders are never in one listing: compare the classes too.
         seen: dict[str, str] = {}
         for name in classes:
