@@ -143,6 +143,25 @@ def store_files(path: Path) -> dict[str, bytes]:
     return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
+def interrupt_build(monkeypatch: pytest.MonkeyPatch, blocks: int, build: Callable[[], Any]) -> None:
+    """Run ``build`` with Ctrl-C arriving once ``blocks`` blocks are journalled (the partial and its
+    journal are kept, as after a real interrupt); the journal works normally again afterwards."""
+    import importlib
+
+    journal = importlib.import_module("dlpack.pack.journal")
+    append = journal.Journal.append_block
+
+    def interrupted(self: Any, *args: Any, **kwargs: Any) -> None:
+        append(self, *args, **kwargs)
+        if self.blocks >= blocks:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(journal.Journal, "append_block", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build()
+    monkeypatch.undo()
+
+
 @pytest.fixture
 def images() -> Any:
     """The image helpers above, for tests: ``images.reference(path, size)``, ``images.encode(...)``, ..."""

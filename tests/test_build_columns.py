@@ -9,7 +9,6 @@ byte-identical, and the arrays must hold what the files say (paths, labels, spli
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import pickle
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import interrupt_build
 
 import dlpack
 from dlpack.backends import backend_for_path
@@ -31,8 +31,6 @@ from dlpack.pack.workers import JobList, Sample
 from dlpack.sources import FolderSource, SourceItem, SourceScan
 from dlpack.sources._items import ItemTable
 from dlpack.sources.probe import ImageHeader
-
-journal_module = importlib.import_module("dlpack.pack.journal")
 
 MakeTree = Callable[..., Path]
 
@@ -115,17 +113,7 @@ def test_resumed_columnar_build_ends_byte_identical(
     src = source_tree(make_tree)
     out = tmp_path / backend
     opts = {"shard_bytes": 2**16, "jobs": 1, "quiet": True, "on_error": "skip"}
-    append = journal_module.Journal.append_block
-
-    def interrupted(self: Any, *args: Any, **kwargs: Any) -> None:
-        append(self, *args, **kwargs)
-        if self.blocks >= 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(journal_module.Journal, "append_block", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        dlpack.build(src, out, **opts)
-    monkeypatch.undo()
+    interrupt_build(monkeypatch, 2, lambda: dlpack.build(src, out, **opts))
     result = dlpack.build(src, out, **opts)
     assert result.resume.startswith("resumed: 2 of ")
     ref = tmp_path / "ref" / backend

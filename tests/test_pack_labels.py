@@ -3,7 +3,6 @@ resumed with them, replaced together by ``--update``, and refused or skipped nam
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -11,12 +10,11 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
+from conftest import interrupt_build
 
 import dlpack
 from dlpack.errors import BadInputsError, OptionError, SourceError
 from dlpack.sources import CocoSource, FolderSource
-
-journal_module = importlib.import_module("dlpack.pack.journal")
 
 #: 20 images of 64x64 RGB (12288 bytes) in 64 KiB shards: 5 images a block, 4 blocks.
 N, SIDE, SHARD = 20, 64, 2**16
@@ -177,17 +175,7 @@ def test_interrupted_labelled_build_resumes_byte_identical(
     src, masks = mask_tree(tmp_path)
     out, ref = tmp_path / f"out.{suffix}", tmp_path / f"ref.{suffix}"
     kw: dict[str, Any] = {"labels": f"masks:{masks}", "shard_bytes": SHARD, "jobs": 1, "quiet": True}
-    append = journal_module.Journal.append_block
-
-    def interrupted(self: Any, *args: Any, **kwargs: Any) -> None:
-        append(self, *args, **kwargs)
-        if self.blocks >= 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(journal_module.Journal, "append_block", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        dlpack.build(src, out, **kw)
-    monkeypatch.undo()
+    interrupt_build(monkeypatch, 2, lambda: dlpack.build(src, out, **kw))
     journal = tmp_path / f".out.{suffix}.dlpack-journal"
     lines = [json.loads(x) for x in journal.read_text().splitlines()]
     blocks = [x for x in lines if "start" in x]
@@ -206,17 +194,7 @@ def test_resume_rewrites_a_block_whose_mask_was_damaged(tmp_path: Path, monkeypa
     src, masks = mask_tree(tmp_path)
     out = tmp_path / "out.zarr"
     kw: dict[str, Any] = {"labels": f"masks:{masks}", "shard_bytes": SHARD, "jobs": 1, "quiet": True}
-    append = journal_module.Journal.append_block
-
-    def interrupted(self: Any, *args: Any, **kwargs: Any) -> None:
-        append(self, *args, **kwargs)
-        if self.blocks >= 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(journal_module.Journal, "append_block", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        dlpack.build(src, out, **kw)
-    monkeypatch.undo()
+    interrupt_build(monkeypatch, 2, lambda: dlpack.build(src, out, **kw))
     shard = tmp_path / ".out.zarr.dlpack-partial" / "mask" / "c" / "1" / "0" / "0"
     data = bytearray(shard.read_bytes())
     data[10] ^= 0xFF
@@ -231,16 +209,9 @@ def test_resume_rewrites_a_block_whose_mask_was_damaged(tmp_path: Path, monkeypa
 def test_a_changed_label_plan_starts_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, ann = coco_tree(tmp_path)
     out = tmp_path / "out.zarr"
-    append = journal_module.Journal.append_block
-
-    def interrupted(self: Any, *args: Any, **kwargs: Any) -> None:
-        append(self, *args, **kwargs)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(journal_module.Journal, "append_block", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        dlpack.build(src, out, labels=f"coco:{ann}", shard_bytes=SHARD, jobs=1, quiet=True)
-    monkeypatch.undo()
+    interrupt_build(
+        monkeypatch, 1, lambda: dlpack.build(src, out, labels=f"coco:{ann}", shard_bytes=SHARD, jobs=1, quiet=True)
+    )
     doc = json.loads(ann.read_text())
     doc["annotations"][0]["segmentation"] = [[0, 2, 10, 2, 10, 8]]  # now the store gets a mask
     ann.write_text(json.dumps(doc))

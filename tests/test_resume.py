@@ -8,7 +8,6 @@ just before it writes the manifest, and the test waits for that journal line, ne
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import re
@@ -21,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import interrupt_build
 
 import dlpack
-
-journal_module = importlib.import_module("dlpack.pack.journal")
 
 MakeTree = Callable[..., Path]
 
@@ -280,17 +278,7 @@ def test_interrupted_build_keeps_its_partial_and_resumes(
 ) -> None:
     src = tree(make_tree)
     out = tmp_path / backend
-    append = journal_module.Journal.append_block
-
-    def interrupted(self: Any, *args: Any, **kwargs: Any) -> None:
-        append(self, *args, **kwargs)
-        if self.blocks >= 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(journal_module.Journal, "append_block", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True)
-    monkeypatch.undo()
+    interrupt_build(monkeypatch, 3, lambda: dlpack.build(src, out, shard_bytes=2**16, jobs=1, quiet=True))
     assert partial_of(out).exists() and len(blocks_of(journal_lines(out))) == 3
     with open(journal_of(out), "a", encoding="utf-8") as f:
         f.write('{"start": 54, "samp')  # a line torn by a kill is ignored
