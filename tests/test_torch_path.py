@@ -417,7 +417,10 @@ def test_finisher_runs_after_the_transform_on_a_reader_thread(ds: Any) -> None:
 
 
 def test_torch_conversion_runs_on_the_reader_threads(ds: Any) -> None:
-    tl = torch_loader(ds, batch_size=8, workers=2, dtype=torch.float32, mean=MEAN, std=STD, pin_memory=False)
+    # No read-ahead across epochs: the next epoch's first batches would be finished too.
+    tl = torch_loader(
+        ds, batch_size=8, workers=2, dtype=torch.float32, mean=MEAN, std=STD, pin_memory=False, read_ahead_epochs=False
+    )
     names: list[str] = []
     inner = tl.loader.finisher
     assert inner is not None
@@ -499,7 +502,8 @@ def test_on_the_cpu_the_training_thread_gets_the_finished_batches_as_they_are(ds
     """Without pinning or a device, nothing is left to do per batch on the training thread: the
     dicts the reader threads finished are the ones yielded (no generator and dict rebuilt between)."""
     for device in (None, "cpu"):
-        tl = torch_loader(ds, batch_size=8, seed=3, workers=2, pin_memory=False, device=device)
+        # No read-ahead across epochs: the next epoch's first batches would be finished too.
+        tl = torch_loader(ds, batch_size=8, seed=3, workers=2, pin_memory=False, device=device, read_ahead_epochs=False)
         finished: list[dict[str, Any]] = []
         inner = tl.loader.finisher
         assert inner is not None
