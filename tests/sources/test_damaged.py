@@ -182,6 +182,42 @@ def test_other_output_on_stderr_during_a_decode_is_passed_through(capfd: pytest.
     assert capfd.readouterr().err == "a line from elsewhere\n"
 
 
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_ctrl_c_inside_the_capture_gives_descriptor_2_back(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], at: int
+) -> None:
+    """Ctrl-C lands at the capture's first or second look at its file (before the decode, or after
+    it and before descriptor 2 is given back): it is raised once the capture is undone, so the
+    "interrupted" line a command prints next reaches the terminal and the next decode is captured."""
+    import signal
+
+    from dlpack.sources import decode
+
+    calls = [0]
+    size = decode._Fd2Capture._size
+
+    def interrupted_size(self: decode._Fd2Capture) -> int:
+        calls[0] += 1
+        if calls[0] == at:
+            signal.raise_signal(signal.SIGINT)  # its handler runs at the next bytecode, in here
+        return size(self)
+
+    def noisy() -> int:
+        os.write(2, b"Corrupt JPEG data: premature end of data segment\n")
+        return 1
+
+    monkeypatch.setattr(decode._Fd2Capture, "_size", interrupted_size)
+    with pytest.raises(KeyboardInterrupt):
+        decode.library_messages(noisy)
+    monkeypatch.setattr(decode._Fd2Capture, "_size", size)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    os.write(2, b"dlpack: interrupted\n")
+    assert capfd.readouterr().err == "dlpack: interrupted\n"
+    # The capture's count of running decodes is back at zero: the next decode is captured again.
+    assert decode.library_messages(noisy) == (1, ["Corrupt JPEG data: premature end of data segment"])
+    assert capfd.readouterr().err == ""
+
+
 # --- multi-page TIFF ---------------------------------------------------------------------------------
 
 
