@@ -109,6 +109,7 @@ class Dataset:
         self.path = path
         self._reader: StoreReader = open_reader(self.path)
         self._reader._pin = pin  # a copy must read the very store its original opened
+        self._warm_skip: frozenset[str] | None = None  # what warm() leaves cold (the variants), found once
         m = self._reader.manifest  # fail now, not at the first sample, on incomplete or newer stores
         missing = [n for n in schema.required_arrays(m.image.layout) if n not in m.arrays]
         if missing == [schema.IMAGE_SHAPES]:
@@ -361,7 +362,9 @@ class Dataset:
         """Open maps and read indexes now (the loader calls it before its threads start), of the
         arrays samples and batches read: not of the augmentation variants (K times the images), which
         a reader of variants warms itself (``reader.warm()`` warms every array)."""
-        self._reader.warm(skip=[name for name in self.manifest.arrays if schema.variant_of(name) is not None])
+        if self._warm_skip is None:
+            self._warm_skip = frozenset(name for name in self.manifest.arrays if schema.variant_of(name) is not None)
+        self._reader.warm(skip=self._warm_skip)
 
     def fingerprint(self) -> str:
         """An id of the content: the sample count and every image's checksum."""
