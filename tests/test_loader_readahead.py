@@ -8,6 +8,7 @@ With ``read_ahead_epochs=False`` no read happens after a pass ends.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -140,6 +141,49 @@ def test_a_loaded_state_drops_them_and_resumes_exactly(store: Path) -> None:
         loader.load_state_dict(state)
         assert loader._carry is None
         assert indices(list(loader)) == expected(store, 0)[3:]
+
+
+def test_the_next_epochs_order_is_drawn_on_a_reader_thread_and_only_used_where_it_applies(store: Path) -> None:
+    """The order of epoch e + 1 is drawn by a reader thread during epoch e's pass. It is the same
+    order as drawn anywhere else; after a state saved at another world size (the epoch's rest is
+    split anew) the loader reads what a loader that drew nothing ahead reads; options replaced
+    after it was drawn are not served by it."""
+    with dlpack.open(store) as ds:
+        loader = loader_of(Recording(ds), read_ahead_epochs=False)  # the order is drawn ahead either way
+        list(loader)
+        assert loader._order_ahead is not None and loader._order_ahead[0] == 1
+        drawn_on = []
+        share = loader._share
+
+        def recorded(*a: Any) -> np.ndarray:
+            drawn_on.append(threading.current_thread().name)
+            return share(*a)
+
+        loader._share = recorded  # type: ignore[method-assign]
+        assert indices(list(loader)) == expected(store, 1)  # epoch 1 from the order drawn ahead
+        assert drawn_on and all(name.startswith("dlpack") for name in drawn_on)  # epoch 2's, on a thread
+        assert [b.tolist() for b in loader.batches(2)] == expected(store, 2)  # epoch 2's, drawn ahead
+
+        # A state saved mid-epoch 3 at world size 2 splits the rest of epoch 3 anew at world size 1:
+        # the order drawn ahead for epoch 3 (whole, at this world size) must not be used for it.
+        wide = Loader(Recording(ds), LoaderOptions(batch_size=B, workers=0, seed=7, world_size=2, rank=0))
+        wide.set_epoch(3)
+        it = iter(wide)
+        [next(it) for _ in range(2)]
+        state = wide.state_dict()
+        it.close()
+        list(loader)  # epoch 2: epoch 3's order is drawn ahead
+        assert loader._order_ahead is not None and loader._order_ahead[0] == 3
+        loader.load_state_dict(state)
+        fresh = loader_of(Recording(ds))  # nothing drawn ahead
+        fresh.load_state_dict(state)
+        assert indices(list(loader)) == indices(list(fresh))
+
+        # Options replaced after the order was drawn ahead (benchmarks do): drawn again with them.
+        assert loader._order_ahead is not None and loader._order_ahead[0] == 4
+        loader.options = dataclasses.replace(loader.options, seed=8)
+        with dlpack.open(store) as again:
+            assert indices(list(loader)) == [b.tolist() for b in again.loader(batch_size=B, seed=8).batches(4)]
 
 
 def test_a_new_finisher_drops_them(store: Path) -> None:
