@@ -484,6 +484,13 @@ def torch_profile(arms: dict[str, Any], rounds: int) -> dict[str, dict[str, floa
                 got["get_batch"].append(time.perf_counter_ns() - t)
                 return batch
 
+            def get_valid_batch(self, idx: Any, epoch: int = 0, out: Any = None, src: Any = src, got: Any = got) -> Any:
+                read = getattr(src, "get_valid_batch", None) or src.get_batch  # what the loader calls
+                t = time.perf_counter_ns()
+                batch = read(idx, epoch, out)
+                got["get_batch"].append(time.perf_counter_ns() - t)
+                return batch
+
         ld.source = Timed()
         if fin is not None:
 

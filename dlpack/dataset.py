@@ -316,7 +316,12 @@ class Dataset:
     ) -> dict[str, Any]:
         """Samples ``indices`` stacked: ``image`` is B x H x W x C (a list for variable-size stores);
         ragged arrays as a :class:`~dlpack.ragged.RaggedBatch` (a sequence of B arrays). A store's samples do not depend on ``epoch``."""
-        idx = self._batch_indices(indices)
+        return self.get_valid_batch(self._batch_indices(indices), epoch, out)
+
+    def get_valid_batch(self, idx: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+        """:meth:`get_batch` of int64 indices already in range (the loader's: it draws them from
+        ``range(len)``), without checking them again: the check costs 3 us a call, 13 % of an
+        epoch of 32x32 batches of 256 read on the calling thread."""
         r = self._reader
         shape = self.manifest.image.shape
         images: Any

@@ -49,6 +49,10 @@ class BatchSource(Protocol):
     is never restored onto other data; ``image_layout`` is ``((H, W, C), dtype)`` when every image
     has that shape (the loader then recycles batch arrays), else None.
 
+    Optional: ``get_valid_batch(indices, epoch, out)``, the same as ``get_batch`` for the loader's
+    int64 indices, which are in range by construction: a source whose ``get_batch`` also serves
+    callers and so checks its indices (a store) skips that check for the loader.
+
     Optional: a source whose rows depend only on (index, epoch), never on the other rows of the
     call, says so with a true ``batch_rows_independent`` attribute. The loader then reads several
     consecutive batches with one ``get_batch`` and cuts the result into per-batch views (a call
@@ -410,6 +414,13 @@ def auto_workers(
 #: CPU cache between the copy into it and the step's read (the pool rotates a few blocks).
 _GROUP_BYTES = 2 * 2**20
 
+#: Batches at least this large are read one at a time on the calling thread (``workers=0``), not
+#: in groups: the caller drops each before the next, so the pool hands out the same block again,
+#: which is still in the CPU's L2 cache. Grouped, 2 MiB blocks do not stay there, and the copy
+#: slows by more than the per-call cost saved (``benchmarks/loader.py --small``: 32x32x1 batches of
+#: 256, 256 KiB, read 0.42x the ceiling grouped and 0.50x one at a time; batches of 32 gain from groups).
+_ALONE_BYTES = 192 * 2**10
+
 #: Where in a memory page a pooled batch array starts. ``np.empty`` puts a large array 16 bytes past
 #: a page boundary (the allocator's header), while image rows in memory maps mostly start on one
 #: (shards of whole-page chunks, aligned HDF5 datasets): a copy whose destination sits just past its
@@ -585,11 +596,14 @@ class Loader:
         # Batches per read: enough for about 2 MiB, so small images amortise the handoff and the
         # per-call cost of get_batch (a source with independent rows reads a group in one call).
         self._group = 1
+        self._batch_bytes = 0
+        self._get_batch: Callable[..., dict[str, Any]] = source.get_batch
         self._pool = None
         self._grouped = bool(getattr(source, "batch_rows_independent", False))
         if layout is not None:
             shape, dtype = layout
             batch_bytes = self.options.batch_size * int(np.prod(shape)) * np.dtype(dtype).itemsize
+            self._batch_bytes = batch_bytes
             self._group = max(1, min(64, _GROUP_BYTES // max(1, batch_bytes)))
             if self.options.prefetch == 0:  # each batch is read when asked: no group is read ahead
                 self._group = 1
@@ -759,7 +773,7 @@ class Loader:
             sizes = [len(ix) for ix in group]
             total = sum(sizes)
             out = self._pool.take(total) if self._pool is not None else None
-            whole = self.source.get_batch(np.concatenate(group), epoch, out)
+            whole = self._get_batch(np.concatenate(group), epoch, out)
             parts = split_batch(whole, sizes)
             if parts is not None:
                 return [self._finish(part, ix, epoch) for part, ix in zip(parts, group, strict=True)]
@@ -768,7 +782,7 @@ class Loader:
 
     def _load(self, indices: np.ndarray, epoch: int) -> dict[str, Any]:
         out = self._pool.take(len(indices)) if self._pool is not None else None
-        return self._finish(self.source.get_batch(indices, epoch, out), indices, epoch)
+        return self._finish(self._get_batch(indices, epoch, out), indices, epoch)
 
     def _finish(self, batch: dict[str, Any], indices: np.ndarray, epoch: int) -> dict[str, Any]:
         batch = self._transformed(batch, indices, epoch)
@@ -838,6 +852,8 @@ class Loader:
         when each is handed over and when the next is asked for."""
         o = self.options
         self.source.warm()  # lazy maps/indexes are built before threads race for them
+        src = self.source  # looked up per pass: a benchmark may wrap the source between passes
+        self._get_batch = getattr(src, "get_valid_batch", None) or src.get_batch
         # Bytes per image handed, where every batch's image is the source's own layout (nothing
         # reshapes or converts it): counted without looking at each batch (a microsecond a batch).
         per = 0
@@ -845,6 +861,8 @@ class Loader:
         if layout is not None and self.finisher is None and self.transform is None and self._online is None:
             per = int(np.prod(layout[0])) * np.dtype(layout[1]).itemsize
         g = self._group
+        if (o.prefetch == 0 or self._workers == 0) and self._batch_bytes >= _ALONE_BYTES:
+            g = 1  # on the calling thread alone, a batch this large is read into the same cached block
         groups = [batches[s : s + g] for s in range(start, len(batches), g)]
         if o.prefetch == 0 or self._workers == 0:
             self._drop_carry()

@@ -270,3 +270,54 @@ def test_the_transform_and_finisher_run_once_per_batch_in_order_on_grouped_reads
         assert len(src.calls) < len(want)  # grouped: fewer calls than batches
         for batch in got:
             assert np.array_equal(batch["doubled"], ds.get_batch(batch["index"])["image"].astype(np.int16) * 2)
+
+
+def test_the_loader_reads_a_store_through_get_valid_batch_which_equals_get_batch(labelled: Path) -> None:
+    """The loader's indices are in range by construction, so a store skips its index check for
+    them; for a caller, ``get_batch`` still checks (and gives the same batch)."""
+    with dlpack.open(labelled) as ds:
+        idx = np.array([5, 0, 59, 17], dtype=np.int64)
+        assert_same_batch(ds.get_valid_batch(idx), ds.get_batch(idx))
+        with pytest.raises(dlpack.SampleIndexError, match="out of range"):
+            ds.get_batch(np.array([0, N], dtype=np.int64))
+        called = []
+        valid = ds.get_valid_batch
+
+        def recorded(indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+            called.append(len(indices))
+            return valid(indices, epoch, out)
+
+        ds.get_valid_batch = recorded  # type: ignore[method-assign]
+        got = [b["index"].tolist() for b in ds.loader(batch_size=7, workers=0, seed=2)]
+        assert sum(called) == N and sorted(i for b in got for i in b) == list(range(N))
+
+
+def test_large_batches_on_the_calling_thread_are_read_one_by_one_into_the_same_blocks(tmp_path: Path) -> None:
+    """With ``workers=0``, batches of at least ``_ALONE_BYTES`` are read one ``get_batch`` each, and
+    a caller that drops each batch before the next gets the same two blocks again and again (they
+    stay in the CPU cache); smaller batches are still read in groups."""
+    from dlpack import loader as loader_module
+
+    rng = np.random.default_rng(4)
+    for i in range(24):
+        d = tmp_path / "png" / f"class{i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        assert cv2.imwrite(str(d / f"{i:03d}.png"), rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    dlpack.build(tmp_path / "png", tmp_path / "s.zarr", size=(64, 64), jobs=1, quiet=True)
+    with dlpack.open(tmp_path / "s.zarr") as ds:
+        for batch_size in (16, 2):  # 192 KiB and 24 KiB batches
+            src = Recording(ds, grouped=True)
+            loader = Loader(src, LoaderOptions(batch_size=batch_size, workers=0, seed=1))
+            alone = batch_size * 64 * 64 * 3 >= loader_module._ALONE_BYTES
+            addresses = set()
+            for _ in range(3):
+                for batch in loader:
+                    addresses.add(batch["image"].__array_interface__["data"][0])
+                    assert np.array_equal(batch["image"], ds.get_batch(batch["index"])["image"])
+                    del batch
+            sizes = [len(idx) for idx, _, _ in src.calls]
+            if alone:
+                assert batch_size * 64 * 64 * 3 == 192 * 2**10
+                assert sizes == [16, 8] * 3 and len(addresses) <= 2
+            else:
+                assert max(sizes) > batch_size  # grouped: several batches per call
