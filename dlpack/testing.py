@@ -417,6 +417,26 @@ class BackendTests:
         with copy:
             self.assert_reads_back(copy, arrays)
 
+    def test_warm_is_done_once_until_close_and_covers_what_a_later_call_asks(self, tmp_path: Path) -> None:
+        """A loader warms its source at every pass: a warm reader returns at once, a call that skips
+        fewer arrays warms the rest, and a closed (or copied) reader warms again."""
+        arrays = sample_arrays()
+        path = self.build_store(tmp_path, arrays)
+        with open_reader(path) as reader:
+            others = sorted(set(reader.arrays) - {"images"})
+            reader.warm(skip=others)
+            assert reader._warmed == frozenset(others)
+            reader.warm(skip=[*others, "images"])  # asks less than was warmed: nothing to do
+            assert reader._warmed == frozenset(others)
+            reader.warm()  # asks for the rest too
+            assert reader._warmed == frozenset()
+            reader.close()
+            assert reader._warmed is None
+            reader.warm()
+            copy = pickle.loads(pickle.dumps(reader))
+            assert copy._warmed is None
+            self.assert_reads_back(reader, arrays)
+
     def test_pickled_writer_writes_blocks_like_a_worker(self, tmp_path: Path) -> None:
         arrays = sample_arrays()
         path = self.store_path(tmp_path)
