@@ -292,6 +292,23 @@ class _Finisher:
         self.layout = layout
         self.ab: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
+    @property
+    def image_nbytes(self) -> int:
+        """Bytes per image of the batches this finisher hands out (0: images of several sizes),
+        which the loader's statistics count without asking each tensor (see :class:`dlpack.Loader`)."""
+        if self.layout is None:
+            return 0
+        shape, stored = self.layout
+        o, pixels = self.owner, int(np.prod(shape))
+        stored_dtype = np.dtype(stored)
+        if o.on_device:  # the stored pixels cross as they are (widened where torch lacks the type)
+            wide = _WIDEN.get(stored_dtype.newbyteorder("="))
+            return pixels * (stored_dtype if wide is None else np.dtype(wide)).itemsize
+        if not o.converts and stored_dtype == np.uint8:
+            return pixels
+        target = o.dtype if o.dtype.is_floating_point else torch.float32
+        return pixels * torch.empty((), dtype=target).element_size()
+
     def coefficients(
         self, image_dtype: np.dtype[Any], channels: int, dtype: torch.dtype, device: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

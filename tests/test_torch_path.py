@@ -561,3 +561,29 @@ def test_the_device_path_wraps_a_16_bit_batch_once(monkeypatch: pytest.MonkeyPat
     got = list(tl)
     assert len(got) == 3 and all(t["image"].device.type == "meta" and t["image"].dtype == torch.float32 for t in got)
     assert [s for s in made if len(s) == 4] == [(5, 5, 7, 3), (5, 5, 7, 3), (2, 5, 7, 3)]  # one per batch
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"memory_format": torch.contiguous_format},
+        {"dtype": torch.float32, "mean": MEAN, "std": STD},
+        {"dtype": torch.float64},
+        {"dtype": torch.float16, "memory_format": torch.contiguous_format},
+    ],
+)
+def test_loader_stats_count_the_bytes_of_the_tensors_handed_out(ds: Any, kw: dict[str, Any]) -> None:
+    """The loader counts image bytes from the finisher's ``image_nbytes`` instead of asking each
+    tensor: the count must be the handed tensors' own, whatever the dtype and layout."""
+    tl = torch_loader(ds, batch_size=8, seed=1, workers=2, pin_memory=False, **kw)
+    handed = sum(b["image"].nbytes for b in tl)
+    stats = tl.stats()[-1]
+    assert stats.complete and stats.images == N and stats.bytes == handed
+
+
+def test_loader_stats_count_the_bytes_of_a_16_bit_source_widened_to_float() -> None:
+    deep = _Deep()
+    tl = TorchLoader(Loader(deep, LoaderOptions(batch_size=5, workers=0, seed=2)), pin_memory=False)
+    handed = sum(b["image"].nbytes for b in tl)
+    assert tl.stats()[-1].bytes == handed == len(deep) * 5 * 7 * 3 * 4
