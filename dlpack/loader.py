@@ -563,7 +563,9 @@ class Loader:
         self.source = source
         self.transform = transform
         #: Applied to each batch after ``transform``, on the reader thread that read it (the PyTorch
-        #: adapter converts there, so the caller's thread only receives finished tensors).
+        #: adapter converts there, so the caller's thread only receives finished tensors). An
+        #: ``image_nbytes`` attribute (bytes per image of what it hands out) lets :meth:`stats`
+        #: count bytes without looking at each finished batch.
         self.finisher = finisher
         self._hook = hook_keywords(transform)  # read once: inspecting a signature per batch costs microseconds
         self._online = online_layer(o.online) if o.online is not None else None
