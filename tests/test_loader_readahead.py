@@ -161,7 +161,9 @@ def test_the_next_epochs_order_is_drawn_on_a_reader_thread_and_only_used_where_i
 
         loader._share = recorded  # type: ignore[method-assign]
         assert indices(list(loader)) == expected(store, 1)  # epoch 1 from the order drawn ahead
-        assert drawn_on and all(name.startswith("dlpack") for name in drawn_on)  # epoch 2's, on a thread
+        assert loader._order_ahead is not None and loader._order_ahead[0] == 2
+        loader._order_ahead[2].result()  # epoch 2's: a thread may still be drawing it
+        assert drawn_on and all(name.startswith("dlpack") for name in drawn_on)  # on a reader thread
         assert [b.tolist() for b in loader.batches(2)] == expected(store, 2)  # epoch 2's, drawn ahead
 
         # A state saved mid-epoch 3 at world size 2 splits the rest of epoch 3 anew at world size 1:
