@@ -671,7 +671,7 @@ class Loader:
         segments = self._segments if epoch == self.epoch else ()
         if self._order_cache is None or self._order_cache[:2] != (epoch, segments):
             ahead, self._order_ahead = self._order_ahead, None
-            if ahead is not None and ahead[:2] == (epoch, self.options) and not segments:
+            if ahead is not None and ahead[:2] == (epoch, self.options) and not segments and not ahead[2].cancelled():
                 share = ahead[2].result()  # drawn on a reader thread while the last epoch was read
             else:
                 share = self._share(epoch, segments, self.options)
@@ -724,6 +724,7 @@ class Loader:
     def close(self) -> None:
         """Stop the reader threads (they also stop when the loader is garbage-collected)."""
         self._drop_carry()
+        self._order_ahead = None  # its thread may be gone before drawing it: drawn again when needed
         if self._threads is not None:
             self._threads[1].shutdown(wait=False, cancel_futures=True)
             self._threads = None
