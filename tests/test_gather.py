@@ -154,6 +154,26 @@ def test_row_span_declines_what_it_cannot_write_in_place() -> None:
     assert np.array_equal(gather_rows(views, 6, idx, strided, span), whole[idx])  # the other paths then
 
 
+def test_row_span_declines_an_out_that_lies_between_its_views() -> None:
+    """Memory in a gap between the views (an allocation made after the maps) is inside the span's
+    address range: NumPy's take would gather into a temporary copy there, so the span declines it
+    and the rows come the view-by-view way, equal all the same."""
+    rows, side = 10, (8, 8, 4)
+    block = np.zeros((3 * rows, *side), dtype=np.uint8)
+    block[:rows] = np.arange(rows * 256, dtype=np.uint32).astype(np.uint8).reshape(rows, *side)
+    block[2 * rows :] = 255 - block[:rows]
+    views = [block[:rows], block[2 * rows :]]  # a gap of `rows` rows between the two
+    span = RowSpan.of(views, rows)
+    assert span is not None
+    idx = np.array([19, 0, 12, 3], dtype=np.int64)
+    want = np.concatenate(views)[idx]
+    in_gap = block[rows : rows + len(idx)]
+    assert not span.gather(idx, in_gap) and not in_gap.any()
+    assert np.array_equal(gather_rows(views, rows, idx, in_gap, span), want)
+    elsewhere = np.zeros_like(in_gap)
+    assert span.gather(idx, elsewhere) and np.array_equal(elsewhere, want)
+
+
 def test_row_span_only_where_one_take_pays() -> None:
     _, views = _views(14, (8, 8, 4), 6, pages=1)
     assert RowSpan.of(views, 6) is not None

@@ -115,6 +115,13 @@ class RowSpan:
 
     The range holds gaps between the maps that are not readable: the array is never used but for
     that take, always of indices checked here first, and it keeps the views (so their maps) alive.
+
+    Other memory can lie in those gaps (maps opened after an earlier store's were closed are
+    scattered over the holes they left, and new allocations land between them). NumPy's ``take``
+    only compares address ranges to decide whether ``out`` may overlap its input, and where it may
+    it takes into a temporary array and copies that into ``out``: a fresh allocation and a second
+    copy per batch (a loader's batch blocks in such gaps read 64x64x3 batches at half the speed).
+    :meth:`gather` refuses such an ``out`` instead, and the caller gathers view by view.
     """
 
     __slots__ = ("_units", "_first", "_pieces", "_per", "_step", "_unit", "_rows", "_dtype", "_row")
@@ -162,6 +169,8 @@ class RowSpan:
             return False
         if k == 0:
             return True
+        if np.may_share_memory(dest, self._units):  # inside the range: NumPy would take into a copy
+            return False
         if int(idx.min()) < 0 or int(idx.max()) >= self._rows:
             bad = idx[(idx < 0) | (idx >= self._rows)][0]
             raise OptionError(f"sample index {int(bad)} is out of range for an array of {self._rows} rows")
