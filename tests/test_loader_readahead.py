@@ -188,23 +188,6 @@ def test_the_next_epochs_order_is_drawn_on_a_reader_thread_and_only_used_where_i
             assert indices(list(loader)) == [b.tolist() for b in again.loader(batch_size=B, seed=8).batches(4)]
 
 
-def test_a_loader_closed_while_the_next_order_is_drawn_ahead_reads_the_next_epoch_exactly(store: Path) -> None:
-    """``close`` stops the threads, which may cancel the order drawn ahead before it ran: the next
-    pass draws it itself (a cancelled draw is never waited for)."""
-    from concurrent.futures import Future
-
-    with dlpack.open(store) as ds:
-        loader = loader_of(Recording(ds))
-        list(loader)
-        loader.close()
-        assert loader._order_ahead is None
-        assert indices(list(loader)) == expected(store, 1)
-        cancelled: Future[np.ndarray] = Future()
-        cancelled.cancel()
-        loader._order_ahead = (2, loader.options, cancelled)  # as a pool shut down under it leaves one
-        assert indices(list(loader)) == expected(store, 2)
-
-
 def test_a_new_finisher_drops_them(store: Path) -> None:
     with dlpack.open(store) as ds:
         loader = loader_of(Recording(ds))
@@ -216,12 +199,21 @@ def test_a_new_finisher_drops_them(store: Path) -> None:
 
 
 def test_close_drops_them(store: Path) -> None:
+    """``close`` drops the carried reads and the order drawn ahead (stopping the threads may cancel
+    that draw before it ran): the next pass draws the order itself, and a cancelled draw is never
+    waited for."""
+    from concurrent.futures import Future
+
     with dlpack.open(store) as ds:
         loader = loader_of(Recording(ds))
         list(loader)
         loader.close()
-        assert loader._carry is None
+        assert loader._carry is None and loader._order_ahead is None
         assert indices(list(loader)) == expected(store, 1)
+        cancelled: Future[np.ndarray] = Future()
+        cancelled.cancel()
+        loader._order_ahead = (2, loader.options, cancelled)  # as a pool shut down under it leaves one
+        assert indices(list(loader)) == expected(store, 2)
 
 
 def test_a_pass_that_stops_early_reads_nothing_after_it(store: Path) -> None:
