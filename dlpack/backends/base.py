@@ -18,6 +18,7 @@ name and suffix and checks capability flags in one place.
 from __future__ import annotations
 
 import contextlib
+from array import array
 import errno
 import hashlib
 import math
@@ -1157,13 +1158,15 @@ class StoreWriter(ABC):
             raise OptionError(f"ragged array {name!r} is written in order: next sample is {buf.samples}, got {start}")
         if start + len(values) > self.count:
             raise OptionError(f"samples {start}..{start + len(values)} are outside array {name!r} of {self.count}")
+        rows: list[np.ndarray] = []
         for v in values:
             a = np.asarray(v, dtype=np.dtype(spec.dtype))
             if spec.shape == ():
                 a = a.reshape(-1)
             elif a.shape[1:] != spec.shape:
                 raise OptionError(f"ragged array {name!r} holds rows of shape {spec.shape}, got {a.shape[1:]}")
-            buf.add(a)
+            rows.append(a)
+        buf.add(rows)
         self._flush_ragged(name, final=False)
 
     def _flush_ragged(self, name: str, final: bool) -> None:
@@ -1279,7 +1282,11 @@ def _offsets_layout(count: int, shard_bytes: int) -> tuple[int, int]:
 
 
 class _RaggedBuffer:
-    """Rows of a ragged array waiting to be written in whole shards, and its offsets so far."""
+    """Rows of a ragged array waiting to be written in whole shards, and its offsets so far.
+
+    A call's samples are kept as one array and the offsets as 8-byte integers: a build of a
+    million images passes a million ``source`` paths through here, and one array and one Python
+    int per sample cost about 130 bytes each until the commit."""
 
     def __init__(self, shard_rows: int) -> None:
         self.shard_rows = shard_rows
@@ -1287,13 +1294,17 @@ class _RaggedBuffer:
         self.pending = 0
         self.written = 0
         self.samples = 0
-        self.offsets = [0]
+        self.offsets = array("q", [0])
 
-    def add(self, rows: np.ndarray) -> None:
-        self.parts.append(rows)
-        self.pending += len(rows)
-        self.samples += 1
-        self.offsets.append(self.offsets[-1] + len(rows))
+    def add(self, samples: Sequence[np.ndarray]) -> None:
+        """Append ``samples`` (one array of rows each, in sample order)."""
+        if not samples:
+            return
+        counts = np.fromiter((len(a) for a in samples), dtype=np.int64, count=len(samples))
+        self.parts.append(samples[0] if len(samples) == 1 else np.concatenate(samples))
+        self.pending += int(counts.sum())
+        self.samples += len(samples)
+        self.offsets.frombytes((np.cumsum(counts) + self.offsets[-1]).astype(np.int64).tobytes())
 
     def take(self, final: bool) -> np.ndarray | None:
         """Whole shards of buffered rows (everything when ``final``), or None."""
