@@ -18,7 +18,6 @@ name and suffix and checks capability flags in one place.
 from __future__ import annotations
 
 import contextlib
-from array import array
 import errno
 import hashlib
 import math
@@ -26,6 +25,7 @@ import os
 import shutil
 import threading
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path

@@ -409,11 +409,15 @@ class _InterruptsHeld:
         self._held = (signum, frame)
 
     def __enter__(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            try:
-                self._previous = signal.signal(signal.SIGINT, self._hold)
-            except (ValueError, OSError):  # not the main interpreter: nothing to hold
-                self._previous = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        # None: a handler installed outside Python, which could not be put back: left alone.
+        if signal.getsignal(signal.SIGINT) is None:
+            return
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._hold)
+        except (ValueError, OSError):  # not the main interpreter: nothing to hold
+            self._previous = None
 
     def __exit__(self, *exc: object) -> None:
         previous, self._previous = self._previous, None

@@ -218,6 +218,30 @@ def test_a_ctrl_c_inside_the_capture_gives_descriptor_2_back(
     assert capfd.readouterr().err == ""
 
 
+def test_a_ctrl_c_held_by_the_capture_goes_to_the_handler_the_caller_installed() -> None:
+    """A caller's own SIGINT handler is called once for a signal held during a decode, and put back;
+    an ignored SIGINT stays ignored."""
+    import signal
+
+    from dlpack.sources import decode
+
+    def interrupted() -> int:
+        signal.raise_signal(signal.SIGINT)
+        return 3
+
+    seen: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        mine = signal.getsignal(signal.SIGINT)
+        assert decode.library_messages(interrupted) == (3, [])
+        assert seen == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is mine
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        assert decode.library_messages(interrupted) == (3, [])
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN and seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 # --- multi-page TIFF ---------------------------------------------------------------------------------
 
 
