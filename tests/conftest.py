@@ -6,6 +6,7 @@ OpenCV cannot write, by a tiny PNG encoder below), so the suite needs no network
 
 from __future__ import annotations
 
+import signal
 import struct
 import zlib
 from collections.abc import Callable, Mapping
@@ -22,6 +23,13 @@ from hypothesis import settings
 # machine trips. Tests here are judged on what they return, never on how fast.
 settings.register_profile("dlpack", deadline=None)
 settings.load_profile("dlpack")
+
+# A test run started in the background by a non-interactive shell (`make test &` in a script)
+# inherits SIGINT ignored, and Python then never raises KeyboardInterrupt: the Ctrl-C tests would
+# see nothing. Delivered as at a terminal, in this process and in the commands the tests start (a
+# handled signal is reset to its default at exec, which Python then handles as usual).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: A tree spec value: an image kind ("rgb", "gray", "rgba", "palette", "graya", "rgb16", "gray16"),
 #: a (kind, width, height) tuple, an array to encode with cv2 (BGR order), or raw file bytes.
