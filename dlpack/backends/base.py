@@ -1286,7 +1286,7 @@ class _RaggedBuffer:
 
     A call's samples are kept as one array and the offsets as 8-byte integers: a build of a
     million images passes a million ``source`` paths through here, and one array and one Python
-    int per sample cost about 130 bytes each until the commit."""
+    int per sample cost about 145 bytes more until the commit (190 against 44 bytes a 19-byte path)."""
 
     def __init__(self, shard_rows: int) -> None:
         self.shard_rows = shard_rows
