@@ -598,17 +598,19 @@ class Loader:
         # Batches per read: enough for about 2 MiB, so small images amortise the handoff and the
         # per-call cost of get_batch (a source with independent rows reads a group in one call).
         self._group = 1
-        self._batch_bytes = 0
+        self._image_bytes = 0  # of one image of the source's layout (0: images of several sizes)
         self._get_batch: Callable[..., dict[str, Any]] = source.get_batch
         self._pool = None
         self._grouped = bool(getattr(source, "batch_rows_independent", False))
         if layout is not None:
             shape, dtype = layout
-            batch_bytes = self.options.batch_size * int(np.prod(shape)) * np.dtype(dtype).itemsize
-            self._batch_bytes = batch_bytes
+            self._image_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            batch_bytes = self.options.batch_size * self._image_bytes
             self._group = max(1, min(64, _GROUP_BYTES // max(1, batch_bytes)))
             if self.options.prefetch == 0:  # each batch is read when asked: no group is read ahead
                 self._group = 1
+            elif self._workers == 0 and batch_bytes >= _ALONE_BYTES:  # explicit: "auto" reads ahead on a thread
+                self._group = 1  # read in the calling thread alone, into the same cached block
             rows = self.options.batch_size * (self._group if self._grouped else 1)
             ahead = max(1, -(-self.options.prefetch // self._group))
             # Blocks: the groups read ahead, the one being handed out and the one the caller still holds.
@@ -662,8 +664,9 @@ class Loader:
             rest = remaining_order(rest, world_size, position, o.batch_size // o.views_per_batch, o.drop_last)
         return rest
 
-    def _share(self, epoch: int, segments: tuple[tuple[int, int], ...], o: LoaderOptions) -> np.ndarray:
+    def _rank_order(self, epoch: int, segments: tuple[tuple[int, int], ...]) -> np.ndarray:
         """This rank's sample indices of ``epoch`` (a pure function: it may run on a reader thread)."""
+        o = self.options
         return rank_indices(self._rest(epoch, segments), o.rank, o.world_size, o.drop_last)
 
     def _indices(self, epoch: int) -> np.ndarray:
@@ -674,7 +677,7 @@ class Loader:
             if ahead is not None and ahead[:2] == (epoch, self.options) and not segments and not ahead[2].cancelled():
                 share = ahead[2].result()  # drawn on a reader thread while the last epoch was read
             else:
-                share = self._share(epoch, segments, self.options)
+                share = self._rank_order(epoch, segments)
             self._order_cache = (epoch, segments, share)
         return self._order_cache[2]
 
@@ -862,15 +865,9 @@ class Loader:
         # A finisher says what it hands out with an ``image_nbytes`` attribute (bytes per image,
         # 0: unknown): a torch tensor's ``nbytes`` on the calling thread cost 7-15 us a batch here.
         per = 0
-        layout = self.source.image_layout() if self._pool is not None else None
-        if layout is not None and self.transform is None and self._online is None:
-            if self.finisher is None:
-                per = int(np.prod(layout[0])) * np.dtype(layout[1]).itemsize
-            else:
-                per = int(getattr(self.finisher, "image_nbytes", 0) or 0)
+        if self._image_bytes and self.transform is None and self._online is None:
+            per = self._image_bytes if self.finisher is None else int(getattr(self.finisher, "image_nbytes", 0) or 0)
         g = self._group
-        if (o.prefetch == 0 or self._workers == 0) and self._batch_bytes >= _ALONE_BYTES:
-            g = 1  # on the calling thread alone, a batch this large is read into the same cached block
         groups = [batches[s : s + g] for s in range(start, len(batches), g)]
         if o.prefetch == 0 or self._workers == 0:
             self._drop_carry()
@@ -915,7 +912,7 @@ class Loader:
             # The next epoch's order, drawn by a reader thread after this epoch's first reads (a
             # permutation releases the GIL): 14 % of a 32x32 epoch in the calling thread here, and
             # seconds at each epoch's start for 10 million samples.
-            self._order_ahead = (epoch + 1, o, pool.submit(self._share, epoch + 1, (), o))
+            self._order_ahead = (epoch + 1, o, pool.submit(self._rank_order, epoch + 1, ()))
         k = start
         try:
             while pending:

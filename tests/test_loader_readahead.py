@@ -153,13 +153,13 @@ def test_the_next_epochs_order_is_drawn_on_a_reader_thread_and_only_used_where_i
         list(loader)
         assert loader._order_ahead is not None and loader._order_ahead[0] == 1
         drawn_on = []
-        share = loader._share
+        share = loader._rank_order
 
         def recorded(*a: Any) -> np.ndarray:
             drawn_on.append(threading.current_thread().name)
             return share(*a)
 
-        loader._share = recorded  # type: ignore[method-assign]
+        loader._rank_order = recorded  # type: ignore[method-assign]
         assert indices(list(loader)) == expected(store, 1)  # epoch 1 from the order drawn ahead
         assert loader._order_ahead is not None and loader._order_ahead[0] == 2
         loader._order_ahead[2].result()  # epoch 2's: a thread may still be drawing it
