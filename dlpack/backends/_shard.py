@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._files import open_regular, read_regular
+from .._maps import map_consecutive
 from ..errors import StoreError
 
 __all__ = ["ShardedArray", "parse_array_meta"]
@@ -109,7 +110,7 @@ def parse_array_meta(meta: Any, where: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def crc32c(data: bytes) -> int:
+def crc32c(data: bytes | np.ndarray) -> int:
     import google_crc32c  # a dependency of zarr itself
 
     return int(google_crc32c.value(bytes(data)))
@@ -171,7 +172,7 @@ class ShardedArray:
         self._sep: str = facts["sep"]
         self._key_tail: str = self._sep.join("0" for _ in self.shape[1:])
         # Filled as shards are mapped (a dict: its size follows the files found, not the metadata's claim).
-        self._maps: dict[int, mmap.mmap] = {}
+        self._maps: dict[int, mmap.mmap | np.ndarray] = {}
         self._index: np.ndarray | None = None  # [n_chunks, 2] uint64: (offset, nbytes) within its shard
         self._views: list[np.ndarray | None] | None = None
 
@@ -183,30 +184,56 @@ class ShardedArray:
         """The file of shard ``s``."""
         return self.path / self.shard_key(s)
 
-    def _map(self, s: int) -> mmap.mmap | None:
-        m = self._maps.get(s)
-        if m is None:
-            try:
-                # A regular file only (a named pipe would block forever), never through a link:
-                # dlpack writes none (shards an update shares with the store before are hard links).
-                if self._dir_fd is not None:
-                    fd = open_regular(self.shard_key(s), dir_fd=self._dir_fd, follow_symlinks=False)
-                else:
-                    fd = open_regular(self.shard_file(s), follow_symlinks=False)
+    def _open(self, s: int) -> int | None:
+        """A descriptor of shard ``s``'s file, or None where it is absent (non-strict)."""
+        try:
+            # A regular file only (a named pipe would block forever), never through a link:
+            # dlpack writes none (shards an update shares with the store before are hard links).
+            if self._dir_fd is not None:
+                return open_regular(self.shard_key(s), dir_fd=self._dir_fd, follow_symlinks=False)
+            return open_regular(self.shard_file(s), follow_symlinks=False)
+        except FileNotFoundError:
+            if self.strict:  # dlpack writes every shard, so a missing one means damage (or a replaced store)
+                raise StoreError(
+                    f"shard file {self.shard_file(s)} is missing; the store is damaged or was replaced"
+                ) from None
+            return None  # an absent shard holds only fill values
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
+
+    def _map_shards(self) -> None:
+        """Map every shard, in one gap-free address range where the platform allows (see
+        :mod:`dlpack._maps`: scattered maps let the loader's batch blocks land between them), else
+        one ``mmap`` each. Each shard is opened before the next is looked at, as the index reads them."""
+        fds: dict[int, int] = {}
+        try:
+            for s in range(self.n_shards):
+                fd = self._open(s)
+                if fd is not None:
+                    fds[s] = fd
+            sizes = {}
+            for s, fd in fds.items():
                 try:
-                    m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                finally:
-                    os.close(fd)
-            except FileNotFoundError:
-                if self.strict:  # dlpack writes every shard, so a missing one means damage (or a replaced store)
-                    raise StoreError(
-                        f"shard file {self.shard_file(s)} is missing; the store is damaged or was replaced"
-                    ) from None
-                return None  # an absent shard holds only fill values
-            except (OSError, ValueError) as exc:
-                raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
-            self._maps[s] = m
-        return m
+                    sizes[s] = os.fstat(fd).st_size
+                except OSError as exc:
+                    raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
+                if not sizes[s]:
+                    raise StoreError(f"cannot map shard {self.shard_file(s)}: the file is empty")
+            try:
+                together = map_consecutive(list(fds.values()), list(sizes.values()))
+            except OSError:
+                together = None  # out of address space in one piece: the shards fit one by one
+            if together is not None:
+                self._maps = dict(zip(fds, together, strict=True))
+                return
+            for s, fd in fds.items():
+                try:
+                    self._maps[s] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                except (OSError, ValueError) as exc:
+                    raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def map_all(self) -> None:
         """Map every shard now (through the folder handle), then let the handle go: what this array
@@ -223,8 +250,10 @@ class ShardedArray:
             table = 16 * self.chunks_per_shard
             parts: list[np.ndarray] = []
             on_disk = 0
-            for s in range(self.n_shards):  # each shard must exist (strict) before the next is counted
-                m = self._map(s)
+            if not self._maps:
+                self._map_shards()
+            for s in range(self.n_shards):
+                m = self._maps.get(s)
                 if m is None:
                     parts.append(np.full((self.chunks_per_shard, 2), _MISSING, dtype=np.uint64))
                     continue
@@ -370,10 +399,11 @@ class ShardedArray:
         """Unmap every shard."""
         self._views = None
         for m in self._maps.values():
-            try:
-                m.close()
-            except BufferError:
-                pass  # a caller still holds a view; the map goes when it does
+            if isinstance(m, mmap.mmap):  # an array of a consecutive range is unmapped with its last view
+                try:
+                    m.close()
+                except BufferError:
+                    pass  # a caller still holds a view; the map goes when it does
         self._maps = {}
         self._index = None
 

@@ -117,8 +117,10 @@ class RowSpan:
     The range holds gaps between the maps that are not readable: the array is never used but for
     that take, always of indices checked here first, and it keeps the views (so their maps) alive.
 
-    Other memory can lie in those gaps (maps opened after an earlier store's were closed are
-    scattered over the holes they left, and new allocations land between them). NumPy's ``take``
+    Other memory can lie in those gaps where the maps were made one by one (opened after an earlier
+    store's were closed, they scatter over the holes those left, and new allocations land between
+    them; Zarr shards are mapped end to end in one range where the platform allows, see
+    :mod:`dlpack._maps`, so there are no gaps then). NumPy's ``take``
     only compares address ranges to decide whether ``out`` may overlap its input, and where it may
     it takes into a temporary array and copies that into ``out``: a fresh allocation and a second
     copy per batch (a loader's batch blocks in such gaps read 64x64x3 batches at half the speed).

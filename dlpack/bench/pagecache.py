@@ -14,14 +14,14 @@ platform without ``posix_fadvise`` or ``mincore`` (Windows) :func:`evict` return
 
 from __future__ import annotations
 
-import functools
 import os
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .._maps import libc
 
 __all__ = ["evict", "resident_fraction", "prime", "files_under"]
 
@@ -83,27 +83,6 @@ def prime(paths: Iterable[str | os.PathLike[str]]) -> int:
     return total
 
 
-@functools.cache  # find_library runs ldconfig; once per process is enough
-def _libc() -> Any:
-    """The C library with ``mmap``, ``munmap`` and ``mincore`` typed, or None where there is none."""
-    if not (sys.platform.startswith("linux") or sys.platform == "darwin" or "bsd" in sys.platform):
-        return None
-    import ctypes
-    import ctypes.util
-
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        lib.mmap.restype = ctypes.c_void_p
-        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        lib.munmap.restype = ctypes.c_int
-        lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        lib.mincore.restype = ctypes.c_int
-    except (OSError, AttributeError):
-        return None
-    return lib
-
-
 def _resident_pages(lib: Any, path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """(resident pages, total pages) of one file, or None when it cannot be measured."""
     import ctypes
@@ -140,7 +119,7 @@ def resident_fraction(paths: Iterable[str | os.PathLike[str]]) -> float | None:
     None when it cannot be measured: no ``mincore`` on this platform, a file that cannot be
     mapped, or no bytes at all.
     """
-    lib = _libc()
+    lib = libc()
     if lib is None:
         return None
     resident = total = 0

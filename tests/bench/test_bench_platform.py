@@ -66,7 +66,7 @@ def test_without_fadvise_and_mincore_cold_runs_are_reported_unsupported(
     store = tmp_path / "s.h5"
     dlpack.build(src, store, size=(16, 12), jobs=1, quiet=True)
     monkeypatch.delattr(os, "posix_fadvise", raising=False)
-    monkeypatch.setattr(pagecache, "_libc", lambda: None)
+    monkeypatch.setattr(pagecache, "libc", lambda: None)
     report = run_bench([store], caches="cold", orders="sequential", samples=4, batch_size=4, repeat=1, quiet=True)
     (cell,) = report.cells
     assert cell.evicted is False and cell.eviction_verified is False and cell.resident_at_start is None

@@ -1,0 +1,107 @@
+"""A Zarr store's shard maps lie end to end in one address range, and live as long as their views.
+
+Mapped one by one, the shards of a store opened after other maps were closed lie scattered over
+the holes those left, and the loader's batch blocks land between them (where the one-take gather
+must decline them). Mapped into one reserved range, nothing else can lie inside it.
+"""
+
+from __future__ import annotations
+
+import gc
+import mmap
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+import dlpack
+from dlpack import _maps
+from dlpack.backends import _shard
+from dlpack.backends._shard import ShardedArray
+from dlpack.backends.base import RowSpan
+
+N = 30
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("maps")
+    src = tmp / "src"
+    src.mkdir()
+    for i in range(N):
+        img = np.random.default_rng([3, i]).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+        assert cv2.imwrite(str(src / f"{i:03d}.png"), img)
+    out = tmp / "s.zarr"
+    dlpack.build(src, out, size=(64, 64), shard_bytes=2**16, quiet=True)  # 12 KiB rows: several shards
+    return out
+
+
+def _addr(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+def _expected(store: Path) -> np.ndarray:
+    with dlpack.open(store) as ds:
+        return np.stack([ds[i]["image"] for i in range(len(ds))])
+
+
+@pytest.mark.skipif(_maps.libc() is None, reason="no C library mmap on this platform")
+def test_shards_are_mapped_end_to_end_in_one_range(store: Path) -> None:
+    arr = ShardedArray(store / "images", strict=True)
+    views = arr.shard_views()
+    assert len(views) == arr.n_shards >= 3 and all(v is not None for v in views)
+    sizes = [len(arr._maps[s]) for s in range(arr.n_shards)]
+    page = mmap.PAGESIZE
+    starts = [_addr(v) for v in views if v is not None]
+    for s in range(1, len(starts)):  # each shard one page-rounded file after the one before: no gap
+        assert starts[s] == starts[s - 1] + -(-sizes[s - 1] // page) * page
+    span = RowSpan.of(*arr.row_source())  # type: ignore[misc]
+    assert span is not None
+    assert span._units.nbytes == starts[-1] - starts[0] + views[-1].nbytes  # type: ignore[union-attr]
+    # A block allocated now can never lie inside the span, so the one take always applies.
+    for _ in range(20):
+        out = np.empty((8, 64, 64, 3), dtype=np.uint8)
+        assert not np.may_share_memory(out, span._units)
+    idx = np.array([29, 0, 13, 6, 5], dtype=np.int64)
+    assert span.gather(idx, out) and np.array_equal(out[:5], _expected(store)[idx])
+    arr.close()
+
+
+def test_a_view_outlives_close_and_reads_the_same_bytes(store: Path) -> None:
+    want = _expected(store)
+    arr = ShardedArray(store / "images", strict=True)
+    view, rows = arr.shard_views()[1], arr.shard_rows
+    assert view is not None
+    arr.close()
+    del arr
+    gc.collect()
+    assert np.array_equal(view, want[rows : 2 * rows])  # the range is unmapped only with its last view
+
+
+@pytest.mark.parametrize("how", ["unsupported", "refused"])
+def test_shards_map_one_by_one_where_one_range_cannot_be_had(
+    store: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    def refuse(fds: object, sizes: object) -> None:
+        if how == "refused":
+            raise OSError(12, "cannot reserve address space")
+
+    monkeypatch.setattr(_shard, "map_consecutive", refuse)
+    arr = ShardedArray(store / "images", strict=True)
+    assert all(isinstance(m, mmap.mmap) for m in arr._maps.values()) or not arr._maps
+    got = arr.read_rows(0, N)
+    assert all(isinstance(m, mmap.mmap) for m in arr._maps.values()) and len(arr._maps) == arr.n_shards
+    assert np.array_equal(got, _expected(store))
+    arr.close()
+
+
+def test_an_empty_shard_file_is_named(store: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "s.zarr"
+    shutil.copytree(store, copy)
+    arr = ShardedArray(copy / "images", strict=True)
+    (copy / "images" / arr.shard_key(2)).write_bytes(b"")
+    with pytest.raises(dlpack.errors.StoreError, match=r"c/2.*the file is empty"):
+        _ = ShardedArray(copy / "images", strict=True).index
