@@ -16,6 +16,7 @@ last array that refers to it is gone, as Python's ``mmap`` objects would be.
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 import os
 import sys
@@ -76,16 +77,17 @@ def _kind() -> int | None:
     return None
 
 
-def map_consecutive(fds: Sequence[int], sizes: Sequence[int]) -> list[np.ndarray] | None:
+def map_consecutive(fds: Sequence[int], sizes: Sequence[int], align: int = 1) -> list[np.ndarray] | None:
     """Read-only uint8 arrays of the open files ``fds`` (``sizes`` bytes each, all > 0), mapped
-    one after the other in one range; None where this platform cannot (the caller maps them one by
+    one after the other in one range, each starting a multiple of ``align`` bytes (rounded up to
+    whole pages) after the first; None where this platform cannot (the caller maps them one by
     one). An OSError when the kernel refuses a map (nothing stays mapped then)."""
     lib, anon = libc(), _kind()
     if lib is None or anon is None or not fds:
         return None
     import ctypes
 
-    page = mmap.PAGESIZE
+    page = math.lcm(mmap.PAGESIZE, align)  # the padding is address space only: never touched, never committed
     spans = [-(-s // page) * page for s in sizes]
     total = sum(spans)
     base = lib.mmap(None, total, _PROT_NONE, _MAP_PRIVATE | anon, -1, 0)

@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 import dlpack
+from dlpack import _maps
+from dlpack.backends import _shard
 from dlpack.backends.base import _ALIAS_GAP, _PAGE, RowSpan, _scratch, gather_rows
 from dlpack.errors import OptionError
 
 N = 41
-#: (side, channels): 12 KiB rows (the span, in 3 pieces), 4,800-byte rows (75 pieces: the scratch
-#: path) and 65,712-byte rows (row by row); shards of 64 KiB hold 5, 13 and 1 of them.
+#: (side, channels): 12 KiB rows, 4,800-byte rows and 65,712-byte rows; shards of 64 KiB hold 5, 13
+#: and 1 of them. Mapped one by one: the span in 3 pieces, the scratch path (75 pieces), row by row.
 SHAPES = ((64, 3), (40, 3), (148, 3))
 
 
@@ -56,8 +58,17 @@ def _orders(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
+@pytest.fixture(params=["one range", "one by one"])
+def maps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Zarr shards mapped end to end in one range (whole rows apart: every batch is one take), or
+    one map each, as where the platform cannot (the per-shard paths: pieces, scratch, row by row)."""
+    if request.param == "one by one":
+        monkeypatch.setattr(_shard, "map_consecutive", lambda fds, sizes, align=1: None)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("key", [f"{s}-{c}{x}" for s, _ in SHAPES for c in ("none", "lz4") for x in (".zarr", ".h5")])
-def test_gather_equals_per_image_reads(stores: dict[str, Path], key: str) -> None:
+def test_gather_equals_per_image_reads(stores: dict[str, Path], key: str, maps: str) -> None:
     ds = dlpack.open(stores[key])
     r = ds.reader
     ref = np.stack([r.read("images", i) for i in range(N)])
@@ -74,12 +85,17 @@ def test_gather_equals_per_image_reads(stores: dict[str, Path], key: str) -> Non
         assert np.array_equal(ds.get_batch(idx)["image"], ref[idx]), name
 
 
-def test_which_path_each_store_takes(stores: dict[str, Path]) -> None:
-    """The span is there for the small-row raw Zarr store only: the test above covers every path."""
+def test_which_path_each_store_takes(stores: dict[str, Path], maps: str) -> None:
+    """Mapped in one range, every raw Zarr store has a span of whole rows; mapped one by one, the
+    small-row store only (in pieces): the test above covers every path."""
     for side, _ in SHAPES:
         got = {x: dlpack.open(stores[f"{side}-none{x}"]).reader._row_span("images") for x in (".zarr", ".h5")}
         assert got[".h5"] is None  # one mapped dataset: a single take already
-        assert (got[".zarr"] is not None) == (side == 64), side
+        span = got[".zarr"]
+        if maps == "one range" and _maps.libc() is not None:
+            assert span is not None and span._step == 1, side
+        else:
+            assert (span is not None) == (side == 64), side
     assert dlpack.open(stores["64-lz4.zarr"]).reader._row_span("images") is None  # decoded, not mapped
 
 
@@ -179,8 +195,13 @@ def test_row_span_only_where_one_take_pays() -> None:
     assert RowSpan.of(views, 6) is not None
     assert RowSpan.of(views[:1], 6) is None  # one view: a plain take
     assert RowSpan.of(views[::-1], 6) is None  # a short view before the last: not a store's shards
-    _, large = _views(4, (128, 128, 4), 2, pages=32)
-    assert RowSpan.of(large, 2) is None  # 64 KiB rows go row by row
+    whole, large = _views(4, (128, 128, 4), 2, pages=32)
+    span = RowSpan.of(large, 2)  # 64 KiB rows a whole number of rows apart: one take of whole rows
+    assert span is not None and span._step == 1
+    out = np.empty((4, 128, 128, 4), dtype=np.uint8)
+    assert span.gather(np.array([3, 0, 2, 1]), out) and np.array_equal(out, whole[[3, 0, 2, 1]])
+    _, apart = _views(4, (128, 128, 4), 2, pages=33)
+    assert RowSpan.of(apart, 2) is None  # 64 KiB rows in 16 pieces each go row by row
     _, odd = _views(12, (10, 10, 3), 6, pages=2)
     assert RowSpan.of(odd, 6) is None  # 300-byte rows 8,192 bytes apart would be copied in 75 pieces
 

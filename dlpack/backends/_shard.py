@@ -33,6 +33,9 @@ _MAX_MULTIROW_CHUNK = 2**26
 _MAX_RATIO = 2**16
 _RATIO_FLOOR = 2**22
 _MAX_DIMS = 32
+#: Shards are placed a whole number of rows apart in their address range when that costs at most
+#: this much padding per shard (address space only: a 300-byte row needs 300 pages, 1.2 MB).
+_MAX_ALIGN = 2**26
 
 
 def _ints(value: Any, what: str, where: Path, minimum: int) -> list[int]:
@@ -219,8 +222,12 @@ class ShardedArray:
                     raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
                 if not sizes[s]:
                     raise StoreError(f"cannot map shard {self.shard_file(s)}: the file is empty")
+            # Each shard starts a whole number of rows after the first, so that one take gathers
+            # whole rows across shards (RowSpan) rather than page-sized pieces of them.
+            row = math.prod(self.shape[1:]) * self.dtype.itemsize
+            align = row if row > 0 and math.lcm(row, mmap.PAGESIZE) <= _MAX_ALIGN else 1
             try:
-                together = map_consecutive(list(fds.values()), list(sizes.values()))
+                together = map_consecutive(list(fds.values()), list(sizes.values()), align)
             except OSError:
                 together = None  # out of address space in one piece: the shards fit one by one
             if together is not None:

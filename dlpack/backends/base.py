@@ -138,13 +138,15 @@ class RowSpan:
     @classmethod
     def of(cls, views: Sequence[np.ndarray], rows_per_view: int) -> RowSpan | None:
         """The span of ``views`` (row ``i`` is ``views[i // rows_per_view][i % rows_per_view]``), or
-        None where one take would not pay: a single view, rows of :data:`_LARGE_ROW` or more, or rows
-        that would be copied in more than :data:`_SPAN_PIECES` pieces."""
+        None where one take would not pay: a single view, or rows that would be copied in more than
+        :data:`_SPAN_PIECES` pieces, or in more than one when they are :data:`_LARGE_ROW` or larger
+        (whole rows: the views lie a whole number of rows apart, as :mod:`dlpack._maps` places a
+        Zarr store's shards)."""
         if len(views) < 2 or not len(views[0]):
             return None
         like = views[0]
         rb = like[0].nbytes
-        if rb >= _LARGE_ROW or any(
+        if any(
             v.dtype != like.dtype or v.shape[1:] != like.shape[1:] or not v.flags.c_contiguous for v in views
         ):
             return None
@@ -153,7 +155,7 @@ class RowSpan:
         addrs = [int(v.__array_interface__["data"][0]) for v in views]
         lo = min(addrs)
         unit = math.gcd(rb, *(a - lo for a in addrs))
-        if rb // unit > _SPAN_PIECES:
+        if rb // unit > (1 if rb >= _LARGE_ROW else _SPAN_PIECES):
             return None
         hi = max(a + v.nbytes for a, v in zip(addrs, views, strict=True))
         face = {"shape": ((hi - lo) // unit, unit), "typestr": "|u1", "data": (lo, True), "version": 3}

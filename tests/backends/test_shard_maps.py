@@ -8,6 +8,7 @@ must decline them). Mapped into one reserved range, nothing else can lie inside 
 from __future__ import annotations
 
 import gc
+import math
 import mmap
 from pathlib import Path
 
@@ -52,12 +53,14 @@ def test_shards_are_mapped_end_to_end_in_one_range(store: Path) -> None:
     views = arr.shard_views()
     assert len(views) == arr.n_shards >= 3 and all(v is not None for v in views)
     sizes = [len(arr._maps[s]) for s in range(arr.n_shards)]
-    page = mmap.PAGESIZE
+    row = 64 * 64 * 3
+    step = math.lcm(mmap.PAGESIZE, row)  # whole pages and whole rows: 3 pages
     starts = [_addr(v) for v in views if v is not None]
-    for s in range(1, len(starts)):  # each shard one page-rounded file after the one before: no gap
-        assert starts[s] == starts[s - 1] + -(-sizes[s - 1] // page) * page
+    for s in range(1, len(starts)):  # each shard right after the one before, rounded up to a step
+        assert starts[s] == starts[s - 1] + -(-sizes[s - 1] // step) * step
+    assert all((a - starts[0]) % row == 0 for a in starts)
     span = RowSpan.of(*arr.row_source())  # type: ignore[misc]
-    assert span is not None
+    assert span is not None and span._step == 1  # one whole row per index: the shards are rows apart
     assert span._units.nbytes == starts[-1] - starts[0] + views[-1].nbytes  # type: ignore[union-attr]
     # A block allocated now can never lie inside the span, so the one take always applies.
     for _ in range(20):
@@ -83,7 +86,7 @@ def test_a_view_outlives_close_and_reads_the_same_bytes(store: Path) -> None:
 def test_shards_map_one_by_one_where_one_range_cannot_be_had(
     store: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    def refuse(fds: object, sizes: object) -> None:
+    def refuse(fds: object, sizes: object, align: int = 1) -> None:
         if how == "refused":
             raise OSError(12, "cannot reserve address space")
 
