@@ -20,7 +20,7 @@ import math
 import mmap
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,13 +77,17 @@ def _kind() -> int | None:
     return None
 
 
-def map_consecutive(fds: Sequence[int], sizes: Sequence[int], align: int = 1) -> list[np.ndarray] | None:
-    """Read-only uint8 arrays of the open files ``fds`` (``sizes`` bytes each, all > 0), mapped
-    one after the other in one range, each starting a multiple of ``align`` bytes (rounded up to
-    whole pages) after the first; None where this platform cannot (the caller maps them one by
-    one). An OSError when the kernel refuses a map (nothing stays mapped then)."""
+def map_consecutive(sizes: Sequence[int], open_file: Callable[[int], int], align: int = 1) -> list[np.ndarray] | None:
+    """Read-only uint8 arrays of ``len(sizes)`` files, ``sizes[k]`` bytes each (all > 0), mapped one
+    after the other in one range, each starting a multiple of ``align`` bytes (rounded up to whole
+    pages) after the first; None where this platform cannot (the caller maps them one by one).
+
+    ``open_file(k)`` gives a descriptor of file ``k`` that is ``sizes[k]`` bytes long (it checks: a
+    map past a file's end faults when read); it is closed once mapped, so one is open at a time.
+    An OSError when the kernel refuses a map; nothing stays mapped after any error.
+    """
     lib, anon = libc(), _kind()
-    if lib is None or anon is None or not fds:
+    if lib is None or anon is None or not sizes:
         return None
     import ctypes
 
@@ -97,10 +101,14 @@ def map_consecutive(fds: Sequence[int], sizes: Sequence[int], align: int = 1) ->
     whole = _Range(lib, base, total)  # unmaps the reservation and every map inside it when dropped
     at = base
     starts = []
-    for fd, size, span in zip(fds, sizes, spans, strict=True):
-        got = lib.mmap(at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0)
-        if _failed(got) or got != at:
+    for k, (size, span) in enumerate(zip(sizes, spans, strict=True)):
+        fd = open_file(k)
+        try:
+            got = lib.mmap(at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0)
             err = ctypes.get_errno()
+        finally:
+            os.close(fd)
+        if _failed(got) or got != at:
             raise OSError(err, f"cannot map a file of {size} bytes: {os.strerror(err)}")
         starts.append(at - base)
         at += span

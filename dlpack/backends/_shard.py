@@ -204,42 +204,57 @@ class ShardedArray:
         except (OSError, ValueError) as exc:
             raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
 
+    def _size(self, s: int, fd: int) -> int:
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as exc:
+            raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
+        if not size:
+            raise StoreError(f"cannot map shard {self.shard_file(s)}: the file is empty")
+        return size
+
     def _map_shards(self) -> None:
         """Map every shard, in one gap-free address range where the platform allows (see
         :mod:`dlpack._maps`: scattered maps let the loader's batch blocks land between them), else
-        one ``mmap`` each. Each shard is opened before the next is looked at, as the index reads them."""
-        fds: dict[int, int] = {}
-        try:
-            for s in range(self.n_shards):
-                fd = self._open(s)
+        one ``mmap`` each. One descriptor is open at a time (a store may have more shards than a
+        process may open files): the sizes are read first, then each file is opened again and mapped."""
+        sizes: dict[int, int] = {}
+        for s in range(self.n_shards):  # each shard must exist (strict) before the next is looked at
+            fd = self._open(s)
+            if fd is not None:
+                try:
+                    sizes[s] = self._size(s, fd)
+                finally:
+                    os.close(fd)
+        shards = list(sizes)
+
+        def reopen(k: int) -> int:
+            s = shards[k]
+            fd = self._open(s)
+            if fd is None or self._size(s, fd) != sizes[s]:
                 if fd is not None:
-                    fds[s] = fd
-            sizes = {}
-            for s, fd in fds.items():
-                try:
-                    sizes[s] = os.fstat(fd).st_size
-                except OSError as exc:
-                    raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
-                if not sizes[s]:
-                    raise StoreError(f"cannot map shard {self.shard_file(s)}: the file is empty")
-            # Each shard starts a whole number of rows after the first, so that one take gathers
-            # whole rows across shards (RowSpan) rather than page-sized pieces of them.
-            row = math.prod(self.shape[1:]) * self.dtype.itemsize
-            align = row if row > 0 and math.lcm(row, mmap.PAGESIZE) <= _MAX_ALIGN else 1
+                    os.close(fd)
+                raise StoreError(f"shard {self.shard_file(s)} changed while the store was being opened; open it again")
+            return fd
+
+        # Each shard starts a whole number of rows after the first, so that one take gathers whole
+        # rows across shards (RowSpan) rather than page-sized pieces of them.
+        row = math.prod(self.shape[1:]) * self.dtype.itemsize
+        align = row if row > 0 and math.lcm(row, mmap.PAGESIZE) <= _MAX_ALIGN else 1
+        try:
+            together = map_consecutive([sizes[s] for s in shards], reopen, align)
+        except OSError:
+            together = None  # no range that large in one piece: the shards may still fit one by one
+        if together is not None:
+            self._maps = dict(zip(shards, together, strict=True))
+            return
+        for k, s in enumerate(shards):
+            fd = reopen(k)
             try:
-                together = map_consecutive(list(fds.values()), list(sizes.values()), align)
-            except OSError:
-                together = None  # out of address space in one piece: the shards fit one by one
-            if together is not None:
-                self._maps = dict(zip(fds, together, strict=True))
-                return
-            for s, fd in fds.items():
-                try:
-                    self._maps[s] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                except (OSError, ValueError) as exc:
-                    raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
-        finally:
-            for fd in fds.values():
+                self._maps[s] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
+            finally:
                 os.close(fd)
 
     def map_all(self) -> None:

@@ -146,9 +146,7 @@ class RowSpan:
             return None
         like = views[0]
         rb = like[0].nbytes
-        if any(
-            v.dtype != like.dtype or v.shape[1:] != like.shape[1:] or not v.flags.c_contiguous for v in views
-        ):
+        if any(v.dtype != like.dtype or v.shape[1:] != like.shape[1:] or not v.flags.c_contiguous for v in views):
             return None
         if any(len(v) != rows_per_view for v in views[:-1]) or not 0 < len(views[-1]) <= rows_per_view:
             return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import math
 import mmap
+import os
 from pathlib import Path
 
 import cv2
@@ -86,7 +87,7 @@ def test_a_view_outlives_close_and_reads_the_same_bytes(store: Path) -> None:
 def test_shards_map_one_by_one_where_one_range_cannot_be_had(
     store: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    def refuse(fds: object, sizes: object, align: int = 1) -> None:
+    def refuse(sizes: object, open_file: object, align: int = 1) -> None:
         if how == "refused":
             raise OSError(12, "cannot reserve address space")
 
@@ -108,3 +109,49 @@ def test_an_empty_shard_file_is_named(store: Path, tmp_path: Path) -> None:
     (copy / "images" / arr.shard_key(2)).write_bytes(b"")
     with pytest.raises(dlpack.errors.StoreError, match=r"c/2.*the file is empty"):
         _ = ShardedArray(copy / "images", strict=True).index
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir() or _maps.libc() is None, reason="counts descriptors in /proc")
+def test_one_shard_file_is_open_at_a_time(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store may have more shards than a process may open files: each is closed once mapped
+    (Python's ``mmap``, where one range cannot be had, keeps a descriptor of its own per map)."""
+    want = _expected(store)
+    seen: list[int] = []
+    real = ShardedArray._open
+
+    def counting(self: ShardedArray, s: int) -> int | None:
+        seen.append(len(os.listdir("/proc/self/fd")))
+        return real(self, s)
+
+    monkeypatch.setattr(ShardedArray, "_open", counting)
+    arr = ShardedArray(store / "images", strict=True)
+    assert np.array_equal(arr.read_rows(0, N), want)
+    assert len(seen) == 2 * arr.n_shards  # sizes first, then each mapped
+    assert max(seen) == min(seen)  # nothing left open from one shard to the next
+    arr.close()
+
+
+def test_a_shard_that_changes_while_the_store_opens_is_an_error(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    copy = tmp_path / "s.zarr"
+    shutil.copytree(store, copy)
+    arr = ShardedArray(copy / "images", strict=True)
+    victim = copy / "images" / arr.shard_key(1)
+    real = ShardedArray._size
+    calls: list[int] = []
+
+    def grow_after_the_first_look(self: ShardedArray, s: int, fd: int) -> int:
+        calls.append(s)
+        if s == 1 and calls.count(1) == 1:
+            size = real(self, s, fd)
+            with open(victim, "ab") as f:
+                f.write(b"x" * 10)
+            return size
+        return real(self, s, fd)
+
+    monkeypatch.setattr(ShardedArray, "_size", grow_after_the_first_look)
+    with pytest.raises(dlpack.errors.StoreError, match=r"c/1/0/0/0 changed while the store was being opened"):
+        _ = arr.index
