@@ -284,80 +284,49 @@ _tensor_use_count = getattr(torch.Tensor, "_use_count", None)
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
-#: What :meth:`_Kept.state` finds: nobody holds the tensors; somebody does; nobody does, but one
-#: was changed in place (its shape, strides or storage may be another), so they are made anew.
-_FREE, _HELD, _CHANGED = 0, 1, 2
-
-
 class _Kept:
-    """A tensor made once and handed out again while nobody holds it. What "nobody holds it"
-    reads is taken by :meth:`settle`, called on the new object alone (``_Kept(t).settle()``), so
-    no name or argument of the code that made the tensor is counted.
+    """Tensors made once and handed out again while nobody holds them. What "nobody holds them"
+    reads is taken by :meth:`settle`, called on the new object alone (``_Kept(...).settle()``), so
+    no name or argument of the code that made the tensors is counted."""
 
-    Who holds it: Python references (the batch dicts handed out, names, ``.numpy()`` arrays),
-    C++ ones (an autograd graph that saved it, a DLPack capsule: its use count), and the tensors
-    and arrays sharing its memory (views, slices: its storage's use count). Its version counter
-    counts every in-place operation (``unsqueeze_``, ``resize_``, ``set_``, ``add_``), those that
-    change its shape, strides or storage among them. Straight-line code: this runs for every
-    batch, right after the batch's copy flushed the caches.
-    """
+    __slots__ = ("tensors", "_storages", "_refs", "_uses")
 
-    __slots__ = ("tensor", "_storage", "_refs", "_uses", "_shared", "_version", "_at")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-        self._storage = tensor.untyped_storage()._cdata
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self.tensors = tensors
+        self._storages = tuple(t.untyped_storage()._cdata for t in tensors)
 
     def settle(self) -> _Kept:
-        uses, shared = _tensor_use_count, _storage_use_count
-        assert uses is not None and shared is not None
-        t = self.tensor
-        self._refs = sys.getrefcount(t)
-        self._uses = uses(t)
-        self._shared = shared(self._storage)
-        self._version = t._version
-        self._at = t.data_ptr()
+        self._refs = self._python_refs()
+        self._uses = self._other_uses()
         return self
 
-    def state(self) -> int:
-        """:data:`_FREE`, :data:`_HELD` or :data:`_CHANGED` (fewer uses of its storage than when
-        made: the tensor no longer uses it, ``t.data = other``)."""
-        uses, shared = _tensor_use_count, _storage_use_count
-        assert uses is not None and shared is not None
-        t = self.tensor
-        if sys.getrefcount(t) != self._refs:  # the usual hold: a caller keeps the batch
-            return _HELD
-        n, s = uses(t), shared(self._storage)
-        # A Python storage object (``t.untyped_storage()``) kept on its own counts in no use count:
-        # the object ``untyped_storage()`` returns is that one while it lives (2: the call's, the argument).
-        if n > self._uses or s > self._shared or sys.getrefcount(t.untyped_storage()) > 2:
-            return _HELD
-        if n != self._uses or s != self._shared or t._version != self._version:
-            return _CHANGED
-        # ``share_memory_()`` (what a torch.multiprocessing queue does to a CPU tensor) moves the
-        # storage's memory into shared memory, with no version change: not the block's any more.
-        return _FREE if t.data_ptr() == self._at else _CHANGED
+    def _python_refs(self) -> list[int]:
+        """Python references: the batch dicts handed out, names, ``.numpy()`` arrays of a tensor."""
+        return [sys.getrefcount(t) for t in self.tensors]
+
+    def _other_uses(self) -> list[int]:
+        """C++ holders (an autograd graph that saved a tensor, a DLPack capsule), and the tensors
+        and arrays sharing a tensor's memory (views, slices)."""
+        uses, use = _tensor_use_count, _storage_use_count
+        assert uses is not None and use is not None
+        return [uses(t) for t in self.tensors] + [use(s) for s in self._storages]
+
+    def held(self) -> bool:
+        """Whether anything outside still holds one of the tensors (or memory shared with one):
+        Python references first, the usual hold (a caller keeping the batch), then the rest."""
+        return self._python_refs() != self._refs or self._other_uses() != self._uses
 
 
-class _Codes:
+class _Codes(_Kept):
     """A batch's label and index tensors, with the NumPy twins its values are copied into."""
 
-    __slots__ = ("label", "index", "labels", "indices")
+    __slots__ = ("labels", "indices")
 
     def __init__(self, n: int) -> None:
         label, index = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
         self.labels: np.ndarray = label.numpy()  # the twins count among the "free" uses
         self.indices: np.ndarray = index.numpy()
-        self.label, self.index = _Kept(label), _Kept(index)
-
-    def settle(self) -> _Codes:
-        self.label.settle()
-        self.index.settle()
-        return self
-
-    def state(self) -> int:
-        label = self.label.state()
-        return label if label == _HELD else max(label, self.index.state())
+        super().__init__(label, index)
 
 
 class _BlockTensors:
@@ -383,15 +352,14 @@ class _BlockTensors:
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = shape  # N x H x W x C of a whole batch
         #: id(block) -> [its tensor (which keeps the block, so the id stays its own); the last
-        #: batch array cut from it, weakly; its whole batch's image view; its label and index;
-        #: the block's address]
+        #: batch array cut from it, weakly; its whole batch's image view; its label and index]
         self._blocks: dict[int, list[Any]] = {}
 
     def allocate(self, nbytes: int) -> np.ndarray:
         """A block for the pool: a NumPy array (NumPy asks for huge pages for large ones, and the
         copy into memory from ``torch.empty`` or an ``mmap`` ran 7-12 % slower here), and its tensor."""
         block = np.empty(nbytes, dtype=np.uint8)
-        self._blocks[id(block)] = [torch.from_numpy(block), None, None, None, block.ctypes.data]
+        self._blocks[id(block)] = [torch.from_numpy(block), None, None, None]
         return block
 
     def release(self) -> None:
@@ -399,14 +367,7 @@ class _BlockTensors:
 
     def busy(self, block: np.ndarray) -> bool:
         entry = self._blocks.get(id(block))
-        if entry is None or entry[2] is None:
-            return False
-        state: int = entry[2].state()
-        if state == _CHANGED:  # changed in place, then dropped: the block's next batch gets a new view
-            entry[2] = None
-            if entry[0].data_ptr() != entry[4]:  # its memory was moved (share_memory_): the block's tensor anew
-                entry[0] = torch.from_numpy(block)
-        return state == _HELD
+        return entry is not None and entry[2] is not None and entry[2].held()
 
     def handed(self, block: np.ndarray, batch: np.ndarray) -> None:
         entry = self._blocks.get(id(block))
@@ -430,14 +391,15 @@ class _BlockTensors:
             h, w, c = self.shape[1:]
             start = images.ctypes.data - entry[0].data_ptr()
             image = entry[2] = _Kept(entry[0][start : start + n * h * w * c].view(n, h, w, c).permute(0, 3, 1, 2))
-            image.settle()  # on its own: the expression's temporaries are gone
-        codes: _Codes | None = entry[3]
-        if codes is None or codes.state() != _FREE:  # new ones; kept ones stay with whoever kept them
+            image.settle()
+        codes: _Kept | None = entry[3]
+        if codes is None or codes.held():  # new ones; kept ones stay with whoever kept them
             codes = entry[3] = _Codes(n)
             codes.settle()
+        assert isinstance(codes, _Codes)
         np.copyto(codes.labels, label, casting="unsafe")
         np.copyto(codes.indices, index, casting="unsafe")
-        return {"image": image.tensor, "label": codes.label.tensor, "index": codes.index.tensor}
+        return {"image": image.tensors[0], "label": codes.tensors[0], "index": codes.tensors[1]}
 
 
 class _Finisher:
