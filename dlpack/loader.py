@@ -442,13 +442,6 @@ class _BufferPool:
     ``allocator(nbytes)`` makes each block (a 1-D uint8 array; ``np.empty`` by default): the
     PyTorch adapter passes one that returns views of pinned tensors, so batches are read straight
     into page-locked memory and no pin copy happens per batch.
-
-    ``tenant`` (:meth:`use_tenant`): a user of the pool that keeps objects made once per block (the
-    PyTorch adapter keeps the tensors of a block's batch, so no torch call is made per batch).
-    They hold the block's memory through ``tenant.refs`` references to each block of its own,
-    fewer than one per holder, so the reference count cannot see who holds them: a block is
-    recycled only when ``tenant.busy(block)`` is also false. The tenant hears of each batch array
-    cut from a block (``tenant.handed(block, batch)``), to know which of its objects shows it.
     """
 
     def __init__(
@@ -461,21 +454,12 @@ class _BufferPool:
         self._bufs: list[tuple[np.ndarray, int]] = []
         self._rows = tuple(shape[1:])
         self._lock = threading.Lock()
-        self.tenant: _Tenant | None = None
 
     def use_allocator(self, allocator: Callable[[int], np.ndarray]) -> None:
         """Make the blocks from now on with ``allocator``; free blocks made otherwise are dropped
         (a block still held by a batch stays with that batch until it is dropped)."""
-        self.use_tenant(None, allocator)
-
-    def use_tenant(self, tenant: _Tenant | None, allocator: Callable[[int], np.ndarray] | None) -> None:
-        """Make the blocks from now on with ``allocator`` and recycle them only when ``tenant``
-        says none of its objects of the block is held (see the class's notes); the free blocks
-        made before are dropped, and the tenant before lets go of its blocks."""
         with self._lock:
-            if self.tenant is not None and self.tenant is not tenant:
-                self.tenant.release()
-            self.allocator, self.tenant = allocator, tenant
+            self.allocator = allocator
             self._bufs.clear()
 
     def _batch(self, block: np.ndarray, offset: int, n: int) -> np.ndarray:
@@ -485,40 +469,17 @@ class _BufferPool:
     def take(self, n: int) -> np.ndarray:
         """An array of ``n`` batch rows that nobody else holds."""
         with self._lock:
-            tenant = self.tenant
-            # Referrers of a free block: its tuple, the loop variable, getrefcount's argument, and
-            # the tenant's own.
-            free = 3 if tenant is None else 3 + tenant.refs
             for block, offset in self._bufs:
-                if sys.getrefcount(block) <= free and (tenant is None or not tenant.busy(block)):
-                    return self._handed(block, offset, n)
+                # Referrers of a free block: its tuple, the loop variable and getrefcount's argument.
+                if sys.getrefcount(block) <= 3:
+                    return self._batch(block, offset, n)
             if len(self._bufs) < self.limit:
                 size = self._nbytes + _PAGE
                 block = np.empty(size, dtype=np.uint8) if self.allocator is None else self.allocator(size)
                 offset = (_PAGE_OFFSET - block.__array_interface__["data"][0]) % _PAGE
                 self._bufs.append((block, offset))
-                return self._handed(block, offset, n)
+                return self._batch(block, offset, n)
         return np.empty((n, *self.shape[1:]), dtype=self.dtype)
-
-    def _handed(self, block: np.ndarray, offset: int, n: int) -> np.ndarray:
-        batch = self._batch(block, offset, n)
-        if self.tenant is not None:
-            self.tenant.handed(block, batch)
-        return batch
-
-
-class _Tenant(Protocol):
-    """What a :class:`_BufferPool` asks of the objects a tenant keeps per block (see the pool)."""
-
-    #: References the tenant keeps to each block it made.
-    refs: int
-
-    def busy(self, block: np.ndarray) -> bool: ...
-
-    def handed(self, block: np.ndarray, batch: np.ndarray) -> None: ...
-
-    def release(self) -> None:
-        """Let go of every block (the pool no longer uses them; batches still held keep theirs)."""
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
-import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -276,132 +274,6 @@ def resolve_store_stats(
     return got_mean, got_std  # type: ignore[return-value]
 
 
-#: The use counts of a tensor (C++ holders: an autograd graph, a DLPack capsule) and of a storage
-#: (tensors and NumPy arrays sharing its memory), which the tensors kept per block read to know
-#: whether a batch is still held (:class:`_Kept`); None in a torch without them, which then makes
-#: the default batch's tensors per batch, as before.
-_tensor_use_count = getattr(torch.Tensor, "_use_count", None)
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-
-class _Kept:
-    """Tensors made once and handed out again while nobody holds them. What "nobody holds them"
-    reads is taken by :meth:`settle`, called on the new object alone (``_Kept(...).settle()``), so
-    no name or argument of the code that made the tensors is counted."""
-
-    __slots__ = ("tensors", "_storages", "_refs", "_uses")
-
-    def __init__(self, *tensors: torch.Tensor) -> None:
-        self.tensors = tensors
-        self._storages = tuple(t.untyped_storage()._cdata for t in tensors)
-
-    def settle(self) -> _Kept:
-        self._refs = self._python_refs()
-        self._uses = self._other_uses()
-        return self
-
-    def _python_refs(self) -> list[int]:
-        """Python references: the batch dicts handed out, names, ``.numpy()`` arrays of a tensor."""
-        return [sys.getrefcount(t) for t in self.tensors]
-
-    def _other_uses(self) -> list[int]:
-        """C++ holders (an autograd graph that saved a tensor, a DLPack capsule), and the tensors
-        and arrays sharing a tensor's memory (views, slices)."""
-        uses, use = _tensor_use_count, _storage_use_count
-        assert uses is not None and use is not None
-        return [uses(t) for t in self.tensors] + [use(s) for s in self._storages]
-
-    def held(self) -> bool:
-        """Whether anything outside still holds one of the tensors (or memory shared with one):
-        Python references first, the usual hold (a caller keeping the batch), then the rest."""
-        return self._python_refs() != self._refs or self._other_uses() != self._uses
-
-
-class _Codes(_Kept):
-    """A batch's label and index tensors, with the NumPy twins its values are copied into."""
-
-    __slots__ = ("labels", "indices")
-
-    def __init__(self, n: int) -> None:
-        label, index = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
-        self.labels: np.ndarray = label.numpy()  # the twins count among the "free" uses
-        self.indices: np.ndarray = index.numpy()
-        super().__init__(label, index)
-
-
-class _BlockTensors:
-    """The adapter's tenancy of the loader's batch blocks (:class:`dlpack.loader._BufferPool`):
-    each block gets a uint8 tensor of its memory, and the tensors of a whole batch read into it
-    (its ``channels_last`` image view, its label and index tensors) are made once and handed out
-    again, so the default uint8 batch costs no torch call.
-
-    Why: right after a batch's 6 MB copy flushed the caches, the first torch call cost 16-20 us
-    here wherever it ran, and the training thread's drop of a batch of three fresh tensors 8.6 us
-    against 1.7 us for the NumPy batch (docs/benchmarks.md, "PyTorch path"). The image view holds
-    the block through one reference (its storage's) whoever holds it, so the pool asks
-    :meth:`busy` before recycling a block: a batch a caller still holds (its dict, its image, a
-    view or ``.numpy()`` of it, a graph that saved it) is never overwritten. Label and index
-    tensors a caller kept (to collect them over an epoch) are left to it, and the block's next
-    batch gets new ones: they do not keep the block. A short batch (an epoch's last) gets
-    tensors of its own, made from its NumPy arrays as before.
-    """
-
-    #: The reference each block's tensor keeps to the block (see the pool's ``tenant``).
-    refs = 1
-
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self.shape = shape  # N x H x W x C of a whole batch
-        #: id(block) -> [its tensor (which keeps the block, so the id stays its own); the last
-        #: batch array cut from it, weakly; its whole batch's image view; its label and index]
-        self._blocks: dict[int, list[Any]] = {}
-
-    def allocate(self, nbytes: int) -> np.ndarray:
-        """A block for the pool: a NumPy array (NumPy asks for huge pages for large ones, and the
-        copy into memory from ``torch.empty`` or an ``mmap`` ran 7-12 % slower here), and its tensor."""
-        block = np.empty(nbytes, dtype=np.uint8)
-        self._blocks[id(block)] = [torch.from_numpy(block), None, None, None]
-        return block
-
-    def release(self) -> None:
-        self._blocks = {}
-
-    def busy(self, block: np.ndarray) -> bool:
-        entry = self._blocks.get(id(block))
-        return entry is not None and entry[2] is not None and entry[2].held()
-
-    def handed(self, block: np.ndarray, batch: np.ndarray) -> None:
-        entry = self._blocks.get(id(block))
-        if entry is not None:
-            entry[1] = weakref.ref(batch)
-
-    def batch(self, images: Any, label: Any, index: Any) -> dict[str, Any] | None:
-        """The block tensors of the batch ``images`` (a whole batch, the array the pool last cut
-        from its block: the block's memory at a known place), with ``label`` and ``index`` copied
-        into them; None for any other array (a fresh one, a short batch, a view a transform made)."""
-        entry = self._blocks.get(id(getattr(images, "base", None)))
-        if entry is None or entry[1] is None or entry[1]() is not images or images.shape != self.shape:
-            return None
-        n = self.shape[0]
-        if not (isinstance(label, np.ndarray) and label.shape == (n,) and label.dtype.kind in "iub"):
-            return None
-        if not (isinstance(index, np.ndarray) and index.shape == (n,) and index.dtype.kind in "iu"):
-            return None
-        image: _Kept | None = entry[2]
-        if image is None:  # once per block
-            h, w, c = self.shape[1:]
-            start = images.ctypes.data - entry[0].data_ptr()
-            image = entry[2] = _Kept(entry[0][start : start + n * h * w * c].view(n, h, w, c).permute(0, 3, 1, 2))
-            image.settle()
-        codes: _Kept | None = entry[3]
-        if codes is None or codes.held():  # new ones; kept ones stay with whoever kept them
-            codes = entry[3] = _Codes(n)
-            codes.settle()
-        assert isinstance(codes, _Codes)
-        np.copyto(codes.labels, label, casting="unsafe")
-        np.copyto(codes.indices, index, casting="unsafe")
-        return {"image": image.tensors[0], "label": codes.tensors[0], "index": codes.tensors[1]}
-
-
 class _Finisher:
     """What the reader threads do to each batch for :class:`TorchLoader`: the batch as tensors,
     converted as asked (or left uint8 when the conversion waits for the device).
@@ -419,8 +291,6 @@ class _Finisher:
         self.pool_limit = pool_limit
         self.layout = layout
         self.ab: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-        #: The loader's blocks as tensors, for the default uint8 batch on the CPU (None: not used).
-        self.blocks: _BlockTensors | None = None
 
     @property
     def image_nbytes(self) -> int:
@@ -506,12 +376,6 @@ class _Finisher:
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         o = self.owner
         images = batch["image"]
-        if self.blocks is not None:  # the default uint8 batch: the tensors kept with its block
-            kept = self.blocks.batch(images, batch["label"], batch["index"])
-            if kept is not None:
-                if not _BASE_KEYS.issuperset(batch):  # keyed arrays (boxes, mask, ...) ride along
-                    kept.update(_keyed_tensors(batch, _BASE_KEYS))
-                return kept
         image: Any
         if isinstance(images, list):  # variable-size store: one CHW tensor per sample
             image = [to_tensor(im, o.dtype, o.mean, o.std) for im in images]
@@ -593,18 +457,6 @@ class TorchLoader:
         if self.pin_memory and pool is not None:
             pool.use_allocator(_pinned_block)
         self._finisher = _Finisher(self, pool.limit if pool is not None else 8, layout)
-        if (
-            pool is not None
-            and _storage_use_count is not None
-            and _tensor_use_count is not None
-            and self._as_finished
-            and not self.converts
-            and not self.contiguous
-            and pool.dtype == np.uint8
-        ):
-            # The default batch as tensors kept per block: no torch call per batch (_BlockTensors).
-            self._finisher.blocks = _BlockTensors(pool.shape)
-            pool.use_tenant(self._finisher.blocks, self._finisher.blocks.allocate)
         # Converting or copying on the reader threads is work: "auto" then reads on every core.
         loader.set_finisher(self._finisher, works=self.converts or self.contiguous)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -588,100 +587,3 @@ def test_loader_stats_count_the_bytes_of_a_16_bit_source_widened_to_float() -> N
     tl = TorchLoader(Loader(deep, LoaderOptions(batch_size=5, workers=0, seed=2)), pin_memory=False)
     handed = sum(b["image"].nbytes for b in tl)
     assert tl.stats()[-1].bytes == handed == len(deep) * 5 * 7 * 3 * 4
-
-
-# ---------------------------------------------------------------- tensors kept per block
-
-
-def _block_loader(ds: Any, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> TorchLoader:
-    """The default uint8 torch loader with one batch per pooled block (what batches of 1 MiB or
-    more get; these tiny images would be read in groups of batches, one block per group)."""
-    monkeypatch.setattr("dlpack.loader._GROUP_BYTES", 1)
-    tl = torch_loader(ds, batch_size=4, seed=3, pin_memory=False, **kw)
-    assert tl.loader._group == 1 and tl._finisher.blocks is not None
-    return tl
-
-
-def test_the_default_batch_reuses_the_tensors_kept_with_its_block(ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A dropped batch's tensors are handed out again with the next batch read into its block:
-    after the first epoch every batch's image, label and index tensors are ones handed out
-    before (no tensor made per batch), and the values, the layout and the keyed arrays are the
-    loader's."""
-    tl = _block_loader(ds, monkeypatch, workers=0, prefetch=0)
-    pool = tl.loader._pool
-    assert pool is not None
-    plain = ds.loader(batch_size=4, seed=3, workers=0, prefetch=0)
-    first: dict[str, list[weakref.ref[torch.Tensor]]] = {"image": [], "label": [], "index": []}
-    for epoch in range(3):
-        for t, b in zip(tl, plain, strict=True):  # the same epoch of the same order
-            for key, refs in first.items():
-                if epoch == 0:
-                    refs.append(weakref.ref(t[key]))  # weakly: a reference kept here holds the batch
-                else:
-                    assert any(r() is t[key] for r in refs), f"a new {key} tensor in epoch {epoch}"
-            assert t["image"].is_contiguous(memory_format=torch.channels_last)
-            assert torch.equal(t["image"], to_tensor(b["image"]))
-            assert t["label"].dtype == t["index"].dtype == torch.int64
-            assert t["label"].tolist() == b["label"].tolist() and t["index"].tolist() == b["index"].tolist()
-            assert torch.equal(t["mask"], torch.from_numpy(b["mask"])) and len(t["boxes"]) == 4
-    assert len({id(r()) for r in first["image"]}) <= len(pool._bufs) <= pool.limit  # one per block
-
-
-def _hold(t: dict[str, Any], how: str) -> tuple[Any, Any, torch.Tensor]:
-    """What a caller keeps of batch ``t`` (``how``), a function reading its values later, and
-    the values it must read."""
-    image = t["image"]
-    if how == "dict":
-        return t, lambda kept: kept["image"].clone(), image.clone()
-    if how == "image":
-        return image, lambda kept: kept.clone(), image.clone()
-    if how == "view":
-        return image[1:, :2], lambda kept: kept.clone(), image[1:, :2].clone()
-    if how == "numpy":
-        return image.numpy(), lambda kept: torch.from_numpy(kept.copy()), image.clone()
-    if how == "storage":
-        whole = torch.tensor(image.untyped_storage().tolist(), dtype=torch.uint8)
-        return image.untyped_storage(), lambda kept: torch.tensor(kept.tolist(), dtype=torch.uint8), whole
-    if how == "dlpack":
-        return torch.utils.dlpack.to_dlpack(image), lambda kept: torch.from_dlpack(kept).clone(), image.clone()
-    if how == "graph":  # only the graph keeps the image: saved for the gradient of p
-        p = torch.ones(1, requires_grad=True)
-        loss = (image * p).sum()
-        grad = image.sum(dtype=torch.float32).reshape(1)
-        return (p, loss), lambda kept: (kept[1].backward(), kept[0].grad.clone())[1], grad
-    if how in ("label", "index"):
-        return t[how], lambda kept: kept.clone(), t[how].clone()
-    assert how == "label-view"
-    return t["label"][1:], lambda kept: kept.clone(), t["label"][1:].clone()
-
-
-HOLDS = ["dict", "image", "view", "numpy", "storage", "dlpack", "graph", "label", "index", "label-view"]
-
-
-@pytest.mark.parametrize("how", HOLDS)
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_batch_a_caller_holds_is_never_overwritten(
-    ds: Any, monkeypatch: pytest.MonkeyPatch, how: str, workers: int
-) -> None:
-    """Whatever a caller keeps of a batch (the dict, the image, a view, ``.numpy()``, the storage,
-    a DLPack capsule, a graph that saved the image, the labels or indices), it reads the same
-    values after the loader read every block again, and the kept tensors are not handed out."""
-    tl = _block_loader(ds, monkeypatch, workers=workers, prefetch=2 if workers else 0)
-    it = iter(tl)
-    for _ in range(2):  # the blocks' tensors exist: what is held next is a kept tensor
-        next(it)
-    t = next(it)
-    image, label, index = t["image"], t["label"], t["index"]
-    kept, read, expected = _hold(t, how)
-    held = {"dict": (image, label, index), "image": (image,), "view": (image,), "numpy": (image,),
-            "storage": (image,), "dlpack": (image,), "graph": (image,), "label": (label,),
-            "index": (index,), "label-view": (label,)}[how]  # fmt: skip
-    ids = {id(x) for x in held}
-    del t, image, label, index
-    for _ in range(3):
-        for t in it:
-            assert not ids & {id(t["image"]), id(t["label"]), id(t["index"])}  # never handed out again
-        it = iter(tl)
-    del t
-    assert torch.equal(read(kept), expected)
-    del held
