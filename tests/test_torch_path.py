@@ -587,3 +587,59 @@ def test_loader_stats_count_the_bytes_of_a_16_bit_source_widened_to_float() -> N
     tl = TorchLoader(Loader(deep, LoaderOptions(batch_size=5, workers=0, seed=2)), pin_memory=False)
     handed = sum(b["image"].nbytes for b in tl)
     assert tl.stats()[-1].bytes == handed == len(deep) * 5 * 7 * 3 * 4
+
+
+# ---------------------------------------------------------------- held batches
+
+
+def _hold(t: dict[str, Any], how: str) -> tuple[Any, Any, torch.Tensor]:
+    """What a caller keeps of batch ``t`` (``how``), a function reading its values later, and
+    the values it must read."""
+    image = t["image"]
+    if how == "dict":
+        return t, lambda kept: kept["image"].clone(), image.clone()
+    if how == "image":
+        return image, lambda kept: kept.clone(), image.clone()
+    if how == "view":
+        return image[1:, :2], lambda kept: kept.clone(), image[1:, :2].clone()
+    if how == "numpy":
+        return image.numpy(), lambda kept: torch.from_numpy(kept.copy()), image.clone()
+    if how == "storage":
+        whole = torch.tensor(image.untyped_storage().tolist(), dtype=torch.uint8)
+        return image.untyped_storage(), lambda kept: torch.tensor(kept.tolist(), dtype=torch.uint8), whole
+    if how == "dlpack":
+        return torch.utils.dlpack.to_dlpack(image), lambda kept: torch.from_dlpack(kept).clone(), image.clone()
+    if how == "graph":  # only the graph keeps the image: saved for the gradient of p
+        p = torch.ones(1, requires_grad=True)
+        loss = (image * p).sum()
+        grad = image.sum(dtype=torch.float32).reshape(1)
+        return (p, loss), lambda kept: (kept[1].backward(), kept[0].grad.clone())[1], grad
+    if how == "shared":  # what a torch.multiprocessing queue does to a CPU tensor
+        return image.share_memory_(), lambda kept: kept.clone(), image.clone()
+    assert how in ("label", "index")
+    return t[how], lambda kept: kept.clone(), t[how].clone()
+
+
+@pytest.mark.parametrize(
+    "how", ["dict", "image", "view", "numpy", "storage", "dlpack", "graph", "shared", "label", "index"]
+)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_torch_batch_a_caller_holds_is_never_overwritten(
+    ds: Any, monkeypatch: pytest.MonkeyPatch, how: str, workers: int
+) -> None:
+    """The pool's rule (a held batch is never recycled) for every way a caller keeps a default
+    uint8 batch: the dict, the image, a view, ``.numpy()``, its storage, a DLPack capsule, a graph
+    that saved it, shared memory, the labels or indices. After the loader read every block again
+    (three epochs, one batch per block), what is kept reads the values it had."""
+    monkeypatch.setattr("dlpack.loader._GROUP_BYTES", 1)  # one batch per block, as batches of 1 MiB or more
+    tl = torch_loader(ds, batch_size=4, seed=3, pin_memory=False, workers=workers, prefetch=2 if workers else 0)
+    assert tl.loader._group == 1
+    it = iter(tl)
+    for _ in range(2):  # the pool's blocks were all used once
+        next(it)
+    kept, read, expected = _hold(next(it), how)
+    for _ in range(3):
+        for _t in it:
+            pass
+        it = iter(tl)
+    assert torch.equal(read(kept), expected)
