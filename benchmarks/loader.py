@@ -22,9 +22,9 @@ Two sections run on their own (and only them) with a flag:
   images in the same order from a memory map of the same bytes into one preallocated batch (a
   per-image copy loop, fancy indexing, ``np.take(axis=0, out=)`` with ``mode='raise'`` and
   ``mode='clip'``), a 2-thread gather, and the loader (Zarr, HDF5; workers 0, 1, 2 and the default),
-  interleaved, as ratios to the ceiling; and, in the same rounds, the Zarr loader reading as it did
-  before grouped reads ("per batch": one ``get_batch`` per batch, no reads on the caller's thread,
-  none across epochs), for a before/after in one run.
+  interleaved, as ratios to the ceiling; and, in the same rounds, the Zarr loader over the same
+  store with its shards mapped one ``mmap`` each ("maps each", :func:`one_map_each`), as before
+  they were mapped end to end in one range, for a before/after in one run.
 - ``--steps``: simulated 5 ms training steps fed by the loader: one holding the GIL for 1.5 ms
   (pure Python, like a PyTorch step's own code) then releasing it for 3.5 ms, one releasing it
   throughout (``time.sleep``); busy % by the loader's ``stats()`` and by the step's own clock, for
@@ -51,7 +51,6 @@ another checkout's adapter as a third arm (``git show REV:dlpack/torch.py > FILE
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -152,13 +151,20 @@ def small_store(work: Path, side: int, channels: int, count: int) -> dict[str, A
     return {"zarr": dlpack.open(root / "s.zarr"), "hdf5": dlpack.open(root / "s.h5"), "view": np.asarray(mm)}
 
 
-def per_batch(loader: Any) -> Any:
-    """``loader`` reading as it did before grouped reads: one ``get_batch`` per batch, every group
-    waited for on a reader thread, nothing read across epochs (a comparison in the same run)."""
-    loader._grouped = False
-    loader._inline = False
-    loader.options = dataclasses.replace(loader.options, read_ahead_epochs=False)
-    return loader
+def one_map_each(path: Path) -> dlpack.Dataset:
+    """The Zarr store at ``path`` with its shards mapped one ``mmap`` each, as before they were
+    mapped end to end in one range (and as where the platform cannot): a comparison in the same
+    run, in the same state of the process's address space."""
+    from dlpack.backends import _shard
+
+    real = _shard.map_consecutive
+    _shard.map_consecutive = lambda sizes, open_file, align=1: None
+    try:
+        ds = dlpack.open(path)
+        ds.get_batch([0, len(ds) - 1])  # maps every array a batch reads, while the patch holds
+    finally:
+        _shard.map_consecutive = real
+    return ds
 
 
 def _timed_epochs(epoch: Any, min_s: float) -> float:
@@ -234,8 +240,9 @@ def small_case(
         for backend in ("zarr", "hdf5")
         for w in ("auto", 0, 1, 2)
     }
-    for w in ("auto", 0):  # the read path before grouped reads, side by side: one get_batch per batch
-        loaders[f"dlpack zarr workers={w}, per batch"] = per_batch(got["zarr"].loader(batch_size=b, workers=w))
+    each = one_map_each(Path(got["zarr"].path))
+    for w in ("auto", 0):  # shards mapped one by one, side by side (they land between earlier maps' holes)
+        loaders[f"dlpack zarr workers={w}, maps each"] = each.loader(batch_size=b, workers=w)
 
     def through(loader: Any) -> Any:
         def run(e: int) -> int:

@@ -115,7 +115,7 @@ def _check_loader_small(out: str, work: Path) -> None:
         for backend in ("zarr", "hdf5"):
             for w in ("auto", "0", "1", "2"):
                 assert ratios[f"dlpack {backend} workers={w}"] > 0
-        assert ratios["dlpack zarr workers=auto, per batch"] > 0 and ratios["dlpack zarr workers=0, per batch"] > 0
+        assert ratios["dlpack zarr workers=auto, maps each"] > 0 and ratios["dlpack zarr workers=0, maps each"] > 0
 
 
 def _check_loader_steps(out: str, work: Path) -> None:
