@@ -9,6 +9,7 @@ those of the in-memory table (tests/test_build_columns.py compares whole stores 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Callable
@@ -202,3 +203,14 @@ def test_commit_writes_a_spilled_column_one_shard_at_a_time_with_the_bytes_of_on
             assert [size for _, size, _ in parts] == [n, n, n]
         stores.append(snapshot(out))
     assert stores[0] == stores[1]
+
+
+def test_a_full_disk_while_spilling_names_the_records_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = SampleTable.spilled(4, tmp_path / "rec")
+
+    def full(path: Any, mode: str = "r") -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(columns, "open", full, raising=False)
+    with pytest.raises(StoreError, match=r"cannot write .*rec.original_size\.col: the disk is full"):
+        table.put(0, [_sample(0)])

@@ -23,6 +23,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from ..backends.base import writing
 from ..errors import InputFileError, StoreError
 from .workers import Sample
 
@@ -109,7 +110,7 @@ class SpilledColumn:
         self.dtype = np.dtype(dtype)
         self.shape = (n, *row)
         self._row = row
-        with open(path, "xb") as f:
+        with writing(path), open(path, "xb") as f:
             f.truncate(n * self.row_nbytes)
 
     @property
@@ -126,7 +127,8 @@ class SpilledColumn:
     def write(self, start: int, rows: np.ndarray) -> None:
         """Rows ``start .. start + len(rows)``."""
         data = np.ascontiguousarray(rows, dtype=self.dtype)
-        with open(self.path, "r+b") as f:
+        # A full disk is a StoreError naming the records file (the OS error names none).
+        with writing(self.path), open(self.path, "r+b") as f:
             f.seek(start * self.row_nbytes)
             f.write(data.data.cast("B") if data.size else b"")
 
