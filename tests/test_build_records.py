@@ -118,6 +118,11 @@ def test_a_killed_builds_records_are_cleared_and_anyone_elses_folder_is_refused(
     with pytest.raises(StoreError, match=r"holds files dlpack does not write there \(notes.txt\)"):
         remove_records(foreign)
     assert (foreign / "notes.txt").exists()
+    (foreign / "notes.txt").unlink()
+    (foreign / "transform.col").mkdir()  # a folder under a column's name is not what a build writes
+    with pytest.raises(StoreError, match=r"transform.col in it is not a regular file"):
+        remove_records(foreign)
+    assert (foreign / "transform.col").is_dir()
 
 
 def test_a_spilled_table_is_file_backed_and_reads_as_the_in_memory_one(tmp_path: Path) -> None:

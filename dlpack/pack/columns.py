@@ -62,11 +62,15 @@ def _not_ours(path: Path) -> str | None:
         return "it is a symbolic link"
     if not path.is_dir():
         return "it is not a folder"
-    names = {e.name for e in os.scandir(path)}
+    with os.scandir(path) as it:
+        entries = list(it)
+    names = {e.name for e in entries}
+    odd = sorted(e.name for e in entries if not e.is_file(follow_symlinks=False))
+    if odd:
+        return f"{odd[0]} in it is not a regular file"
     if _MARKER not in names:
         return f"it has no {_MARKER} marker file"
-    marker = path / _MARKER
-    if marker.is_symlink() or not marker.is_file() or marker.read_bytes() != _MARKER_TEXT:
+    if (path / _MARKER).read_bytes() != _MARKER_TEXT:
         return f"its {_MARKER} file is not dlpack's marker"
     others = sorted(names - _own_names())
     if others:
