@@ -31,6 +31,7 @@ from ..errors import DlpackError, OptionError, SourceError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
 from .arrays import manifest_stage
+from .columns import SampleTable
 from .inputs import (
     PROBE_STEP,
     Probe,
@@ -57,7 +58,7 @@ from .publish import (
 from .result import BuildResult, label_summary
 from .update import recorded_label_options, update_stage
 from .workers import jobs_of, preload, validate_stage
-from .write import commit_store, discard_partial, pack_stage
+from .write import Partial, commit_store, discard_partial, pack_stage
 
 __all__ = ["build", "BuildResult", "BuildPlan", "PublishedInterrupt"]
 
@@ -276,33 +277,55 @@ def build(
         tmp = partial_path(out_path)
         plan, sel, samples, partial, resume = pack_stage(backend, out_path, root, scan, probes, plan, sel, opts)
         try:
-            arrays, manifest = manifest_stage(plan, scan, sel, samples)
-        except BaseException as exc:
-            discard_partial(partial, out_path, exc)
-            raise
-        commit_store(partial, out_path, arrays, manifest)
-        try:
-            publish(tmp, out_path, opts.overwrite)
+            result = _finish(backend, out_path, tmp, opts, t0, scan, probes, plan, sel, samples, partial, resume)
         finally:
-            remove_store(journal_path(out_path))
-        try:
-            result = BuildResult(
-                path=out_path,
-                count=plan.count,
-                skipped=manifest.skipped,
-                seconds=time.perf_counter() - t0,
-                input_bytes=probes.nbytes(sel.keep),
-                output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
-                conversions=dict(manifest.conversions),
-                plan=plan,
-                resume=resume,
-                classes=manifest.classes,
-                splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
-                excluded=scan.excluded,
-                ignored=scan.ignored,
-                distinct_sizes=len({s.shape[:2] for s in samples}) if plan.image.layout == "variable" else 0,
-                **label_summary(plan, scan, samples),
-            )
-        except KeyboardInterrupt:
-            raise PublishedInterrupt(out_path) from None
+            samples.close()  # the spilled records, with the partial store they describe
         return _with_variants(result, out_path, opts, variants, t0)
+
+
+def _finish(
+    backend: type[Backend],
+    out_path: Path,
+    tmp: Path,
+    opts: BuildOptions,
+    t0: float,
+    scan: SourceScan,
+    probes: Any,
+    plan: BuildPlan,
+    sel: Selection,
+    samples: SampleTable,
+    partial: Partial,
+    resume: str,
+) -> BuildResult:
+    """6-7. The manifest, the commit and the publication of a written partial store, and the result."""
+    try:
+        arrays, manifest = manifest_stage(plan, scan, sel, samples)
+    except BaseException as exc:
+        discard_partial(partial, out_path, exc)
+        raise
+    commit_store(partial, out_path, arrays, manifest)
+    try:
+        publish(tmp, out_path, opts.overwrite)
+    finally:
+        remove_store(journal_path(out_path))
+    try:
+        result = BuildResult(
+            path=out_path,
+            count=plan.count,
+            skipped=manifest.skipped,
+            seconds=time.perf_counter() - t0,
+            input_bytes=probes.nbytes(sel.keep),
+            output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
+            conversions=dict(manifest.conversions),
+            plan=plan,
+            resume=resume,
+            classes=manifest.classes,
+            splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
+            excluded=scan.excluded,
+            ignored=scan.ignored,
+            distinct_sizes=len({s.shape[:2] for s in samples}) if plan.image.layout == "variable" else 0,
+            **label_summary(plan, scan, samples),
+        )
+    except KeyboardInterrupt:
+        raise PublishedInterrupt(out_path) from None
+    return result

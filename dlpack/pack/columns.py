@@ -3,46 +3,209 @@
 Every stage of a build used to keep one Python object per image until the manifest was written
 (a :class:`~dlpack.pack.inputs.Probe` with its header, a :class:`~dlpack.pack.workers.Sample`, a
 job tuple): about 1.3 KB per image, 1.3 GB for a million small images. Here the same records are
-fixed-width NumPy columns (about 140 bytes per image), and an object is made only for the one
-record being read. The manifest's arrays are built from these columns directly, so the store's
-bytes are those the objects gave.
+fixed-width columns (about 115 bytes per image), and an object is made only for the one record
+being read. The manifest's arrays are built from these columns directly, so the store's bytes are
+those the objects gave.
+
+A build's columns are not held in memory at all: :meth:`SampleTable.spilled` writes each block's
+rows into one file per column, in a folder of dlpack's own beside the partial store
+(:func:`~dlpack._lock.records_path`), as the blocks land, and the commit reads them back a part at
+a time. What stays in memory is one flag per sample (was it put) and the rare labelled samples.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator, Sequence
-from typing import overload
+from pathlib import Path
+from typing import Any, overload
 
 import numpy as np
 
-from ..errors import InputFileError
+from ..backends.base import writing
+from ..errors import InputFileError, StoreError
 from .workers import Sample
 
-__all__ = ["SampleTable"]
+__all__ = ["SampleTable", "SpilledColumn", "RECORD_PART", "remove_records"]
+
+#: Rows of spilled records read back at once. 65,536 rows of the widest column (``sha256``, 32
+#: bytes) are 2 MiB, and of all seven columns about 7 MiB: small against the two image blocks a
+#: build holds anyway (a shard each, 32 MiB by default), large enough that a part costs one read
+#: per column (reading a million records back takes 16 parts).
+RECORD_PART = 65536
+
+#: The columns, by file name: dtype and per-sample shape (``conv`` indexes the table's conversion lists).
+_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "original_size": ("<i4", (2,)),
+    "shape": ("<i4", (3,)),
+    "transform": ("<f8", (4,)),
+    "checksum": ("<u4", ()),
+    "stat": ("<i8", (2,)),
+    "sha256": ("|u1", (32,)),
+    "conv": ("<i4", ()),
+}
+
+#: The file that marks a records folder as dlpack's own, and its whole content.
+_MARKER = "dlpack-records"
+_MARKER_TEXT = b"dlpack build records: per-sample columns of a build in progress; removed with its partial store\n"
+_SUFFIX = ".col"
+
+
+def _own_names() -> set[str]:
+    return {_MARKER, *(name + _SUFFIX for name in _COLUMNS)}
+
+
+def _not_ours(path: Path) -> str | None:
+    """Why ``path`` cannot be proven to be a records folder a build of dlpack made; None when it is."""
+    if path.is_symlink():
+        return "it is a symbolic link"
+    if not path.is_dir():
+        return "it is not a folder"
+    with os.scandir(path) as it:
+        entries = list(it)
+    names = {e.name for e in entries}
+    odd = sorted(e.name for e in entries if not e.is_file(follow_symlinks=False))
+    if odd:
+        return f"{odd[0]} in it is not a regular file"
+    if _MARKER not in names:
+        return f"it has no {_MARKER} marker file"
+    if (path / _MARKER).read_bytes() != _MARKER_TEXT:
+        return f"its {_MARKER} file is not dlpack's marker"
+    others = sorted(names - _own_names())
+    if others:
+        return f"it holds files dlpack does not write there ({', '.join(others[:3])})"
+    return None
+
+
+def remove_records(path: Path) -> None:
+    """Remove the records folder ``path`` when it is proven dlpack's own (nothing happens when there
+    is none); raise :class:`~dlpack.errors.StoreError` naming it and the reason when it is not."""
+    if not os.path.lexists(path):
+        return
+    reason = _not_ours(path)
+    if reason is not None:
+        raise StoreError(
+            f"{path} is where this build keeps its per-sample records, but it is not dlpack's ({reason}); "
+            "it was left untouched: remove or rename it, then build again"
+        )
+    # The marker goes last: a removal cut short still leaves a folder that is provably ours.
+    for name in sorted(_own_names() - {_MARKER}):
+        with contextlib.suppress(FileNotFoundError):
+            (path / name).unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (path / _MARKER).unlink()
+    with contextlib.suppress(FileNotFoundError):
+        path.rmdir()
+
+
+class SpilledColumn:
+    """One column of a :class:`SampleTable` kept in a file: ``dtype``, ``shape`` and ``len`` of the
+    array it stands for, and rows read from the file when sliced (``col[a:b]`` is a NumPy array).
+
+    Rows never written read as zeros, like the in-memory columns (the file is made at its full
+    length, sparse).
+    """
+
+    __slots__ = ("path", "dtype", "shape", "_row")
+
+    def __init__(self, path: Path, dtype: str, row: tuple[int, ...], n: int) -> None:
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.shape = (n, *row)
+        self._row = row
+        with writing(path), open(path, "xb") as f:
+            f.truncate(n * self.row_nbytes)
+
+    @property
+    def row_nbytes(self) -> int:
+        return int(self.dtype.itemsize * int(np.prod(self._row, dtype=np.int64)))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def write(self, start: int, rows: np.ndarray) -> None:
+        """Rows ``start .. start + len(rows)``."""
+        data = np.ascontiguousarray(rows, dtype=self.dtype)
+        # A full disk is a StoreError naming the records file (the OS error names none).
+        with writing(self.path), open(self.path, "r+b") as f:
+            f.seek(start * self.row_nbytes)
+            f.write(data.data.cast("B") if data.size else b"")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start .. stop`` (clipped to the column), as a new array."""
+        start, stop = max(0, start), min(stop, len(self))
+        count = max(0, stop - start)
+        with open(self.path, "rb") as f:
+            f.seek(start * self.row_nbytes)
+            data = f.read(count * self.row_nbytes)
+        if len(data) != count * self.row_nbytes:
+            raise StoreError(
+                f"{self.path}: the build's records end early ({len(data)} of {count * self.row_nbytes} bytes)"
+            )
+        return np.frombuffer(bytearray(data), dtype=self.dtype).reshape(count, *self._row)
+
+    def __getitem__(self, k: slice) -> np.ndarray:
+        if not isinstance(k, slice) or k.step not in (None, 1):
+            raise TypeError(f"a spilled column is read by a plain slice, got {k!r}")
+        start, stop, _ = k.indices(len(self))
+        return self.read(start, stop)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # np.asarray(column) reads it whole: for the few callers that need it so (small tables).
+        whole = self.read(0, len(self))
+        return whole if dtype is None else whole.astype(dtype)
 
 
 class SampleTable(Sequence[Sample]):
     """The samples of a build, in sample order, as the columns of the manifest's arrays.
 
-    A sample with labels (boxes, masks, defects) is kept whole besides, with neither pixels nor
+    ``SampleTable(n)`` keeps the columns in memory; :meth:`spilled` keeps them in files. A sample
+    with labels (boxes, masks, defects) is kept whole besides, in memory, with neither pixels nor
     mask: its ragged label fields have no fixed width.
     """
 
-    __slots__ = ("_n", "_filled", "original_size", "shape", "transform", "checksum", "stat", "sha256",
-                 "_conv", "_conv_names", "_labelled")  # fmt: skip
+    __slots__ = ("_n", "_filled", "_cols", "_conv_names", "_labelled", "_dir")
 
     def __init__(self, n: int) -> None:
         self._n = n
         self._filled = np.zeros(n, dtype=bool)
-        self.original_size = np.zeros((n, 2), dtype="<i4")
-        self.shape = np.zeros((n, 3), dtype="<i4")
-        self.transform = np.zeros((n, 4), dtype="<f8")
-        self.checksum = np.zeros(n, dtype="<u4")
-        self.stat = np.zeros((n, 2), dtype="<i8")
-        self.sha256 = np.zeros((n, 32), dtype=np.uint8)
-        self._conv = np.zeros(n, dtype=np.int32)
+        self._cols: dict[str, Any] = {name: np.zeros((n, *row), dtype=dtype) for name, (dtype, row) in _COLUMNS.items()}
         self._conv_names: dict[tuple[str, ...], int] = {(): 0}
         self._labelled: dict[int, Sample] = {}
+        self._dir: Path | None = None
+
+    @classmethod
+    def spilled(cls, n: int, folder: Path) -> SampleTable:
+        """A table of ``n`` samples whose columns are files in ``folder``, made here (a records
+        folder of an earlier attempt is removed first, when it is provably dlpack's)."""
+        remove_records(folder)
+        folder.mkdir()
+        (folder / _MARKER).write_bytes(_MARKER_TEXT)
+        table = cls.__new__(cls)
+        table._n = n
+        table._filled = np.zeros(n, dtype=bool)
+        table._conv_names = {(): 0}
+        table._labelled = {}
+        table._dir = folder
+        table._cols = {
+            name: SpilledColumn(folder / (name + _SUFFIX), dtype, row, n) for name, (dtype, row) in _COLUMNS.items()
+        }
+        return table
+
+    @property
+    def folder(self) -> Path | None:
+        """The folder of the spilled columns (None when they are in memory)."""
+        return self._dir
+
+    def close(self) -> None:
+        """Remove the spilled columns' folder (nothing to do for a table in memory)."""
+        if self._dir is not None:
+            remove_records(self._dir)
 
     @classmethod
     def of(cls, samples: Sequence[Sample]) -> SampleTable:
@@ -52,32 +215,57 @@ class SampleTable(Sequence[Sample]):
         table.put(0, samples)
         return table
 
+    # The columns the manifest's arrays are written from (NumPy arrays, or SpilledColumn).
+    original_size = property(lambda self: self._cols["original_size"])
+    shape = property(lambda self: self._cols["shape"])
+    transform = property(lambda self: self._cols["transform"])
+    checksum = property(lambda self: self._cols["checksum"])
+    stat = property(lambda self: self._cols["stat"])
+    sha256 = property(lambda self: self._cols["sha256"])
+
     def put(self, start: int, samples: Sequence[Sample]) -> None:
         """Samples ``start .. start + len(samples)`` (their pixels and masks are not kept)."""
+        m = len(samples)
+        if not m:
+            return
+        codes = self._conv_names
+        block = {
+            "original_size": np.array([s.original_size for s in samples], dtype="<i4").reshape(m, 2),
+            "shape": np.array([s.shape for s in samples], dtype="<i4").reshape(m, 3),
+            "transform": np.array([s.transform for s in samples], dtype="<f8").reshape(m, 4),
+            "checksum": np.array([s.checksum for s in samples], dtype="<u4"),
+            "stat": np.array([s.stat for s in samples], dtype="<i8").reshape(m, 2),
+            "sha256": np.frombuffer(b"".join(bytes.fromhex(s.sha256) for s in samples), np.uint8).reshape(m, 32),
+            "conv": np.array([codes.setdefault(tuple(s.conversions), len(codes)) for s in samples], dtype="<i4"),
+        }
+        for name, rows in block.items():
+            col = self._cols[name]
+            if isinstance(col, SpilledColumn):
+                col.write(start, rows)
+            else:
+                col[start : start + m] = rows
         for k, s in enumerate(samples, start):
-            self.original_size[k] = s.original_size
-            self.shape[k] = s.shape
-            self.transform[k] = s.transform
-            self.checksum[k] = s.checksum
-            self.stat[k] = s.stat
-            self.sha256[k] = np.frombuffer(bytes.fromhex(s.sha256), dtype=np.uint8)
-            self._conv[k] = self._conv_names.setdefault(tuple(s.conversions), len(self._conv_names))
             if s.labelled:
                 self._labelled[k] = Sample(
                     s.original_size, s.shape, s.transform, s.checksum, s.conversions, None, s.stat, s.sha256,
                     s.orientation, s.boxes, s.box_labels, s.box_crowd, s.mask_crc, s.label_sha256, s.clipped,
                     s.dropped,
                 )  # fmt: skip
-            self._filled[k] = True
+        self._filled[start : start + m] = True
 
     def put_results(self, start: int, results: Sequence[Sample | InputFileError]) -> dict[int, InputFileError]:
         """The samples among ``results`` (samples ``start ..``) put; the failures returned by position."""
         failed: dict[int, InputFileError] = {}
+        run: list[Sample] = []
+        run_start = start
         for k, r in enumerate(results, start):
             if isinstance(r, InputFileError):
                 failed[k] = r
+                self.put(run_start, run)
+                run, run_start = [], k + 1
             else:
-                self.put(k, (r,))
+                run.append(r)
+        self.put(run_start, run)
         return failed
 
     @property
@@ -85,9 +273,15 @@ class SampleTable(Sequence[Sample]):
         """Whether every sample was put."""
         return bool(self._filled.all())
 
+    def _rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        col = self._cols[name]
+        return col.read(start, stop) if isinstance(col, SpilledColumn) else col[start:stop]
+
     def conversion_counts(self) -> dict[str, int]:
         """How many samples each conversion was applied to."""
-        per_code = np.bincount(self._conv, minlength=len(self._conv_names))
+        per_code = np.zeros(len(self._conv_names), dtype=np.int64)
+        for a in range(0, self._n, RECORD_PART):
+            per_code += np.bincount(self._rows("conv", a, a + RECORD_PART), minlength=len(self._conv_names))
         out: dict[str, int] = {}
         for names, code in self._conv_names.items():
             for name in names:
@@ -97,18 +291,44 @@ class SampleTable(Sequence[Sample]):
     def __len__(self) -> int:
         return self._n
 
+    def with_failures(self, failed: dict[int, InputFileError]) -> list[Sample | InputFileError]:
+        """Every position's sample, or its failure from ``failed`` (a block that failed to decode)."""
+        out: list[Sample | InputFileError] = []
+        for a in range(0, self._n, RECORD_PART):
+            out.extend(self._part(a, min(self._n, a + RECORD_PART), failed))
+        return out
+
+    def _part(self, start: int, stop: int, failed: dict[int, InputFileError] | None = None) -> Iterator[Any]:
+        """Samples ``start .. stop``, their columns read once for all of them (a position in
+        ``failed`` gives its failure instead)."""
+        names = {code: c for c, code in self._conv_names.items()}
+        cols = {name: self._rows(name, start, stop).tolist() for name in _COLUMNS}
+        filled = self._filled[start:stop]
+        for j in range(stop - start):
+            k = start + j
+            if failed is not None and k in failed:
+                yield failed[k]
+                continue
+            if k in self._labelled:
+                yield self._labelled[k]
+                continue
+            if not filled[j]:
+                raise IndexError(f"sample {k} was not written")
+            size, mtime = cols["stat"][j]
+            yield Sample(
+                tuple(cols["original_size"][j]),
+                tuple(cols["shape"][j]),
+                tuple(cols["transform"][j]),
+                int(cols["checksum"][j]),
+                names[cols["conv"][j]],
+                None,
+                (size, mtime),
+                bytes(cols["sha256"][j]).hex(),
+            )
+
     def _sample(self, k: int) -> Sample:
-        if k in self._labelled:
-            return self._labelled[k]
-        if not self._filled[k]:
-            raise IndexError(f"sample {k} was not written")
-        conv = next(c for c, code in self._conv_names.items() if code == self._conv[k])
-        h, w = self.original_size[k].tolist()
-        a, b, c = self.shape[k].tolist()
-        sy, sx, oy, ox = self.transform[k].tolist()
-        size, mtime = self.stat[k].tolist()
-        return Sample((h, w), (a, b, c), (sy, sx, oy, ox), int(self.checksum[k]), conv, None, (size, mtime),
-                      self.sha256[k].tobytes().hex())  # fmt: skip
+        sample: Sample = next(self._part(k, k + 1))
+        return sample
 
     @overload
     def __getitem__(self, k: int) -> Sample: ...
@@ -118,12 +338,15 @@ class SampleTable(Sequence[Sample]):
 
     def __getitem__(self, k: int | slice) -> Sample | list[Sample]:
         if isinstance(k, slice):
-            return [self._sample(j) for j in range(*k.indices(self._n))]
+            start, stop, step = k.indices(self._n)
+            if step == 1:
+                return list(self._part(start, max(start, stop)))
+            return [self._sample(j) for j in range(start, stop, step)]
         j = k + self._n if k < 0 else k
         if not 0 <= j < self._n:
             raise IndexError(f"sample {k} of {self._n}")
         return self._sample(j)
 
     def __iter__(self) -> Iterator[Sample]:
-        for k in range(self._n):
-            yield self._sample(k)
+        for a in range(0, self._n, RECORD_PART):
+            yield from self._part(a, min(self._n, a + RECORD_PART))

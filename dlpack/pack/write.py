@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 
 from .. import _parallel
-from .._lock import journal_path, partial_path
+from .._lock import journal_path, partial_path, records_path
 from ..backends import ArraySpec, Backend, StoreWriter, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import SourceScan
-from .columns import SampleTable
+from .columns import SampleTable, SpilledColumn, remove_records
 from .inputs import Probe, Selection, bad_inputs
 from .journal import Journal, JournalState, Restart, read_journal
 from .plan import BuildPlan, image_array, plan_stage
@@ -267,6 +267,9 @@ def _keep_for_resume(exc: BaseException, partial: Partial) -> bool:
 def discard_partial(partial: Partial, out: Path, exc: BaseException | None = None) -> None:
     """Close the partial's writer and journal after ``exc``, and remove both unless they are kept for a resume."""
     keep = exc is not None and _keep_for_resume(exc, partial)
+    # The records are rebuilt from the journal by a resumed build: never kept.
+    with contextlib.suppress(Exception):
+        remove_records(records_path(out))
     if partial.journal is not None:
         partial.journal.close()
     if keep:
@@ -303,8 +306,8 @@ def write_images(
         from joblib import delayed
 
         starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
-        # Each block's records go into columns as it lands (not one object per image until the manifest).
-        table = SampleTable(len(pairs))
+        # Each block's records go into files as it lands (not held in memory until the manifest).
+        table = SampleTable.spilled(len(pairs), records_path(out))
         errors: dict[int, InputFileError] = {}
         for s, v in partial.done.items():
             table.put(s, v)
@@ -378,8 +381,11 @@ def write_images(
         discard_partial(partial, out, exc)
         raise
     if failed:
-        discard_partial(partial, out)
-        return [errors[k] if k in errors else table[k] for k in range(len(pairs))], None, partial.note
+        try:
+            results = table.with_failures(errors)  # read before discard_partial removes the records
+        finally:
+            discard_partial(partial, out)
+        return results, None, partial.note
     return table, partial, partial.note
 
 
@@ -517,7 +523,14 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
         for spec, values in arrays.values():
             writer.create_array(spec, manifest.count)
             # A ragged array in parts: the writer holds one object per sample of a part until it is written.
-            step = RAGGED_PART if spec.ragged else max(1, len(values))
+            # A spilled column (columns.py) in whole shards of its stored array: the rows of one shard
+            # in memory at a time (at most --shard-bytes), each shard written once, as from one array.
+            if spec.ragged:
+                step = RAGGED_PART
+            elif isinstance(values, SpilledColumn):
+                step = writer.shard_rows(spec.name)
+            else:
+                step = max(1, len(values))
             for start in range(0, len(values), step):
                 writer.write_block(spec.name, start, values[start : start + step])
             if not len(values):
