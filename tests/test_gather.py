@@ -15,7 +15,7 @@ import pytest
 
 import dlpack
 from dlpack import _maps
-from dlpack.backends import _shard
+from dlpack.backends import _shard, base
 from dlpack.backends.base import _ALIAS_GAP, _PAGE, RowSpan, _scratch, gather_rows
 from dlpack.errors import OptionError
 
@@ -147,16 +147,35 @@ def test_row_span_gathers_across_views_in_one_take() -> None:
         assert np.array_equal(gather_rows(views, 7, idx, np.zeros_like(out)), whole[idx])  # the scratch path
 
 
-def test_row_span_refuses_indices_outside_its_rows() -> None:
-    """An unchecked index would read memory between the maps: it is an error, never a read."""
+@pytest.mark.parametrize("table", [True, False])
+def test_row_span_refuses_indices_outside_its_rows(monkeypatch: pytest.MonkeyPatch, table: bool) -> None:
+    """An unchecked index would read memory between the maps: it is an error, never a read (with
+    the table of whole rows' places, and with the arithmetic over shards of larger spans)."""
+    if not table:
+        monkeypatch.setattr(base, "_LOOKUP_ROWS", 0)
     _, views = _views(20, (8, 8, 4), 6, pages=1)
     span = RowSpan.of(views, 6)
-    assert span is not None
+    assert span is not None and (span._at is not None) == table
     out = np.zeros((3, 8, 8, 4), dtype=np.uint8)
     for bad in (20, -1, 10**9):
         with pytest.raises(OptionError, match=f"sample index {bad} is out of range"):
             span.gather(np.array([0, bad, 1], dtype=np.int64), out)
         assert not out.any()
+
+
+def test_row_span_table_and_arithmetic_read_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole rows (4 KiB, a page apart) through the table of their places and through the shard
+    arithmetic, for every row and in a random order: the same bytes."""
+    whole, views = _views(23, (32, 32, 4), 5, pages=6)
+    table = RowSpan.of(views, 5)
+    monkeypatch.setattr(base, "_LOOKUP_ROWS", 0)
+    arithmetic = RowSpan.of(views, 5)
+    assert table is not None and table._at is not None and table._step == 1
+    assert arithmetic is not None and arithmetic._at is None
+    idx = np.random.default_rng(2).permutation(np.repeat(np.arange(23), 2)).astype(np.int64)
+    for span in (table, arithmetic):
+        out = np.zeros((len(idx), 32, 32, 4), dtype=np.uint8)
+        assert span.gather(idx, out) and np.array_equal(out, whole[idx])
 
 
 def test_row_span_declines_what_it_cannot_write_in_place() -> None:
