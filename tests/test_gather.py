@@ -157,10 +157,14 @@ def test_row_span_refuses_indices_outside_its_rows(monkeypatch: pytest.MonkeyPat
     span = RowSpan.of(views, 6)
     assert span is not None and (span._at is not None) == table
     out = np.zeros((3, 8, 8, 4), dtype=np.uint8)
-    for bad in (20, -1, 10**9):
+    for bad in (20, 10**9, -(10**9)) if table else (20, -1, 10**9):
         with pytest.raises(OptionError, match=f"sample index {bad} is out of range"):
             span.gather(np.array([0, bad, 1], dtype=np.int64), out)
         assert not out.any()
+    if table:  # every entry of the table is a stored row: -1 is the last one, as in NumPy
+        whole = np.concatenate(views)
+        assert span.gather(np.array([0, -1, 1], dtype=np.int64), out)
+        assert np.array_equal(out, whole[[0, 19, 1]])
 
 
 def test_row_span_table_and_arithmetic_read_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -81,9 +81,9 @@ _PAGE = 4096
 _ALIAS_GAP = 2048
 #: :class:`RowSpan` copies a row as this many equal pieces at most (more cost more than the span saves).
 _SPAN_PIECES = 8
-#: A :class:`RowSpan` of whole rows and at most this many rows keeps each row's place in a table (4
-#: or 8 bytes a row): one small take finds a batch's rows, where the arithmetic over shards and
-#: its range check cost 25 us a batch of 32, as much as copying 32 64x64x3 images.
+#: A :class:`RowSpan` of whole rows and at most this many rows keeps each row's place in a table (8
+#: bytes a row, 32 MiB at most): one small take finds a batch's rows, where the arithmetic over
+#: shards and its range check cost 25 us a batch of 32, as much as copying 32 64x64x3 images.
 _LOOKUP_ROWS = 2**22
 
 
@@ -131,7 +131,7 @@ class RowSpan:
     :meth:`gather` refuses such an ``out`` instead, and the caller gathers view by view.
     """
 
-    __slots__ = ("_units", "_first", "_pieces", "_per", "_step", "_unit", "_rows", "_dtype", "_row", "_at")
+    __slots__ = ("_units", "_first", "_pieces", "_per", "_step", "_unit", "_rows", "_dtype", "_row", "_at", "_whole")
 
     def __init__(self, units: np.ndarray, first: np.ndarray, per: int, step: int, rows: int, like: np.ndarray) -> None:
         self._units, self._first, self._per, self._step = units, first, per, step
@@ -139,9 +139,12 @@ class RowSpan:
         self._pieces = np.arange(step, dtype=np.int64)
         self._dtype, self._row = like.dtype, like.shape[1:]
         self._at: np.ndarray | None = None  # row -> unit, for whole rows (see _LOOKUP_ROWS)
+        self._whole = units
         if step == 1 and rows <= _LOOKUP_ROWS:
-            at = np.repeat(first, per)[:rows] + np.tile(np.arange(per, dtype=np.int64), len(first))[:rows]
-            self._at = at.astype(np.int32) if len(units) < 2**31 else at
+            # int64, as take wants its indices (int32 cost a cast per batch); the range in rows of
+            # the views' shape, so the take writes straight into the batch as it is.
+            self._at = np.repeat(first, per)[:rows] + np.tile(np.arange(per, dtype=np.int64), len(first))[:rows]
+            self._whole = units.view(like.dtype).reshape(len(units), *like.shape[1:])
 
     @classmethod
     def of(cls, views: Sequence[np.ndarray], rows_per_view: int) -> RowSpan | None:
@@ -173,7 +176,8 @@ class RowSpan:
     def gather(self, idx: np.ndarray, out: np.ndarray) -> bool:
         """Rows ``idx`` (int64) into ``out[:len(idx)]`` in ``idx`` order; False (nothing written) when
         ``out`` is not a C-contiguous array of the views' dtype and row shape. An index outside the
-        rows is an OptionError: it would read memory between the maps."""
+        rows is an OptionError: it would read memory between the maps (with the table of whole
+        rows, a negative index down to ``-rows`` counts from the end instead, as NumPy's)."""
         k = len(idx)
         dest = out[:k]
         if dest.dtype != self._dtype or dest.shape[1:] != self._row or not dest.flags.c_contiguous:
@@ -182,19 +186,20 @@ class RowSpan:
             return True
         if np.may_share_memory(dest, self._units):  # inside the range: NumPy would take into a copy
             return False
-        into = dest.reshape(-1).view(np.uint8).reshape(-1, self._unit)
         if self._at is not None:
+            # Every entry of the table is a stored row, so no index can read between the maps: one
+            # past the rows raises here, before anything is read, and a negative one counts from
+            # the end, as NumPy's do (callers pass checked indices; the check cost 2 us a batch).
             try:
-                if int(idx.min()) < 0:
-                    raise IndexError
-                at = np.take(self._at, idx)  # an index past the rows raises here: nothing is read
+                at = self._at.take(idx)
             except IndexError:
-                bad = idx[(idx < 0) | (idx >= self._rows)][0]
+                bad = idx[(idx < -self._rows) | (idx >= self._rows)][0]
                 raise OptionError(
                     f"sample index {int(bad)} is out of range for an array of {self._rows} rows"
                 ) from None
-            np.take(self._units, at, axis=0, out=into, mode="clip")
+            self._whole.take(at, axis=0, out=dest, mode="clip")
             return True
+        into = dest.reshape(-1).view(np.uint8).reshape(-1, self._unit)
         if int(idx.min()) < 0 or int(idx.max()) >= self._rows:
             bad = idx[(idx < 0) | (idx >= self._rows)][0]
             raise OptionError(f"sample index {int(bad)} is out of range for an array of {self._rows} rows")
