@@ -34,7 +34,7 @@ _MAX_RATIO = 2**16
 _RATIO_FLOOR = 2**22
 _MAX_DIMS = 32
 #: Shards are placed a whole number of rows apart in their address range when that costs at most
-#: this much padding per shard (address space only: a 300-byte row needs 300 pages, 1.2 MB).
+#: this much padding per shard (address space only: a 300-byte row needs steps of 75 pages, 300 KiB).
 _MAX_ALIGN = 2**26
 
 
@@ -243,6 +243,8 @@ class ShardedArray:
         align = row if row > 0 and math.lcm(row, mmap.PAGESIZE) <= _MAX_ALIGN else 1
         try:
             together = map_consecutive([sizes[s] for s in shards], reopen, align)
+        except StoreError:
+            raise  # a shard missing or changed (StoreError is an OSError too): mapping again would not help
         except OSError:
             together = None  # no range that large in one piece: the shards may still fit one by one
         if together is not None:

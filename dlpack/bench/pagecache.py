@@ -21,12 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from .._maps import libc
+from .._maps import _MAP_SHARED, _PROT_READ, libc
 
 __all__ = ["evict", "resident_fraction", "prime", "files_under"]
 
-_PROT_READ = 0x1
-_MAP_SHARED = 0x1
 _PRIME_CHUNK = 4 * 2**20
 
 
