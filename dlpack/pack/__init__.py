@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import _parallel
 from .._lock import BuildLock, journal_path, partial_path
+from .._spill import spilling_to
 from ..backends import Backend, backend_for_path, remove_store
 from ..errors import DlpackError, OptionError, SourceError, StoreExistsError
 from ..options import BuildOptions, with_keywords
@@ -241,7 +242,8 @@ def build(
         opts = source_options(source, opts)
     check_paths(source, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with BuildLock(out_path):
+    # The per-image records a large build keeps in files (dlpack._spill) go beside OUT, on its disk.
+    with BuildLock(out_path), spilling_to(out_path.parent):
         published = clear_leftovers(out_path)
         if opts.update:
             return update_stage(source, out_path, backend, opts, t0)

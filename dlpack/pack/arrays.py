@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from .._spill import PART, Column
 from ..backends import ArraySpec
 from ..manifest import Manifest
 from ..ragged import RaggedBatch
+from ..sources._items import ItemTable
 from ..sources.base import SourceItem, SourceScan
 from .columns import SampleTable
 from .inputs import Selection, split_names
@@ -19,16 +21,37 @@ from .workers import Sample
 
 
 def _source_array(items: Sequence[SourceItem], keep: Sequence[int]) -> Any:
-    """The ragged ``source`` values of items ``keep``: their UTF-8 paths, one view each of one array."""
-    source_bytes = getattr(items, "source_bytes", None)  # an ItemTable holds them as one blob already
-    if source_bytes is not None:
-        data, offsets = source_bytes(keep)
-    else:
-        encoded = [items[k].rel.encode("utf-8") for k in keep]
-        data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    """The ragged ``source`` values of items ``keep``: their UTF-8 paths (an item table's read a
+    slice at a time as the store writes them)."""
+    if isinstance(items, ItemTable):
+        return items.source_column(keep)
+    encoded = [items[k].rel.encode("utf-8") for k in keep]
+    data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
     return RaggedBatch(data, offsets)
+
+
+def _lookup(names: Sequence[str], ids: dict[str, int]) -> np.ndarray:
+    """Codes into ``names`` (and -1, the last entry) -> codes into ``ids``'s names."""
+    return np.array([*(ids[n] for n in names), -1], dtype=np.int64)
+
+
+def _table_codes(
+    items: ItemTable, keep: Sequence[int], class_id: dict[str, int], split_id: dict[str, int]
+) -> tuple[Column, Column | None]:
+    """The ``labels`` and ``split`` codes of an item table's items ``keep``, from its code columns
+    a part at a time (never one object per item)."""
+    label_map = _lookup(items.label_names, class_id)
+    split_map = _lookup(items.split_names, split_id) if split_id else None
+    labels = Column("<i4")
+    codes = Column("|i1") if split_map is not None else None
+    for a in range(0, len(keep), PART):
+        part = keep[a : a + PART]
+        labels.append(label_map[items.label_codes.take(part)])
+        if codes is not None and split_map is not None:
+            codes.append(split_map[items.split_codes.take(part)])
+    return labels, codes
 
 
 def _meta_arrays(
@@ -41,18 +64,24 @@ def _meta_arrays(
 ) -> dict[str, tuple[ArraySpec, Any]]:
     """The per-sample metadata arrays, by name: their specs and values (``split`` only when ``splits``).
 
-    Built from the samples' columns and read item by item for the codes: nothing per sample is an object.
+    Built from the samples' columns and the item table's codes (read item by item from another
+    source's items): nothing per sample is an object.
     """
     class_id = {c: i for i, c in enumerate(classes)}
     split_id = {name: i for i, name in enumerate(splits)}
-    labels = np.empty(len(keep), dtype="<i4")
-    codes = np.empty(len(keep), dtype="|i1")
-    for j, k in enumerate(keep):
-        it = items[k]
-        labels[j] = class_id[it.label] if it.label is not None else -1
-        if splits:
-            codes[j] = split_id[it.split] if it.split is not None else -1
-    fixed: dict[str, tuple[np.ndarray, str | None]] = {
+    labels: Any
+    codes: Any
+    if isinstance(items, ItemTable):
+        labels, codes = _table_codes(items, keep, class_id, split_id)
+    else:
+        labels = np.empty(len(keep), dtype="<i4")
+        codes = np.empty(len(keep), dtype="|i1")
+        for j, k in enumerate(keep):
+            it = items[k]
+            labels[j] = class_id[it.label] if it.label is not None else -1
+            if splits:
+                codes[j] = split_id[it.split] if it.split is not None else -1
+    fixed: dict[str, tuple[Any, str | None]] = {
         "labels": (labels, "label"),
         "original_size": (samples.original_size, None),
         "transform": (samples.transform, None),

@@ -15,6 +15,7 @@ import numpy as np
 from .. import _parallel
 from .._files import NotRegularFileError, open_regular
 from .._names import shown as shown_name
+from .._spill import PART, Column
 from ..backends import BACKENDS
 from ..errors import BadInputsError, InputFileError, OptionError, SourceError
 from ..options import SPLIT_PART_NAMES, BuildOptions
@@ -246,61 +247,71 @@ class Probe:
 _FORMATS = ("png", "jpeg", "bmp", "tiff", "webp", "pnm")
 
 
+#: A probe's fixed-width fields, one row per file: width and height as the file gives them (a PNM
+#: header can say anything); format code, channels, has_alpha, bit depth, orientation and pages (at
+#: most MAX_TIFF_PAGES + 1); the file's size; whether it has a header.
+_PROBE_ROW = np.dtype([("size", "<i8", (2,)), ("head", "<i2", (6,)), ("nbytes", "<i8"), ("has", "?")])
+
+
 class ProbeTable(Sequence[Probe]):
-    """Probes as columns (header fields, file size), with the rare errors kept by position."""
+    """Probes as one column of fixed-width rows (:mod:`dlpack._spill`: in a file once large), with
+    the rare errors and odd headers kept by position."""
 
-    __slots__ = ("_n", "_size", "_head", "_nbytes", "_errors", "_has_header", "_odd")
+    __slots__ = ("_rows", "_errors", "_odd")
 
-    def __init__(self, n: int) -> None:
-        self._n = 0
-        #: width and height as the file gives them (a PNM header can say anything)
-        self._size = np.zeros((n, 2), dtype=np.int64)
-        #: format code, channels, has_alpha, bit depth, orientation, pages (at most MAX_TIFF_PAGES + 1)
-        self._head = np.zeros((n, 6), dtype=np.int16)
-        self._nbytes = np.zeros(n, dtype=np.int64)
-        self._has_header = np.zeros(n, dtype=bool)
+    def __init__(self, n: int = 0) -> None:
+        del n  # the rows are appended as the probes come
+        self._rows = Column(_PROBE_ROW)
         self._errors: dict[int, str] = {}
         #: headers whose format is not one of the known ones (kept whole)
         self._odd: dict[int, ImageHeader] = {}
 
     @classmethod
-    def of(cls, probes: Iterable[Probe], n: int) -> ProbeTable:
+    def of(cls, probes: Iterable[Probe], n: int = 0) -> ProbeTable:
         table = cls(n)
         table.extend(probes)
         return table
 
     def extend(self, probes: Iterable[Probe]) -> None:
-        for p in probes:
-            k = self._n
-            self._n += 1
-            self._nbytes[k] = p.nbytes
+        block = list(probes)
+        rows = np.zeros(len(block), dtype=_PROBE_ROW)
+        first = len(self._rows)
+        for j, p in enumerate(block):
+            k = first + j
+            rows["nbytes"][j] = p.nbytes
             if p.error is not None:
                 self._errors[k] = p.error
             h = p.header
             if h is None:
                 continue
-            self._has_header[k] = True
+            rows["has"][j] = True
             small = (h.channels, int(h.has_alpha), h.bit_depth, h.orientation, h.pages)
             if h.format not in _FORMATS or not all(0 <= v < 2**15 for v in small):
                 self._odd[k] = h
                 continue
-            self._size[k] = (h.width, h.height)
-            self._head[k] = (_FORMATS.index(h.format), h.channels, h.has_alpha, h.bit_depth, h.orientation, h.pages)
+            rows["size"][j] = (h.width, h.height)
+            rows["head"][j] = (_FORMATS.index(h.format), h.channels, h.has_alpha, h.bit_depth, h.orientation, h.pages)
+        self._rows.append(rows)
 
-    def __len__(self) -> int:
-        return self._n
+    @property
+    def _n(self) -> int:
+        return len(self._rows)
 
     def header(self, k: int) -> ImageHeader | None:
-        if not self._has_header[k]:
+        row = self._rows.at(k)
+        if not row["has"]:
             return None
         if k in self._odd:
             return self._odd[k]
-        w, h = self._size[k].tolist()
-        f, c, a, d, o, p = self._head[k].tolist()
+        w, h = row["size"].tolist()
+        f, c, a, d, o, p = row["head"].tolist()
         return ImageHeader(_FORMATS[f], w, h, c, bool(a), d, o, p)
 
     def _probe(self, k: int) -> Probe:
-        return Probe(self.header(k), int(self._nbytes[k]), self._errors.get(k))
+        return Probe(self.header(k), int(self._rows.at(k)["nbytes"]), self._errors.get(k))
+
+    def __len__(self) -> int:
+        return self._n
 
     @overload
     def __getitem__(self, k: int) -> Probe: ...
@@ -326,8 +337,11 @@ class ProbeTable(Sequence[Probe]):
         return self._errors
 
     def nbytes(self, keep: Sequence[int] | np.ndarray) -> int:
-        """The summed file sizes of items ``keep``."""
-        return int(self._nbytes[np.asarray(keep, dtype=np.int64)].sum()) if len(keep) else 0
+        """The summed file sizes of items ``keep`` (ascending), read a part at a time."""
+        total = 0
+        for a in range(0, len(keep), PART):
+            total += int(self._rows.take(keep[a : a + PART])["nbytes"].sum())
+        return total
 
 
 def open_input(path: Path) -> BinaryIO:

@@ -56,7 +56,10 @@ class JobList(Sequence[Job]):
 
     def __init__(self, items: Sequence[Any], probes: Sequence[Any], keep: Sequence[int]) -> None:
         self._items, self._probes = items, probes
-        self._keep = np.asarray(keep, dtype=np.int64).reshape(-1)
+        # A range stays a range (every item in: nothing per item); else one 8-byte position each.
+        self._keep: range | np.ndarray = (
+            keep if isinstance(keep, range) else np.asarray(keep, dtype=np.int64).reshape(-1)
+        )
 
     def __len__(self) -> int:
         return len(self._keep)
@@ -77,8 +80,8 @@ class JobList(Sequence[Job]):
         return self._job(int(self._keep[k]))
 
     def __iter__(self) -> Iterator[Job]:
-        for j in self._keep.tolist():
-            yield self._job(j)
+        for j in self._keep:
+            yield self._job(int(j))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (list, (list(self),))

@@ -22,10 +22,12 @@ import numpy as np
 
 from .. import _parallel
 from .._lock import journal_path, partial_path, records_path
+from .._spill import Column
 from ..backends import ArraySpec, Backend, StoreWriter, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
+from ..sources._items import SourceColumn
 from ..sources.base import SourceScan
 from .columns import SampleTable, SpilledColumn, remove_records
 from .inputs import Probe, Selection, bad_inputs
@@ -523,18 +525,18 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
         for spec, values in arrays.values():
             writer.create_array(spec, manifest.count)
             # A ragged array in parts: the writer holds one object per sample of a part until it is written.
-            # A spilled column (columns.py) in whole shards of its stored array: the rows of one shard
-            # in memory at a time (at most --shard-bytes), each shard written once, as from one array.
+            # A spilled column (columns.py, dlpack._spill) in whole shards of its stored array: the rows
+            # of one shard in memory at a time (at most --shard-bytes), each written once, as from one array.
             if spec.ragged:
                 step = RAGGED_PART
-            elif isinstance(values, SpilledColumn):
+            elif isinstance(values, (SpilledColumn, Column)):
                 step = writer.shard_rows(spec.name)
             else:
                 step = max(1, len(values))
             for start in range(0, len(values), step):
                 writer.write_block(spec.name, start, values[start : start + step])
             if not len(values):
-                writer.write_block(spec.name, 0, values)
+                writer.write_block(spec.name, 0, values[0:0] if isinstance(values, (Column, SourceColumn)) else values)
         # The written pixels' statistics (pack/stats.py), from the counts taken as the blocks were written.
         writer.commit(with_pixel_stats(manifest, writer, partial.pixel_counts))
     except BaseException as exc:

@@ -32,16 +32,17 @@ import fnmatch
 import heapq
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .._names import code_points, normal_form, shown
+from .._spill import PART, Column
 from ..errors import InputFileError, OptionError, SourceError
 from ..options import IMAGE_SUFFIXES
-from ._items import ItemTable
+from ._items import ItemTable, Paths
 from .base import SourceItem, SourceScan
 
 # The decoding helpers lived here in the first release; callers still import them from this module.
@@ -144,7 +145,7 @@ class _Walk:
     exclude: tuple[str, ...] = ()
     #: refuse label folders and label images (else they are walked and listed like any other)
     check_labels: bool = True
-    files: list[str] = field(default_factory=list)
+    files: _Runs = field(default_factory=lambda: _Runs())
     #: paths an exclude pattern left out (folders with a trailing "/")
     excluded: list[str] = field(default_factory=list)
     #: files that are not images, not packed
@@ -368,10 +369,9 @@ class FolderSource:
             raise _twins_error(what, repr(shown(where)), a, b)
         if walk.label_paths:
             raise label_paths_error(os.fspath(root), sorted(walk.label_paths))
-        rels = sorted(walk.files)
-        walk.files.clear()
+        rels = Paths(walk.files.merged())
         errors = tuple(sorted(walk.errors, key=lambda e: e.path))
-        if not rels and not errors:
+        if not len(rels) and not errors:
             suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
             left = f"; the exclude patterns left out {len(walk.excluded)} path(s)" if walk.excluded else ""
             raise SourceError(f"no images found in {os.fspath(root)!r} (looked for {suffixes}){left}")
@@ -386,62 +386,131 @@ class FolderSource:
             task="classification" if classes else "none",
         )
 
-    def _label(self, rels: list[str]) -> tuple[ItemTable, tuple[str, ...]]:
+    def _label(self, rels: Paths) -> tuple[ItemTable, tuple[str, ...]]:
         """Items with their splits and labels, and the sorted class names, by the rules in the class docstring.
 
-        One pass over the paths, keeping codes rather than split path parts: a million paths split
-        into lists would cost more memory than the rest of the build.
+        Passes over the paths in order, keeping codes (in columns, :mod:`dlpack._spill`) rather
+        than split path parts: a million paths split into lists would cost more memory than the
+        rest of the build.
         """
         where = repr(os.fspath(self.root))
-        by_split = bool(rels) and all("/" in r and r.split("/", 1)[0].lower() in SPLIT_NAMES for r in rels)
+        by_split = bool(len(rels)) and all("/" in r and r.split("/", 1)[0].lower() in SPLIT_NAMES for r in rels)
         split_of: dict[str, int] = {}
-        split_codes = np.full(len(rels), -1, dtype=np.int16)
-        strays: list[str] = []
-        for k, r in enumerate(rels):
-            inner = r
-            if by_split:
-                top, inner = r.split("/", 1)
-                split_codes[k] = split_of.setdefault(top.lower(), len(split_of))
-            if "/" not in inner:
-                strays.append(r)
+        split_codes = Column(np.int16)
+        tops: set[str] = set()
+        strays: list[str] = []  # the first few, for the message
+        n_strays = 0
+        class_of: dict[str, int] = {}
+        codes = Column(np.int32)  # in order of first sight
+        top_rule = self.class_folder == "top"
+        for first in range(0, len(rels), PART):
+            part = list(rels.rels(first, first + PART))
+            splits = np.full(len(part), -1, dtype=np.int16)
+            seen = np.full(len(part), -1, dtype=np.int32)
+            for j, r in enumerate(part):
+                inner = r
+                if by_split:
+                    top, inner = r.split("/", 1)
+                    tops.add(top + "/")
+                    splits[j] = split_of.setdefault(top.lower(), len(split_of))
+                if "/" not in inner:
+                    n_strays += 1
+                    if len(strays) <= _MAX_LISTED:
+                        strays.append(r)
+                    continue
+                name = inner.split("/", 1)[0] if top_rule else inner.rsplit("/", 2)[-2]
+                seen[j] = class_of.setdefault(name, len(class_of))
+            split_codes.append(splits)
+            codes.append(seen)
         split_names = tuple(split_of)
+        n = len(rels)
         if by_split:
-            tops = sorted({r.split("/", 1)[0] + "/" for r in rels})
-            where = f"the split folders ({', '.join(tops)}) of {where}"
-        if self.labels == "none" or (self.labels == "auto" and len(strays) == len(rels)):
-            return ItemTable(rels, np.full(len(rels), -1, dtype=np.int32), (), split_codes, split_names), ()
-        if strays:
+            where = f"the split folders ({', '.join(sorted(tops))}) of {where}"
+        if self.labels == "none" or (self.labels == "auto" and n_strays == n):
+            return ItemTable(rels, _filled(n, -1), (), split_codes, split_names), ()
+        if n_strays:
             if self.labels == "folders":
                 rule = "--labels folders needs every image inside a class folder"
             else:
-                others = len(rels) - len(strays)
+                others = n - n_strays
                 rule = (
                     f"the other {others} {'is' if others == 1 else 'are'} in class folders, and --labels auto "
                     "takes each image's class from its folder"
                 )
+            more = f" and {n_strays - _MAX_LISTED} more" if n_strays > _MAX_LISTED else ""
             raise SourceError(
-                f"{len(strays)} image{'s sit' if len(strays) > 1 else ' sits'} directly in {where}: "
-                f"{_listing(strays)}; {rule}. Move them into class folders, or pass --labels none "
+                f"{n_strays} image{'s sit' if n_strays > 1 else ' sits'} directly in {where}: "
+                f"{_listing(strays[:_MAX_LISTED])}{more}; {rule}. Move them into class folders, or pass --labels none "
                 "to build an unlabelled store"
             )
-        class_of: dict[str, int] = {}
-        codes = np.empty(len(rels), dtype=np.int32)
-        top_rule = self.class_folder == "top"
-        for k, r in enumerate(rels):
-            inner = r.split("/", 1)[1] if by_split else r
-            name = inner.split("/", 1)[0] if top_rule else inner.rsplit("/", 2)[-2]
-            codes[k] = class_of.setdefault(name, len(class_of))
         classes = tuple(sorted(class_of))
         # Codes in order of first sight -> indices into the sorted class names.
         remap = np.array([classes.index(name) for name in class_of], dtype=np.int32)
-        items = ItemTable(rels, remap[codes], classes, split_codes, split_names)
+        labels = Column(np.int32)
+        for part_codes in codes.parts():
+            labels.append(remap[part_codes])
+        codes.close()
+        items = ItemTable(rels, labels, classes, split_codes, split_names)
         # Class folders under different split folders are never in one listing: compare the classes too.
-        seen: dict[str, str] = {}
+        seen_names: dict[str, str] = {}
         for name in classes:
-            other = seen.setdefault(normal_form(name), name)
+            other = seen_names.setdefault(normal_form(name), name)
             if other != name:
                 raise _twins_error("class folders", where, other, name)
         return items, classes
+
+
+def _filled(n: int, value: int) -> Column:
+    """A column of ``n`` int32 ``value`` (made a part at a time)."""
+    col = Column(np.int32)
+    for a in range(0, n, PART):
+        col.append(np.full(min(PART, n - a), value, dtype=np.int32))
+    return col
+
+
+#: Paths a scan holds as strings before it sorts them into a run kept as bytes (see :class:`_Runs`).
+RUN = 1 << 17
+
+#: Paths read back from each run at once while the runs are merged.
+_MERGE_STEP = 4096
+
+
+class _Runs:
+    """The scan's paths, sorted by an external merge sort: every :data:`RUN` paths are sorted and
+    kept as :class:`~dlpack.sources._items.Paths` (in a file once large), and the runs are merged
+    at the end. A scan holds at most one run as strings, whatever the number of files."""
+
+    def __init__(self) -> None:
+        self._open: list[str] = []
+        self._runs: list[Paths] = []
+
+    def append(self, rel: str) -> None:
+        self._open.append(rel)
+        if len(self._open) >= RUN:
+            self._open.sort()
+            self._runs.append(Paths(self._open))
+            self._open = []
+
+    def __len__(self) -> int:
+        return len(self._open) + sum(len(r) for r in self._runs)
+
+    def merged(self) -> Iterator[str]:
+        """Every path, in sorted order (once: the runs are given up as they are read)."""
+        self._open.sort()
+        runs, self._runs = self._runs, []
+        last, self._open = self._open, []
+        if not runs:
+            return iter(last)
+        return heapq.merge(*(_read_run(r) for r in runs), last)
+
+
+def _read_run(run: Paths) -> Iterator[str]:
+    for a in range(0, len(run), _MERGE_STEP):
+        data, offsets = run.utf8(range(a, a + _MERGE_STEP))
+        raw = data.tobytes()
+        bounds = offsets.tolist()
+        for j in range(len(bounds) - 1):
+            yield raw[bounds[j] : bounds[j + 1]].decode("utf-8")
 
 
 #: Which ``--labels`` source reads label folders, named in the error that refuses them.
