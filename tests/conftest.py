@@ -206,3 +206,23 @@ def make_tree(tmp_path: Path) -> Callable[..., Path]:
 def backend(request: pytest.FixtureRequest) -> str:
     """The output store name for each backend: ``out.zarr`` or ``out.h5``."""
     return {"zarr": "out.zarr", "hdf5": "out.h5"}[request.param]
+
+
+@pytest.fixture
+def spill_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every spill column of a build in a file from its first row, read back 5 rows at a time, and
+    a folder scan sorted in runs of 7 paths merged 3 at a time: what a build of millions of images
+    does, on a handful of images (dlpack._spill, dlpack.sources.folder)."""
+    import sys
+
+    from dlpack import _spill
+    from dlpack.sources import folder
+
+    part = _spill.PART
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "")
+        if name.startswith("dlpack") and getattr(module, "PART", None) is part:
+            monkeypatch.setattr(module, "PART", 5)
+    monkeypatch.setattr(_spill, "SPILL_BYTES", 0)
+    monkeypatch.setattr(folder, "RUN", 7)
+    monkeypatch.setattr(folder, "_MERGE_STEP", 3)
