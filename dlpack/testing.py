@@ -239,6 +239,32 @@ class BackendTests:
         with open_reader(path) as reader:
             assert all(reader.read("boxes", i).shape == (0, 4) for i in range(N))
 
+    def test_ragged_offsets_are_written_a_shard_at_a_time(self, tmp_path: Path) -> None:
+        # More samples than one inner chunk of offsets (2**17 rows), so the offsets span two
+        # shards: the writer holds at most one shard of them, not one per sample until the commit.
+        n, step = 2**17 + 5000, 4096
+        rng = np.random.default_rng(5)
+        sizes = rng.integers(0, 4, n)
+        data = rng.integers(0, 256, int(sizes.sum()), dtype=np.uint8)
+        bounds = np.concatenate(([0], np.cumsum(sizes)))
+        path = self.store_path(tmp_path)
+        writer = self.cls.open_writer(path, "w-", 2**20)  # type: ignore[arg-type]
+        writer.open()
+        writer.create_array(ArraySpec("blob", "|u1", (), ragged=True), n)
+        per = writer._stored_layout("blob_offsets")[1]
+        assert per < n + 1
+        held = 0
+        for s in range(0, n, step):
+            stop = min(n, s + step)
+            writer.write_block("blob", s, [data[bounds[i] : bounds[i + 1]] for i in range(s, stop)])
+            held = max(held, len(writer._ragged["blob"].offsets))
+        assert held <= per
+        writer.commit(_manifest(self.backend, n))
+        with open_reader(path) as reader:
+            assert np.array_equal(reader.meta("blob_offsets"), bounds)
+            for i in (0, 1, per - 1, per, n - 1):
+                assert np.array_equal(reader.read("blob", i), data[bounds[i] : bounds[i + 1]]), i
+
     def test_manifest_lists_every_array_with_its_spec(self, tmp_path: Path) -> None:
         arrays = sample_arrays()
         path = self.build_store(tmp_path, arrays)

@@ -1203,6 +1203,9 @@ class StoreWriter(ABC):
         if rows is not None:
             self._write_rows(name + "_data", buf.written, rows)
             buf.written += len(rows)
+        offsets = buf.take_offsets(self._stored_layout(name + "_offsets")[1], final)
+        if offsets is not None:
+            self._write_rows(name + "_offsets", *offsets)
 
     def commit(self, manifest: Manifest) -> None:
         """Write buffered data and ragged offsets, checksum every array this writer wrote (and any
@@ -1214,7 +1217,6 @@ class StoreWriter(ABC):
             if buf.samples != self.count:
                 raise StoreError(f"ragged array {name!r} has {buf.samples} of {self.count} samples written")
             self._flush_ragged(name, final=True)
-            self._write_rows(name + "_offsets", 0, np.asarray(buf.offsets, dtype="<i8"))
         self._ragged.clear()  # written: a later commit of this writer does not write them again
         arrays: dict[str, ArraySpec] = {}
         for name, spec in sorted(self.arrays.items()):
@@ -1314,7 +1316,9 @@ class _RaggedBuffer:
 
     A call's samples are kept as one array and the offsets as 8-byte integers: a build of a
     million images passes a million ``source`` paths through here, and one array and one Python
-    int per sample cost about 145 bytes more until the commit (190 against 44 bytes a 19-byte path)."""
+    int per sample cost about 145 bytes more until the commit (190 against 44 bytes a 19-byte path).
+    The offsets too are written a whole shard of them at a time (:meth:`take_offsets`), so neither
+    holds more than a shard, whatever the count."""
 
     def __init__(self, shard_rows: int) -> None:
         self.shard_rows = shard_rows
@@ -1322,7 +1326,10 @@ class _RaggedBuffer:
         self.pending = 0
         self.written = 0
         self.samples = 0
+        #: the offsets not written yet; the first of them is offset row ``offsets_written``
         self.offsets = array("q", [0])
+        self.offsets_written = 0
+        self.end = 0
 
     def add(self, samples: Sequence[np.ndarray]) -> None:
         """Append ``samples`` (one array of rows each, in sample order)."""
@@ -1332,7 +1339,21 @@ class _RaggedBuffer:
         self.parts.append(samples[0] if len(samples) == 1 else np.concatenate(samples))
         self.pending += int(counts.sum())
         self.samples += len(samples)
-        self.offsets.frombytes((np.cumsum(counts) + self.offsets[-1]).astype(np.int64).tobytes())
+        ends = np.cumsum(counts) + self.end
+        self.end = int(ends[-1])
+        self.offsets.frombytes(ends.astype(np.int64).tobytes())
+
+    def take_offsets(self, shard_rows: int, final: bool) -> tuple[int, np.ndarray] | None:
+        """Whole shards of ``shard_rows`` held offsets (all of them when ``final``) and the offset row
+        they start at, or None."""
+        n = len(self.offsets) if final else (len(self.offsets) // shard_rows) * shard_rows
+        if not n:
+            return None
+        rows = np.frombuffer(self.offsets, dtype=np.int64)[:n].astype("<i8")
+        start = self.offsets_written
+        del self.offsets[:n]
+        self.offsets_written += n
+        return start, rows
 
     def take(self, final: bool) -> np.ndarray | None:
         """Whole shards of buffered rows (everything when ``final``), or None."""
