@@ -212,6 +212,15 @@ def test_sample_table_columns_hold_the_samples() -> None:
     assert part[0] == samples[0] and part[2] == samples[1]
     with pytest.raises(IndexError, match="not written"):
         part[1]
+    # Blocks put out of order: complete once every span is in, whatever the order.
+    late = SampleTable(5)
+    late.put(3, samples[3:5])
+    late.put(0, samples[0:2])
+    assert not late.complete and late[4] == samples[4]
+    with pytest.raises(IndexError, match="sample 2 was not written"):
+        late[2]
+    late.put(2, samples[2:3])
+    assert late.complete and list(late) == samples
 
 
 def test_order_digest_is_that_of_the_whole_json_list() -> None:

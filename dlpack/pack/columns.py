@@ -161,6 +161,38 @@ class SpilledColumn:
         return whole if dtype is None else whole.astype(dtype)
 
 
+class _Spans:
+    """Which samples were put, as sorted disjoint ``[start, stop)`` spans: one per run of blocks
+    put in order, not a flag per sample."""
+
+    __slots__ = ("_spans",)
+
+    def __init__(self) -> None:
+        self._spans: list[list[int]] = []
+
+    def add(self, start: int, stop: int) -> None:
+        spans = [*self._spans, [start, stop]]
+        spans.sort()
+        merged: list[list[int]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self._spans = merged
+
+    def covers(self, start: int, stop: int) -> bool:
+        return stop <= start or any(a <= start and stop <= b for a, b in self._spans)
+
+    def mask(self, start: int, stop: int) -> np.ndarray:
+        """Whether each of samples ``start .. stop`` was put."""
+        out = np.zeros(max(0, stop - start), dtype=bool)
+        for a, b in self._spans:
+            if a < stop and b > start:
+                out[max(a, start) - start : min(b, stop) - start] = True
+        return out
+
+
 class SampleTable(Sequence[Sample]):
     """The samples of a build, in sample order, as the columns of the manifest's arrays.
 
@@ -173,7 +205,7 @@ class SampleTable(Sequence[Sample]):
 
     def __init__(self, n: int) -> None:
         self._n = n
-        self._filled = np.zeros(n, dtype=bool)
+        self._filled = _Spans()
         self._cols: dict[str, Any] = {name: np.zeros((n, *row), dtype=dtype) for name, (dtype, row) in _COLUMNS.items()}
         self._conv_names: dict[tuple[str, ...], int] = {(): 0}
         self._labelled: dict[int, Sample] = {}
@@ -188,7 +220,7 @@ class SampleTable(Sequence[Sample]):
         (folder / _MARKER).write_bytes(_MARKER_TEXT)
         table = cls.__new__(cls)
         table._n = n
-        table._filled = np.zeros(n, dtype=bool)
+        table._filled = _Spans()
         table._conv_names = {(): 0}
         table._labelled = {}
         table._dir = folder
@@ -251,7 +283,7 @@ class SampleTable(Sequence[Sample]):
                     s.orientation, s.boxes, s.box_labels, s.box_crowd, s.mask_crc, s.label_sha256, s.clipped,
                     s.dropped,
                 )  # fmt: skip
-        self._filled[start : start + m] = True
+        self._filled.add(start, start + m)
 
     def put_results(self, start: int, results: Sequence[Sample | InputFileError]) -> dict[int, InputFileError]:
         """The samples among ``results`` (samples ``start ..``) put; the failures returned by position."""
@@ -271,7 +303,7 @@ class SampleTable(Sequence[Sample]):
     @property
     def complete(self) -> bool:
         """Whether every sample was put."""
-        return bool(self._filled.all())
+        return self._filled.covers(0, self._n)
 
     def _rows(self, name: str, start: int, stop: int) -> np.ndarray:
         col = self._cols[name]
@@ -303,7 +335,7 @@ class SampleTable(Sequence[Sample]):
         ``failed`` gives its failure instead)."""
         names = {code: c for c, code in self._conv_names.items()}
         cols = {name: self._rows(name, start, stop).tolist() for name in _COLUMNS}
-        filled = self._filled[start:stop]
+        filled = self._filled.mask(start, stop)
         for j in range(stop - start):
             k = start + j
             if failed is not None and k in failed:
