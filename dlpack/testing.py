@@ -248,7 +248,7 @@ class BackendTests:
         data = rng.integers(0, 256, int(sizes.sum()), dtype=np.uint8)
         bounds = np.concatenate(([0], np.cumsum(sizes)))
         path = self.store_path(tmp_path)
-        writer = self.cls.open_writer(path, "w-", 2**20)  # type: ignore[arg-type]
+        writer = self.cls.open_writer(path, "w-", 2**20)
         writer.open()
         writer.create_array(ArraySpec("blob", "|u1", (), ragged=True), n)
         per = writer._stored_layout("blob_offsets")[1]

@@ -23,8 +23,8 @@ from test_build_columns import BAD, SPEC, TupleSource, source_tree, store_files
 import dlpack
 from dlpack import _spill
 from dlpack._spill import Column, spilling_to
-from dlpack.errors import SourceError, StoreError
-from dlpack.pack.inputs import Probe, ProbeTable
+from dlpack.errors import InputFileError, SourceError, StoreError
+from dlpack.pack.inputs import Kept, Probe, ProbeTable, Selection
 from dlpack.sources import FolderSource
 from dlpack.sources._items import ItemTable
 from dlpack.sources.folder import _Runs
@@ -167,3 +167,23 @@ def test_strays_are_counted_and_the_first_listed_when_spilled(make_tree: MakeTre
         SourceError, match=r"12 images sit directly in .*: 00\.png, 01\.png, .* and \d+ more; the other 1 is"
     ):
         FolderSource(src).scan()
+
+
+def test_kept_positions_are_a_range_with_holes(spill_everything: None) -> None:
+    rng = random.Random(11)
+    for n in (0, 1, 6, 23):
+        dropped = {k for k in range(n) if rng.random() < 0.3} | {n + 2}  # one past the end is ignored
+        kept = Kept(n, dropped)
+        want = [k for k in range(n) if k not in dropped]
+        assert len(kept) == len(want) and list(kept) == want and kept == want
+        assert [kept[j] for j in range(len(want))] == want
+        assert [kept[j] for j in range(-len(want), 0)] == want
+        assert kept[2:9].tolist() == want[2:9] and kept[::3].tolist() == want[::3]
+        more = set(want[::4])
+        assert list(kept.without(more)) == [k for k in want if k not in more]
+        with pytest.raises(IndexError):
+            kept[len(want)]
+    sel = Selection(range(10), ()).drop({3: InputFileError("3.png", "bad"), 7: InputFileError("7.png", "bad")})
+    assert isinstance(sel.keep, Kept) and list(sel.keep) == [0, 1, 2, 4, 5, 6, 8, 9]
+    again = sel.drop({0: InputFileError("0.png", "bad")})
+    assert list(again.keep) == [1, 2, 4, 5, 6, 8, 9] and [e.path for e in again.errors] == ["3.png", "7.png", "0.png"]

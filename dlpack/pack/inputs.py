@@ -32,7 +32,8 @@ from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
 class Selection:
     """Which scanned items are still in (positions in ``SourceScan.items``, in order), and every input error so far."""
 
-    #: A ``range`` while every item is in (no object per item), else a tuple.
+    #: A ``range`` while every item is in, a :class:`Kept` once some are out (nothing per item in
+    #: either), or a tuple.
     keep: Sequence[int]
     errors: tuple[InputFileError, ...]
 
@@ -40,7 +41,70 @@ class Selection:
         """A selection without the positions in ``failed``, whose errors are added."""
         if not failed:
             return Selection(self.keep, self.errors)
-        return Selection(tuple(k for k in self.keep if k not in failed), self.errors + tuple(failed.values()))
+        keep = self.keep
+        if isinstance(keep, range) and keep.start == 0 and keep.step == 1:
+            kept: Sequence[int] = Kept(len(keep), list(failed))
+        elif isinstance(keep, Kept):
+            kept = keep.without(list(failed))
+        else:
+            kept = tuple(k for k in keep if k not in failed)
+        return Selection(kept, self.errors + tuple(failed.values()))
+
+
+class Kept(Sequence[int]):
+    """Positions ``0 .. n - 1`` but the dropped ones, ascending: a range with holes, which costs
+    memory per hole, not per position (a million images with a few bad files keep a few numbers).
+
+    A slice is a NumPy array of positions; iteration reads them a part at a time.
+    """
+
+    __slots__ = ("_n", "_dropped", "_shifted")
+
+    def __init__(self, n: int, dropped: Iterable[int]) -> None:
+        held = np.unique(np.fromiter(dropped, dtype=np.int64))
+        self._n = n
+        self._dropped = held[(held >= 0) & (held < n)]
+        # The j-th kept position is j plus the number of dropped positions d_i with d_i - i <= j.
+        self._shifted = self._dropped - np.arange(len(self._dropped), dtype=np.int64)
+
+    def without(self, dropped: Iterable[int]) -> Kept:
+        """These positions less ``dropped`` (positions, not indices into this sequence)."""
+        return Kept(self._n, [*self._dropped.tolist(), *dropped])
+
+    def __len__(self) -> int:
+        return self._n - len(self._dropped)
+
+    def _positions(self, js: np.ndarray) -> np.ndarray:
+        return js + np.searchsorted(self._shifted, js, side="right")
+
+    @overload
+    def __getitem__(self, k: int) -> int: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> Any: ...
+
+    def __getitem__(self, k: int | slice) -> Any:
+        if isinstance(k, slice):
+            return self._positions(np.arange(*k.indices(len(self)), dtype=np.int64))
+        n = len(self)
+        j = int(k) + n if k < 0 else int(k)
+        if not 0 <= j < n:
+            raise IndexError(f"position {k} of {n}")
+        return int(self._positions(np.array([j], dtype=np.int64))[0])
+
+    def __iter__(self) -> Iterator[int]:
+        for a in range(0, len(self), PART):
+            yield from self[a : a + PART].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Kept({self._n} positions but {len(self._dropped)})"
 
 
 def bad_inputs(errors: Sequence[InputFileError], root: Path, nothing_left: bool = False) -> BadInputsError:
@@ -448,7 +512,7 @@ def probed(scan: SourceScan, probes: Sequence[Probe]) -> Selection:
     """The first selection: every item whose probe passed; the scan's and the probe's errors."""
     failed = probes.errors if isinstance(probes, ProbeTable) else {k: p.error for k, p in enumerate(probes) if p.error}
     bad = [InputFileError(scan.items[k].rel, failed[k]) for k in sorted(failed)]
-    keep = tuple(k for k in range(len(probes)) if k not in failed) if failed else range(len(probes))
+    keep = Kept(len(probes), failed) if failed else range(len(probes))
     return Selection(keep, scan.errors + tuple(bad))
 
 

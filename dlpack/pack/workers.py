@@ -28,7 +28,7 @@ from ..options import BuildOptions
 from ..sources.decode import DecodeError, prepare_image
 from ..sources.labels import prepare_labels
 from ..sources.probe import ImageHeader
-from .inputs import open_input
+from .inputs import Kept, open_input
 from .plan import BuildPlan
 from .stats import histograms
 
@@ -56,9 +56,9 @@ class JobList(Sequence[Job]):
 
     def __init__(self, items: Sequence[Any], probes: Sequence[Any], keep: Sequence[int]) -> None:
         self._items, self._probes = items, probes
-        # A range stays a range (every item in: nothing per item); else one 8-byte position each.
-        self._keep: range | np.ndarray = (
-            keep if isinstance(keep, range) else np.asarray(keep, dtype=np.int64).reshape(-1)
+        # A range or Kept stays as it is (nothing per item); else one 8-byte position each.
+        self._keep: Any = (
+            keep if isinstance(keep, (range, Kept)) else np.asarray(keep, dtype=np.int64).reshape(-1)
         )
 
     def __len__(self) -> int:
