@@ -190,6 +190,11 @@ _MAX_SPLITS = 127
 
 def split_names(items: Sequence[SourceItem]) -> tuple[str, ...]:
     """The sorted split names the items use; the ``split`` array stores an index into them."""
+    if isinstance(items, ItemTable):  # from the codes, a part at a time, without making the items
+        used: set[int] = set()
+        for part in items.split_codes.parts():
+            used.update(np.unique(part).tolist())
+        return tuple(sorted(items.split_names[c] for c in used if c >= 0))
     return tuple(sorted({it.split for it in items if it.split is not None}))
 
 

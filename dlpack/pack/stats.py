@@ -89,7 +89,7 @@ def with_pixel_stats(manifest: Manifest, writer: StoreWriter, hist: np.ndarray |
     name = spec.stored_names()[0]
     if spec.ragged:  # one stream, buffered in whole shards: write the rest now (commit finds none)
         writer._flush_ragged(spec.name, final=True)
-        rows = int(writer._ragged[spec.name].offsets[-1])
+        rows = writer._ragged[spec.name].end
     else:
         rows = manifest.count
     per_row = int(np.prod(image.shape)) if image.shape is not None else 1
