@@ -23,8 +23,11 @@ from test_build_columns import BAD, SPEC, TupleSource, source_tree, store_files
 import dlpack
 from dlpack import _spill
 from dlpack._spill import Column, spilling_to
+from dlpack.backends import ArraySpec, backend_for_path
 from dlpack.errors import InputFileError, SourceError, StoreError
+from dlpack.manifest import ImageSpec, Manifest
 from dlpack.pack.inputs import Kept, Probe, ProbeTable, Selection
+from dlpack.pack.write import METADATA_SHARD_BYTES, Partial, commit_store
 from dlpack.sources import FolderSource
 from dlpack.sources._items import ItemTable
 from dlpack.sources.folder import _Runs
@@ -187,3 +190,29 @@ def test_kept_positions_are_a_range_with_holes(spill_everything: None) -> None:
     assert isinstance(sel.keep, Kept) and list(sel.keep) == [0, 1, 2, 4, 5, 6, 8, 9]
     again = sel.drop({0: InputFileError("0.png", "bad")})
     assert list(again.keep) == [1, 2, 4, 5, 6, 8, 9] and [e.path for e in again.errors] == ["3.png", "7.png", "0.png"]
+
+
+def test_the_commit_writes_the_metadata_arrays_in_small_shards(tmp_path: Path, backend: str) -> None:
+    # Two 4 MiB shards of 32-byte transforms (131,072 rows each) and more: the commit holds a
+    # shard of an array at a time, not the whole array, however many images the store has.
+    n = 2 * 131_072 + 1000
+    out = tmp_path / backend
+    writer = backend_for_path(out).open_writer(out, "w-", 2**25)
+    writer.open()
+    transform = Column.of(np.arange(n * 4, dtype="<f8").reshape(n, 4), "<f8", (4,))
+    items = ItemTable((f"{k:06d}.png" for k in range(n)), np.full(n, -1), (), np.full(n, -1), ())
+    arrays = {
+        "transform": (ArraySpec("transform", "<f8", (4,)), transform),
+        "source": (ArraySpec("source", "|u1", (), ragged=True), items.source_column(range(n))),
+    }
+    manifest = Manifest(
+        count=n, image=ImageSpec("fixed", 3, "|u1", 2, 2), backend=backend_for_path(out).name, classes=()
+    )
+    commit_store(Partial(writer, None, {}, ""), out, arrays, manifest)
+    assert writer._stored_layout("transform")[1] == METADATA_SHARD_BYTES // 32 < n
+    assert writer._stored_layout("source_offsets")[1] * 8 <= METADATA_SHARD_BYTES
+    with backend_for_path(out).open_reader(out) as reader:
+        assert np.array_equal(reader.meta("transform"), np.asarray(transform))
+        assert [bytes(reader.read("source", k)).decode() for k in (0, 131_071, 131_072, n - 1)] == [
+            f"{k:06d}.png" for k in (0, 131_071, 131_072, n - 1)
+        ]

@@ -252,7 +252,7 @@ class Hdf5Writer(StoreWriter):
         self._raw[name] = (
             offset,
             spec.item_nbytes,
-            _shard_rows(spec.item_nbytes, offset is not None, rows, self.shard_bytes),
+            _shard_rows(spec.item_nbytes, offset is not None, rows, self._shard_budgets.get(name, self.shard_bytes)),
         )
 
     def _attach_stored(self, name: str, spec: ArraySpec, rows: int) -> None:

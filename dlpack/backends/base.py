@@ -940,6 +940,8 @@ class StoreWriter(ABC):
         self.arrays: dict[str, ArraySpec] = {}
         self.count: int | None = None
         self._ragged: dict[str, _RaggedBuffer] = {}
+        #: stored arrays created with their own ``shard_bytes`` (create_array), by stored name
+        self._shard_budgets: dict[str, int] = {}
         #: Stored arrays this writer created or wrote into: ``commit`` checksums them.
         self._touched: set[str] = set()
         #: Checksums of whole stored arrays taken while they were written (:meth:`set_written_digest`).
@@ -984,11 +986,15 @@ class StoreWriter(ABC):
 
     # ------------------------------------------------------------------ arrays
 
-    def create_array(self, spec: ArraySpec, count: int, rows: int | None = None) -> None:
+    def create_array(
+        self, spec: ArraySpec, count: int, rows: int | None = None, shard_bytes: int | None = None
+    ) -> None:
         """Create array ``spec`` for ``count`` samples (every array of a store has the same count).
 
         ``rows`` fixes the rows per shard of a fixed array (a multiple of its inner chunk), so that
         arrays written in the same blocks (``images`` and ``mask``) share one block layout.
+        ``shard_bytes`` sizes this array's shards (and a ragged array's offsets') instead of the
+        writer's: a whole shard is what a writer holds of an array before writing it.
         """
         if self.count is not None and count != self.count:
             raise OptionError(f"array {spec.name!r} has {count} samples, the store has {self.count}")
@@ -1000,14 +1006,17 @@ class StoreWriter(ABC):
                 raise OptionError(f"array {spec.name!r} would overwrite {sorted(clash)} of array {other.name!r}")
         self.count = count
         chunk = chunk_rows(spec, count)
+        budget = self.shard_bytes if shard_bytes is None else max(1, shard_bytes)
         if rows is None or spec.ragged:
-            rows = shard_rows(spec, count, self.shard_bytes)
+            rows = shard_rows(spec, count, budget)
         elif rows < 1 or rows % chunk:
             raise OptionError(f"array {spec.name!r}: {rows} rows per shard is not a multiple of its {chunk}-row chunks")
+        if shard_bytes is not None:
+            self._shard_budgets.update(dict.fromkeys(spec.stored_names(), budget))
         if spec.ragged:
             self._create_stored(spec.name + "_data", spec, 0, chunk, rows)
             off = ArraySpec(spec.name + "_offsets", "<i8")
-            self._create_stored(spec.name + "_offsets", off, count + 1, *_offsets_layout(count, self.shard_bytes))
+            self._create_stored(spec.name + "_offsets", off, count + 1, *_offsets_layout(count, budget))
             self._ragged[spec.name] = _RaggedBuffer(rows)
         else:
             self._create_stored(spec.name, spec, count, chunk, rows)

@@ -57,9 +57,7 @@ class JobList(Sequence[Job]):
     def __init__(self, items: Sequence[Any], probes: Sequence[Any], keep: Sequence[int]) -> None:
         self._items, self._probes = items, probes
         # A range or Kept stays as it is (nothing per item); else one 8-byte position each.
-        self._keep: Any = (
-            keep if isinstance(keep, (range, Kept)) else np.asarray(keep, dtype=np.int64).reshape(-1)
-        )
+        self._keep: Any = keep if isinstance(keep, (range, Kept)) else np.asarray(keep, dtype=np.int64).reshape(-1)
 
     def __len__(self) -> int:
         return len(self._keep)

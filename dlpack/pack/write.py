@@ -510,6 +510,11 @@ def _landed(
 #: Samples of a ragged per-sample array (``source``, ``boxes``) handed to the writer at once.
 RAGGED_PART = 65536
 
+#: About the bytes of a shard of the per-sample arrays the commit writes (``labels``,
+#: ``transform``, ``source`` ...): the commit holds at most a shard of one of them at a time, so
+#: 4 MiB (131,072 SHA-256 digests) rather than the images' 32 MiB keeps it small at any count.
+METADATA_SHARD_BYTES = 4 << 20
+
 
 def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
     """Write the per-sample arrays, then the manifest: the partial store is complete after this."""
@@ -523,7 +528,7 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
         if partial.journal is not None:
             partial.journal.mark_commit()
         for spec, values in arrays.values():
-            writer.create_array(spec, manifest.count)
+            writer.create_array(spec, manifest.count, shard_bytes=min(writer.shard_bytes, METADATA_SHARD_BYTES))
             # A ragged array in parts: the writer holds one object per sample of a part until it is written.
             # A spilled column (columns.py, dlpack._spill) in whole shards of its stored array: the rows
             # of one shard in memory at a time (at most --shard-bytes), each written once, as from one array.
