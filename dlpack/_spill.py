@@ -24,11 +24,12 @@ import numpy as np
 
 from .errors import StoreError
 
-__all__ = ["Column", "PART", "SPILL_BYTES", "spilling_to"]
+__all__ = ["Column", "PART", "SPILL_BYTES", "spilling_to", "give_back_freed"]
 
-#: A column's bytes kept in memory before it moves to a file: 4 MiB (a build of 60,000 images
-#: keeps its paths in memory; a build of a million spills every column).
-SPILL_BYTES = 4 << 20
+#: A column's bytes kept in memory before it moves to a file: 1 MiB (a build of 40,000 images
+#: keeps its paths in memory; a build of 300,000 spills every column), so the columns of a build
+#: hold a few MiB in memory whatever its count.
+SPILL_BYTES = 1 << 20
 
 #: Rows read back from a file at once (and the rows a reader's cache holds): 65,536 rows of the
 #: widest column (two 8-byte integers) are 1 MiB.
@@ -67,13 +68,14 @@ class Column:
 
     __slots__ = ("dtype", "row", "_n", "_parts", "_file", "_where", "_part", "_part_at")
 
-    def __init__(self, dtype: Any, row: tuple[int, ...] = ()) -> None:
+    def __init__(self, dtype: Any, row: tuple[int, ...] = (), *, spill: bool = False) -> None:
         self.dtype = np.dtype(dtype)
         self.row = tuple(row)
         self._n = 0
         self._parts: list[np.ndarray] = []
-        self._file: BinaryIO | None = None
         self._where = _where.get()
+        #: ``spill``: in a file from the first row (a column known to be large)
+        self._file: BinaryIO | None = _anonymous_file(self._where) if spill else None
         #: the part of rows last read (its first row in ``_part_at``), for :meth:`at`
         self._part: np.ndarray | None = None
         self._part_at = -1
@@ -205,3 +207,18 @@ class Column:
     def __reduce__(self) -> tuple[Any, ...]:
         # A spilled column travels as its rows (its file is this process's).
         return (Column.of, (np.asarray(self), self.dtype.str, self.row))
+
+
+def give_back_freed() -> None:
+    """Return the memory a stage freed to the system, where the C library keeps it for reuse.
+
+    glibc keeps freed heap memory in the process: a scan of a million paths leaves about 20 MiB
+    of it, which the build's later stages (whose large blocks are mapped, not taken from the heap)
+    never reuse, so it stayed in the peak. ``malloc_trim`` hands it back; elsewhere this does nothing.
+    """
+    from ._maps import libc
+
+    lib = libc()
+    trim = getattr(lib, "malloc_trim", None) if lib is not None else None
+    if trim is not None:
+        trim(0)

@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import _parallel
 from .._lock import BuildLock, journal_path, partial_path
-from .._spill import spilling_to
+from .._spill import give_back_freed, spilling_to
 from ..backends import Backend, backend_for_path, remove_store
 from ..errors import DlpackError, OptionError, SourceError, StoreExistsError
 from ..options import BuildOptions, with_keywords
@@ -262,7 +262,9 @@ def build(
             _parallel.warm_pool(opts.n_jobs, preload)
         if opts.split:
             scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
+        give_back_freed()  # what the scan's sort freed, before the stages that hold large blocks
         probes = probe_stage(root, scan.items, opts)
+        give_back_freed()
         plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(root))
         variants = _variant_config(opts, plan, scan)
         if published is not None:

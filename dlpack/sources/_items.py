@@ -25,12 +25,12 @@ __all__ = ["ItemTable", "Paths", "SourceColumn"]
 
 class Paths(Sequence[str]):
     """Relative paths in order, as one blob of their UTF-8 bytes and each one's end offset, read
-    back a part of :data:`~dlpack._spill.PART` paths at a time."""
+    back a part of :data:`~dlpack._spill.PART` paths at a time (``spill``: in files from the start)."""
 
     __slots__ = ("_blob", "_ends", "_cache")
 
-    def __init__(self, rels: Iterable[str]) -> None:
-        self._blob, self._ends = Column(np.uint8), Column(np.int64)
+    def __init__(self, rels: Iterable[str], *, spill: bool = False) -> None:
+        self._blob, self._ends = Column(np.uint8, spill=spill), Column(np.int64, spill=spill)
         self._cache: tuple[int, int, np.ndarray, bytes] | None = None
         it = iter(rels)
         end = 0

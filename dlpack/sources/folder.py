@@ -488,7 +488,7 @@ class _Runs:
         self._open.append(rel)
         if len(self._open) >= RUN:
             self._open.sort()
-            self._runs.append(Paths(self._open))
+            self._runs.append(Paths(self._open, spill=True))  # runs exist only for large scans
             self._open = []
 
     def __len__(self) -> int:
