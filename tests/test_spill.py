@@ -216,3 +216,28 @@ def test_the_commit_writes_the_metadata_arrays_in_small_shards(tmp_path: Path, b
         assert [bytes(reader.read("source", k)).decode() for k in (0, 131_071, 131_072, n - 1)] == [
             f"{k:06d}.png" for k in (0, 131_071, 131_072, n - 1)
         ]
+
+
+def test_a_worker_block_travels_as_columns_and_lands_as_its_samples(tmp_path: Path) -> None:
+    from test_build_columns import _sample
+
+    from dlpack.pack.columns import SampleBlock, SampleTable
+
+    err = InputFileError("c.png", "damaged")
+    results = [_sample(0), _sample(1, labelled=True), err, _sample(3), _sample(4)]
+    packed = pickle.loads(pickle.dumps(SampleBlock(results)))  # as a worker sends it
+    assert len(packed) == 5 and packed.failed == {2: err}
+    assert list(packed.samples()) == [r for r in results if r is not err] and packed.results() == results
+    # Put at an offset into a table that already has other conversions: the codes are remapped.
+    by_columns, by_objects = SampleTable.spilled(9, tmp_path / "a"), SampleTable(9)
+    for table in (by_columns, by_objects):
+        table.put(0, [_sample(5), _sample(6)])
+    by_columns.put_table(3, packed.table)
+    assert by_objects.put_results(3, results) == {5: err}
+    assert not by_columns.complete
+    for k in (0, 1, 3, 4, 6, 7):
+        assert by_columns[k] == by_objects[k], k
+    with pytest.raises(IndexError, match="sample 5 was not written"):
+        by_columns[5]
+    assert by_columns.conversion_counts() == by_objects.conversion_counts()
+    by_columns.close()

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import _parallel
 from .._lock import journal_path, partial_path, records_path
+from .._parallel import Ticks
 from .._spill import Column
 from ..backends import ArraySpec, Backend, StoreWriter, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, StoreError
@@ -29,7 +30,7 @@ from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources._items import SourceColumn
 from ..sources.base import SourceScan
-from .columns import SampleTable, SpilledColumn, remove_records
+from .columns import SampleBlock, SampleTable, SpilledColumn, remove_records
 from .inputs import Probe, Selection, bad_inputs
 from .journal import Journal, JournalState, Restart, read_journal
 from .plan import BuildPlan, image_array, plan_stage
@@ -333,7 +334,7 @@ def write_images(
                 starts = []
             # Generators: a block's jobs are made when the pool takes its call, not all before the first.
             calls = (
-                delayed(write_block_worker)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
+                delayed(_write_block_packed)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
                 if in_workers
                 else delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
                 for j, s in enumerate(starts)
@@ -343,35 +344,41 @@ def write_images(
             landed = _parallel.parallel(opts.n_jobs, calls, len(starts))
             for slot, (s, out_) in enumerate(zip(starts, landed, strict=True)):
                 if in_workers:
-                    block, written = out_
+                    packed, written = out_
                     counts.add(written)
-                else:
-                    block = out_
+                    bad = bool(packed.failed)
+                    failed = failed or bad
+                    if journal is not None and not bad:
+                        journal.append_block(s, list(packed.samples()))
+                    if not failed and digest.on:
+                        # Read back while the workers decode the next blocks (it is in the page cache).
+                        digest.add(s, writer.read_written(images.name, s, s + len(packed)))
+                    table.put_table(s, packed.table)
+                    errors.update({s + k: e for k, e in packed.failed.items()})
+                    progress.finished(slot, len(packed))
+                    continue
+                block = out_
                 bad = any(isinstance(r, InputFileError) for r in block)
                 failed = failed or bad
-                if not in_workers:
-                    if not failed and fixed:
-                        arr = fixed_block(plan, len(block))
-                        masks = mask_block(plan, len(block))
-                        for k, r in enumerate(block):
-                            if isinstance(r, Sample) and r.pixels is not None:
-                                arr[k] = r.pixels
-                            if masks is not None and isinstance(r, Sample) and r.mask is not None:
-                                masks[k] = r.mask
-                        writer.write_block(images.name, s, arr)
-                        if masks is not None:
-                            writer.write_block("mask", s, masks)
-                        counts.add(block_counts(plan, arr))
-                    elif not failed:
-                        pixels = [r.pixels for r in block if isinstance(r, Sample) and r.pixels is not None]
-                        writer.write_block(images.name, appended, pixels)
-                        appended += len(pixels)
-                    block = [replace(r, pixels=None, mask=None) if isinstance(r, Sample) else r for r in block]
+                if not failed and fixed:
+                    arr = fixed_block(plan, len(block))
+                    masks = mask_block(plan, len(block))
+                    for k, r in enumerate(block):
+                        if isinstance(r, Sample) and r.pixels is not None:
+                            arr[k] = r.pixels
+                        if masks is not None and isinstance(r, Sample) and r.mask is not None:
+                            masks[k] = r.mask
+                    writer.write_block(images.name, s, arr)
+                    if masks is not None:
+                        writer.write_block("mask", s, masks)
+                    counts.add(block_counts(plan, arr))
+                elif not failed:
+                    pixels = [r.pixels for r in block if isinstance(r, Sample) and r.pixels is not None]
+                    writer.write_block(images.name, appended, pixels)
+                    appended += len(pixels)
+                block = [replace(r, pixels=None, mask=None) if isinstance(r, Sample) else r for r in block]
                 if journal is not None and not bad:
                     journal.append_block(s, [r for r in block if isinstance(r, Sample)])
-                if in_workers and not failed and digest.on:
-                    # Read back while the workers decode the next blocks (it is in the page cache).
-                    digest.add(s, writer.read_written(images.name, s, s + len(block)))
                 errors.update(table.put_results(s, block))
                 progress.finished(slot, len(block))
         if not failed:
@@ -389,6 +396,14 @@ def write_images(
             discard_partial(partial, out)
         return results, None, partial.note
     return table, partial, partial.note
+
+
+def _write_block_packed(
+    writer: StoreWriter, root: str, plan: BuildPlan, start: int, pairs: Sequence[Job], ticks: Ticks | None = None
+) -> tuple[SampleBlock, np.ndarray | None]:
+    """:func:`write_block_worker` in a worker, its results sent back as columns (a :class:`SampleBlock`)."""
+    results, counts = write_block_worker(writer, root, plan, start, pairs, ticks)
+    return SampleBlock(results), counts
 
 
 class _InOrderDigest:
