@@ -127,6 +127,12 @@ def test_the_scan_sorts_by_merging_runs(monkeypatch: pytest.MonkeyPatch) -> None
         runs.append(name)
     assert len(runs) == 200
     assert list(runs.merged()) == sorted(names)
+    monkeypatch.setattr(folder, "MAX_RUNS", 4)  # runs merged into one as they pass 4
+    runs = _Runs()
+    for name in names:
+        runs.append(name)
+    assert len(runs._runs) < 4 and len(runs) == 200
+    assert list(runs.merged()) == sorted(names)
 
 
 def test_a_spilled_build_is_byte_identical_to_the_object_build(

@@ -471,6 +471,9 @@ def _filled(n: int, value: int) -> Column:
 #: Paths a scan holds as strings before it sorts them into a run kept as bytes (see :class:`_Runs`).
 RUN = 1 << 17
 
+#: Runs kept apart at most (each holds two open files): more are merged into one as they come.
+MAX_RUNS = 64
+
 #: Paths read back from each run at once while the runs are merged.
 _MERGE_STEP = 4096
 
@@ -490,6 +493,8 @@ class _Runs:
             self._open.sort()
             self._runs.append(Paths(self._open, spill=True))  # runs exist only for large scans
             self._open = []
+            if len(self._runs) >= MAX_RUNS:  # one run of them all: a file each, read a step each at the end
+                self._runs = [Paths(heapq.merge(*(_read_run(r) for r in self._runs)), spill=True)]
 
     def __len__(self) -> int:
         return len(self._open) + sum(len(r) for r in self._runs)
