@@ -420,13 +420,17 @@ def rss_run(src: Path, out: Path, jobs: int, side: int) -> dict[str, Any]:
     cmd = [sys.executable, "-c", wrapper, sys.executable, "-m", "dlpack", "build", str(src / "data"), str(out)]
     cmd += ["--size", f"{side}x{side}", "--jobs", str(jobs), "--force-jobs", "--quiet", "--overwrite"]
     peak = [0]
+    per_second: dict[int, int] = {}  # the tree's largest RSS in each second of the build
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     done = threading.Event()
 
     def sample() -> None:
         while not done.wait(0.02):
-            peak[0] = max(peak[0], _tree_rss_kib(proc.pid))
+            now = _tree_rss_kib(proc.pid)
+            peak[0] = max(peak[0], now)
+            second = int(time.perf_counter() - t0)
+            per_second[second] = max(per_second.get(second, 0), now)
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()
@@ -439,8 +443,9 @@ def rss_run(src: Path, out: Path, jobs: int, side: int) -> dict[str, Any]:
     largest = int(stdout.strip().splitlines()[-1])
     store = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     _remove(out)
+    trace = [[t, round(kib / 1024)] for t, kib in sorted(per_second.items())]
     return {"seconds": wall, "max_process_rss_mib": largest / 1024, "peak_tree_rss_mib": peak[0] / 1024,
-            "store_bytes": store}  # fmt: skip
+            "store_bytes": store, "tree_rss_mib_per_second": trace}  # fmt: skip
 
 
 #: The build's per-image records alone, stage by stage, in a child process (``--rss-records``):
@@ -502,7 +507,9 @@ def records_run(src: Path, side: int) -> dict[str, Any]:
     return stages
 
 
-def rss_mode(counts: list[int], jobs: list[int], workdir: Path, side: int, records: bool = False) -> dict[str, Any]:
+def rss_mode(
+    counts: list[int], jobs: list[int], workdir: Path, side: int, records: bool = False, trace: bool = False
+) -> dict[str, Any]:
     """Peak build memory against the image count: tiny images, so what grows is per-image state."""
     rows: dict[str, Any] = {}
     for n in counts:
@@ -523,6 +530,8 @@ def rss_mode(counts: list[int], jobs: list[int], workdir: Path, side: int, recor
                 f"process tree {r['peak_tree_rss_mib']:6.0f} MiB, store {r['store_bytes'] / 2**20:6.1f} MiB",
                 file=sys.stderr,
             )
+            if trace:  # where in the build the peak is: the tree's largest RSS per second, MiB
+                print("    " + " ".join(f"{t}s:{mib}" for t, mib in r["tree_rss_mib_per_second"]), file=sys.stderr)
     return rows
 
 
@@ -574,6 +583,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--rss-side", type=int, default=16, help="side of the --rss images (default 16)")
     p.add_argument(
+        "--rss-trace",
+        action="store_true",
+        help="with --rss: print each build's process-tree RSS, the largest in each second (always in --json)",
+    )
+    p.add_argument(
         "--rss-records",
         action="store_true",
         help="with --rss: only the per-image records (scan, probe, plan, one sample per image, the manifest "
@@ -608,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rss is not None:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dlpack-bench-rss-"))
         try:
-            rows = rss_mode(args.rss, args.jobs, workdir, args.rss_side, args.rss_records)
+            rows = rss_mode(args.rss, args.jobs, workdir, args.rss_side, args.rss_records, args.rss_trace)
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 rss_doc: dict[str, Any] = {"benchmark": "build-rss", "command": " ".join(sys.argv), "machine": machine_info(workdir),
