@@ -126,11 +126,8 @@ class Column:
 
     def _write(self, data: np.ndarray) -> None:
         assert self._file is not None
-        view = data.data.cast("B")
         try:
-            while view:
-                done = self._file.write(view)
-                view = view[done:]
+            self._file.write(data.data.cast("B"))  # a buffered file writes it all or raises
             self._file.flush()
         except OSError as exc:
             where = self._where or tempfile.gettempdir()
@@ -152,11 +149,8 @@ class Column:
         size = self.row_nbytes
         want = (stop - start) * size
         data = os.pread(self._file.fileno(), want, start * size) if want else b""
-        while len(data) < want:  # a short read (rare on regular files): read on
-            more = os.pread(self._file.fileno(), want - len(data), start * size + len(data))
-            if not more:
-                raise StoreError(f"the build's per-image records end early ({len(data)} of {want} bytes)")
-            data += more
+        if len(data) != want:  # a regular file reads short only at its end
+            raise StoreError(f"the build's per-image records end early ({len(data)} of {want} bytes)")
         return np.frombuffer(bytearray(data), dtype=self.dtype).reshape(stop - start, *self.row)
 
     def __getitem__(self, k: slice) -> np.ndarray:
@@ -199,10 +193,6 @@ class Column:
         """Give the file back now (it goes by itself when the column is collected)."""
         if self._file is not None:
             self._file.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A spilled column travels as its rows (its file is this process's).

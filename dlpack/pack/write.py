@@ -28,7 +28,6 @@ from ..backends import ArraySpec, Backend, StoreWriter, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
-from ..sources._items import SourceColumn
 from ..sources.base import SourceScan
 from .columns import SampleBlock, SampleTable, SpilledColumn, remove_records
 from .inputs import Probe, Selection, bad_inputs
@@ -556,7 +555,7 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
             for start in range(0, len(values), step):
                 writer.write_block(spec.name, start, values[start : start + step])
             if not len(values):
-                writer.write_block(spec.name, 0, values[0:0] if isinstance(values, (Column, SourceColumn)) else values)
+                writer.write_block(spec.name, 0, values[0:0])  # an empty slice of whatever holds the values
         # The written pixels' statistics (pack/stats.py), from the counts taken as the blocks were written.
         writer.commit(with_pixel_stats(manifest, writer, partial.pixel_counts))
     except BaseException as exc:
