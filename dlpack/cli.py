@@ -28,7 +28,6 @@ import types
 import typing
 import warnings
 from collections.abc import Callable, Collection, Sequence
-from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from . import __version__
@@ -282,12 +281,14 @@ def _add_json_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--json-file", metavar="FILE", help="also write that JSON document to FILE")
 
 
-def _check_json_file(a: argparse.Namespace) -> None:
-    """Fail before the work, not after: FILE's folder must exist."""
-    if a.json_file is not None:
-        parent = Path(a.json_file).resolve().parent
-        if not parent.is_dir():
-            raise OptionError(f"cannot write {a.json_file!r}: the folder {str(parent)!r} does not exist")
+def _check_json_file(
+    a: argparse.Namespace, *reads: tuple[str, str | None], outputs: Sequence[tuple[str, str | None]] = ()
+) -> None:
+    """Fail before the work, not after: FILE's folder must exist, and FILE (like the command's other
+    ``outputs``) must not be, nor lie inside, any of ``reads``, the paths the command reads or writes whole."""
+    from ._output import check_outputs
+
+    check_outputs([("--json-file", a.json_file), *outputs], reads, made_folders=[what for what, _ in outputs])
 
 
 def _jsonable(x: Any) -> Any:
@@ -311,7 +312,9 @@ def _emit_json(a: argparse.Namespace, doc: Any | str) -> None:
     text = _SURROGATE.sub(lambda m: _escape(m.group()), text)
     text = text.rstrip("\n") + "\n"
     if a.json_file is not None:
-        Path(a.json_file).write_text(text, encoding="utf-8")
+        from ._output import write_atomic
+
+        write_atomic(a.json_file, text)
     if a.json:
         _write(text)
         a.json_printed = True  # a failure after this prints no second document
@@ -342,7 +345,7 @@ def _run_build(a: argparse.Namespace) -> int:
     from .pack import build
 
     opts = options_from_args(BuildOptions, a)
-    _check_json_file(a)
+    _check_json_file(a, ("SRC", a.src), ("OUT", a.out))
     try:
         result = build(a.src, a.out, opts)
     except (StoreExistsError, OptionError) as exc:
@@ -416,7 +419,7 @@ def _run_augment(a: argparse.Namespace) -> int:
     if not getattr(a, "augment", 0):
         raise OptionError("dlpack augment needs --augment K (variants per image, K >= 1) and --augment-config FILE")
     opts = options_from_args(BuildOptions, a)
-    _check_json_file(a)
+    _check_json_file(a, ("the store", a.store))
     try:
         result = augment(
             a.store,
@@ -451,7 +454,7 @@ def _run_info(a: argparse.Namespace) -> int:
 
     from . import dataset
 
-    _check_json_file(a)
+    _check_json_file(a, ("the store", a.store))
     opened = dataset.open(a.store)
     if not isinstance(opened, dataset.Dataset):
         opened.close()
@@ -554,7 +557,7 @@ def _run_bench(a: argparse.Namespace) -> int:
                 f"bench target {t!r} does not exist; --json prints the JSON on stdout and takes no file name, "
                 "write a file with --json-file FILE"
             )
-    check_outputs(a.json_file, a.plot)
+    check_outputs(a.json_file, a.plot, a.targets)
     report = run_bench(a.targets, opts)
     if a.json or a.json_file is not None:
         _emit_json(a, report.to_json())
@@ -576,7 +579,7 @@ def _run_verify(a: argparse.Namespace) -> int:
     from .dataset import verify_store
     from .errors import StoreError
 
-    _check_json_file(a)
+    _check_json_file(a, ("the store", a.store))
     report = verify_store(a.store)
     if a.json or a.json_file is not None:
         # One document whatever was found, so a script tells "damaged" (ok false, exit 4) from a crash.
@@ -606,21 +609,22 @@ def _run_verify(a: argparse.Namespace) -> int:
 
 def _is_damaged_store(store: str) -> bool:
     """Whether a store that does not open is a damaged dlpack store (exit 4), not a usage error (2):
-    it carries dlpack's marker (a complete store, or one a failed build left) and is not merely
-    written in a newer format. A missing path, or one that is not a dlpack store, is neither."""
+    it carries dlpack's marker (a complete store, or one a failed build left), or its backend names it
+    damaged (an HDF5 store cut short), and is not merely written in a newer format. A missing path,
+    or one that is not a dlpack store, is neither."""
     from .backends import open_reader, owned_store
     from .errors import FormatVersionError
 
-    if owned_store(store) is None:
-        return False
     try:
         with open_reader(store) as reader:
             len(reader)
+    except StoreDamagedError:
+        return True  # damage the backend recognises in a file that still starts as dlpack's (cut short)
     except FormatVersionError:
         return False
     except DlpackError:
         pass
-    return True
+    return owned_store(store) is not None
 
 
 def _add_export(sub: Any) -> None:
@@ -651,7 +655,7 @@ def _add_export(sub: Any) -> None:
 def _run_export(a: argparse.Namespace) -> int:
     from .exports import export
 
-    _check_json_file(a)
+    _check_json_file(a, ("the store", a.store), ("OUT", a.out))
     result = export(a.store, a.to, a.out, overwrite=a.overwrite, include_variants=a.include_variants)
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
@@ -681,7 +685,7 @@ def _add_preview(sub: Any) -> None:
 def _run_preview(a: argparse.Namespace) -> int:
     from .variants.preview import preview
 
-    _check_json_file(a)
+    _check_json_file(a, ("the store", a.store), outputs=[("OUT", a.out)])
     result = preview(a.store, a.out, count=a.count, seed=a.seed, tile=a.tile, max_variants=a.max_variants)
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
@@ -750,7 +754,7 @@ def _add_tune(sub: Any) -> None:
 def _run_tune(a: argparse.Namespace) -> int:
     from .tuning import tune
 
-    _check_json_file(a)
+    _check_json_file(a, ("the store", a.store), ("--source", a.source))
     result = tune(
         a.store,
         a.step_ms,

@@ -153,4 +153,10 @@ def plot_report(report: BenchReport, path: Path) -> None:
         f"dlpack bench: batch {o.batch_size}, {o.workers} workers, prefetch {o.prefetch}{loaded}\n{report.machine_line()}",
         fontsize=10,
     )
-    fig.savefig(path, dpi=120)
+    import io
+
+    from .._output import write_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    write_atomic(path, buf.getvalue())  # a reader never sees half a chart

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import OptionError
 from .machine import mount_of
 from .options import BenchOptions
 from .results import WARM_MIN, BenchCell, format_ratio
@@ -22,14 +22,16 @@ SCHEMA = "dlpack-bench/1"
 
 
 def check_outputs(
-    json_path: str | os.PathLike[str] | None = None, plot_path: str | os.PathLike[str] | None = None
+    json_path: str | os.PathLike[str] | None = None,
+    plot_path: str | os.PathLike[str] | None = None,
+    targets: Sequence[str | os.PathLike[str]] = (),
 ) -> None:
-    """Fail before a long run, not after: the output folders exist and matplotlib is there for a plot."""
-    for p in (json_path, plot_path):
-        if p is not None:
-            parent = Path(p).resolve().parent
-            if not parent.is_dir():
-                raise OptionError(f"cannot write {os.fspath(p)!r}: the folder {str(parent)!r} does not exist")
+    """Fail before a long run, not after: the output folders exist, neither output is (or lies inside)
+    a target measured (a store, or a folder of images whose next run would read a report there as
+    input), and matplotlib is there for a plot."""
+    from .._output import check_outputs as check
+
+    check([("--json-file", json_path), ("--plot", plot_path)], [("the bench target", t) for t in targets])
     if plot_path is not None:
         from .plot import require_matplotlib
 
@@ -104,7 +106,9 @@ class BenchReport:
         return json.dumps(_finite(self.to_dict()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
-        Path(path).write_text(self.to_json(), encoding="utf-8")
+        from .._output import write_atomic
+
+        write_atomic(path, self.to_json())
 
     def machine_line(self) -> str:
         m = self.machine

@@ -24,6 +24,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from .._output import check_outputs, write_atomic
 from ..errors import OptionError, StoreError
 
 __all__ = ["preview", "PreviewResult", "describe_record", "render_tile", "MARGIN", "HEADER", "CAPTION"]
@@ -282,9 +283,7 @@ def preview(
     path = Path(out)
     if path.suffix.lower() != ".png":
         raise OptionError(f"the preview is a PNG: give OUT a .png name, got {path}")
-    real_store, real_out = Path(os.path.realpath(store)), Path(os.path.realpath(path))
-    if real_store == real_out or real_store in real_out.parents:
-        raise OptionError(f"the preview {path} would be written inside the store {store}; choose a path outside it")
+    check_outputs([("the preview", path)], [("the store", store)], made_folders={"the preview"})
     with Dataset(store) as ds:
         k = min(ds.variants, max_variants)
         picks = np.sort(np.random.default_rng(seed).choice(len(ds), size=min(count, len(ds)), replace=False))
@@ -310,10 +309,5 @@ def preview(
     if not ok:
         raise StoreError(f"cannot encode the preview {path} as PNG")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_bytes(buf.tobytes())
-        os.replace(partial, path)  # a reader never sees half a PNG
-    finally:
-        partial.unlink(missing_ok=True)
+    write_atomic(path, buf.tobytes())  # a reader never sees half a PNG
     return PreviewResult(out=str(path), store=str(store), samples=tuple(picks.tolist()), variants=k)
