@@ -5,6 +5,7 @@ names every damaged array."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,30 @@ def test_verify_of_a_store_with_flipped_bits_exits_0_2_or_4_never_3(
         assert doc["ok"] is (code == 0) and "internal error" not in err
         codes.append(code)
     assert 4 in codes  # the flips did damage something
+
+
+@pytest.mark.parametrize("cut", ["one byte", "to 30%", "the last 16 bytes"])
+def test_a_dlpack_hdf5_store_cut_short_is_damage_exit_4(
+    cut: str, tmp_path: Path, make_tree: Callable[..., Path], capsys: Capsys
+) -> None:
+    """A copy cut short (a full disk, an interrupted transfer) is damage, not "not a store"."""
+    store = tmp_path / "cut.h5"
+    dlpack.build(make_tree(TREE), store, quiet=True, jobs=1)
+    size = store.stat().st_size
+    os.truncate(store, {"one byte": size - 1, "to 30%": size * 3 // 10, "the last 16 bytes": size - 16}[cut])
+    code, doc, err = verify_json(store, capsys)
+    assert (code, doc["ok"], doc["count"]) == (4, False, None), err
+    assert str(store) in err and "cut short" in err and str(size) in err
+    with pytest.raises(dlpack.StoreDamagedError, match="cut short"):
+        dlpack.open(store)
+
+
+def test_a_cut_hdf5_file_that_is_not_dlpacks_is_exit_2(tmp_path: Path, capsys: Capsys) -> None:
+    plain = tmp_path / "plain.h5"
+    with h5py.File(plain, "w") as f:
+        f.attrs["format"] = "someone else's"
+        f["x"] = np.arange(4096, dtype=np.float64)
+    os.truncate(plain, plain.stat().st_size - 1)
+    code, doc, err = verify_json(plain, capsys)
+    assert (code, doc["ok"]) == (2, False), err
+    assert str(plain) in err and "not a readable HDF5 file" in err

@@ -24,6 +24,7 @@ from ..errors import (
     DlpackError,
     IncompleteStoreError,
     MissingExtraError,
+    StoreDamagedError,
     StoreError,
     StoreExistsError,
     StoreNotFoundError,
@@ -135,6 +136,50 @@ def _damage(path: Path, what: str) -> Iterator[None]:
         raise StoreError(
             f"{path}: {what} cannot be read, the file is damaged ({type(exc).__name__}: {exc}); rebuild it"
         ) from exc
+
+
+#: dlpack's root attribute, as its name is stored in the root group's header near the file's start.
+_MARKER_NAME = b"dlpack_format"
+#: How much of the file's start is searched for it when HDF5 cannot open the file.
+_HEAD_BYTES = 1 << 16
+
+
+def _stored_eof(head: bytes) -> int | None:
+    """The file size the HDF5 superblock at the start of ``head`` records, or None where it cannot be read."""
+    if not head.startswith(_SIGNATURE) or len(head) < 16:
+        return None
+    version = head[8]
+    if version in (0, 1):
+        size, at = head[13], 24 + 4 * version  # version 1 adds indexed-storage K and 2 reserved bytes
+        base, eof = at, at + 2 * size
+    elif version in (2, 3):
+        size = head[9]
+        base, eof = 12, 12 + 2 * size
+    else:
+        return None
+    if size not in (2, 4, 8) or len(head) < eof + size:
+        return None
+    return int.from_bytes(head[base : base + size], "little") + int.from_bytes(head[eof : eof + size], "little")
+
+
+def _damaged_own(path: Path, fd: int, exc: Exception) -> StoreDamagedError | None:
+    """The error for a file HDF5 cannot open that still starts as a dlpack store (the HDF5 signature,
+    dlpack's root attribute in its header): damage, most often a copy cut short, not a foreign file."""
+    try:
+        head = os.pread(fd, _HEAD_BYTES, 0)
+        size = os.fstat(fd).st_size
+    except OSError:
+        return None
+    if not head.startswith(_SIGNATURE) or _MARKER_NAME not in head:
+        return None
+    eof = _stored_eof(head)
+    if eof is not None and eof > size:
+        what = (
+            f"it is cut short: {size} bytes of the {eof} its HDF5 superblock records (a copy or transfer interrupted?)"
+        )
+    else:
+        what = f"HDF5 cannot open it ({exc})"
+    return StoreDamagedError(f"{path} is a damaged dlpack HDF5 store: {what}; copy it again or rebuild it")
 
 
 def _has_marker(path: Path) -> bool:
@@ -474,12 +519,15 @@ class Hdf5Reader(StoreReader):
                 raise StoreError(f"{self.path} is not a readable HDF5 file: {exc}") from exc
             try:
                 checked = os.fstat(fd)
+                try:
+                    f = h5py.File(self.path, "r")
+                except Exception as exc:  # OSError mostly; other types on some damaged superblocks
+                    raise (
+                        _damaged_own(self.path, fd, exc)
+                        or StoreError(f"{self.path} is not a readable HDF5 file: {exc}")
+                    ) from exc
             finally:
                 os.close(fd)
-            try:
-                f = h5py.File(self.path, "r")
-            except Exception as exc:  # OSError mostly; other types on some damaged superblocks
-                raise StoreError(f"{self.path} is not a readable HDF5 file: {exc}") from exc
             try:
                 with _damage(self.path, "the manifest"):
                     opened = os.fstat(f.id.get_vfd_handle())
