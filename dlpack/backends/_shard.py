@@ -176,6 +176,9 @@ class ShardedArray:
         self._key_tail: str = self._sep.join("0" for _ in self.shape[1:])
         # Filled as shards are mapped (a dict: its size follows the files found, not the metadata's claim).
         self._maps: dict[int, mmap.mmap | np.ndarray] = {}
+        #: Per mapped shard: (device, inode, size) of the file mapped, to tell when it shrinks under the map.
+        self._mapped: dict[int, tuple[int, int, int]] = {}
+        self._shrunk: StoreError | None = None
         self._index: np.ndarray | None = None  # [n_chunks, 2] uint64: (offset, nbytes) within its shard
         self._views: list[np.ndarray | None] | None = None
 
@@ -235,6 +238,8 @@ class ShardedArray:
                 if fd is not None:
                     os.close(fd)
                 raise StoreError(f"shard {self.shard_file(s)} changed while the store was being opened; open it again")
+            st = os.fstat(fd)
+            self._mapped[s] = (st.st_dev, st.st_ino, sizes[s])
             return fd
 
         # Each shard starts a whole number of rows after the first, so that one take gathers whole
@@ -258,6 +263,40 @@ class ShardedArray:
                 raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
             finally:
                 os.close(fd)
+
+    def check_shards(self, shards: Any) -> None:
+        """Refuse to read shards whose file shrank under its map (rewritten in place by another program).
+
+        A page of a map beyond the file's current end is not data: touching it kills the process
+        with SIGBUS, which Python cannot catch. So before rows are copied out of the maps, each
+        shard they lie in is looked at (a ``stat``, about a microsecond): the same file (inode), now
+        shorter than mapped, is a :class:`StoreError` naming it, now and for every read after. A file
+        renamed over the shard's name is another file: the map still holds the old one, whole.
+        """
+        if self._shrunk is not None:
+            raise self._shrunk
+        for s in shards:
+            mapped = self._mapped.get(s)
+            if mapped is None:
+                continue
+            try:
+                st = os.stat(self.shard_file(s))
+            except OSError:
+                continue  # moved away or removed: the map keeps the file it was made of
+            if (st.st_dev, st.st_ino) == mapped[:2] and st.st_size < mapped[2]:
+                self._shrunk = StoreError(
+                    f"shard {self.shard_file(s)} shrank from {mapped[2]} to {st.st_size} bytes while the store "
+                    "was open (another program rewrote it in place); reading it would crash the process; "
+                    "open the store again once it is complete, or rebuild it"
+                )
+                raise self._shrunk
+
+    def check_rows(self, idx: np.ndarray) -> None:
+        """:meth:`check_shards` for the shards that rows ``idx`` (int64) lie in."""
+        if self.n_shards <= 1:
+            self.check_shards(self._mapped)
+        elif len(idx):
+            self.check_shards(np.unique(idx // self.shard_rows).tolist())
 
     def map_all(self) -> None:
         """Map every shard now (through the folder handle), then let the handle go: what this array
@@ -375,6 +414,8 @@ class ShardedArray:
                 f"rows {start}:{stop} are outside {self.path} of {self.shape[0]} rows; the store is damaged"
             )
         views, rps = self.shard_views(), self.shard_rows
+        if stop > start:
+            self.check_shards(range(start // rps, (stop - 1) // rps + 1))
         if self.decoder is not None and stop > start:  # bound the allocation by what the chunks can hold
             self._check_ratio(self.index[start // self.chunk_len : -(-stop // self.chunk_len), 1])
         out = np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
@@ -399,6 +440,7 @@ class ShardedArray:
         """Gather rows ``positions`` into ``out[:len(positions)]`` (with ``rows``: row ``positions[k]``
         into ``out[rows[k]]``); rows must exist (caller-checked)."""
         views, rps = self.shard_views(), self.shard_rows
+        self.check_rows(np.asarray(positions, dtype=np.int64))
         dest = range(len(positions)) if rows is None else rows
         # Sorted reads are sequential within shards when the page cache is cold, and cost nothing warm.
         for k in sorted(range(len(positions)), key=positions.__getitem__):
@@ -429,6 +471,7 @@ class ShardedArray:
                 except BufferError:
                     pass  # a caller still holds a view; the map goes when it does
         self._maps = {}
+        self._mapped = {}
         self._index = None
 
     def warm(self) -> None:

@@ -26,7 +26,7 @@ import shutil
 import threading
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, cast
@@ -209,6 +209,10 @@ class RowSpan:
             at = (at[:, None] + self._pieces).reshape(-1)
         np.take(self._units, at, axis=0, out=into, mode="clip")
         return True
+
+
+def _no_check(idx: np.ndarray) -> None:
+    """For arrays not read from maps: nothing can shrink under them."""
 
 
 def gather_rows(
@@ -573,6 +577,7 @@ class StoreReader(ABC):
         if rows is None:
             views = self._row_source(name)  # raw in-memory rows (uncompressed shards, a mapped dataset)
             if views is not None:
+                self._map_check(name)(picked)
                 return gather_rows(views[0], views[1], picked, out, self._row_span(name))
         positions = picked.tolist()
         return self._stored(name).read_into(positions, out, None if rows is None else list(rows))
@@ -595,7 +600,9 @@ class StoreReader(ABC):
             else:
                 views = self._row_source(name)
                 plan = (
-                    ("views", (views[0], self._row_span(name)), views[1]) if views is not None else ("access", None, 0)
+                    ("views", (views[0], self._row_span(name), self._map_check(name)), views[1])
+                    if views is not None
+                    else ("access", None, 0)
                 )
             self._gathers[name] = plan
         kind, data, per = plan
@@ -604,6 +611,7 @@ class StoreReader(ABC):
             np.take(data, idx, axis=0, out=out[: len(idx)], mode="clip")
             return out
         if kind == "views":
+            data[2](idx)  # the maps' files have not shrunk under them (a SIGBUS otherwise)
             return gather_rows(data[0], per, idx, out, data[1])
         return self.read_into(name, idx, out)
 
@@ -639,6 +647,8 @@ class StoreReader(ABC):
                 self.read_into(names[u], idx[rows], out, rows=rows.tolist())
             return out
         flat, first, per = plan
+        for u in np.flatnonzero(np.bincount(src, minlength=len(names))).tolist():
+            self._map_check(names[u])(idx[src == u])
         step = per[src]
         at, within = (first[src] + idx // step).tolist(), (idx % step).tolist()
         for k in np.argsort(src * (len(self) + 1) + idx, kind="stable").tolist():
@@ -673,6 +683,11 @@ class StoreReader(ABC):
             src = getattr(acc, "row_source", lambda: None)()
             got = self._row_sources[name] = (acc, src, None if src is None else RowSpan.of(*src))
         return got[1]
+
+    def _map_check(self, name: str) -> Callable[[np.ndarray], None]:
+        """The stored array's ``check_rows(idx)``: before rows are copied out of its maps, it raises a
+        StoreError where a file mapped shrank since (touching a page past its end is a SIGBUS)."""
+        return getattr(self._stored(name), "check_rows", _no_check)
 
     def _row_span(self, name: str) -> RowSpan | None:
         """The :class:`RowSpan` of the array's row source (None where it has none), kept with it."""
