@@ -8,12 +8,10 @@ costs one memory copy. The store stays standard: zarr-python and tensorstore rea
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import mmap
 import os
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -144,17 +142,6 @@ def _decoder(codecs: list[dict[str, Any]], where: Path) -> Any:
     raise StoreError(f"{where}: unsupported codec {name!r}; rebuild the store with compression none, lz4 or zstd")
 
 
-def _close_fds(fds: dict[int, int]) -> None:
-    for fd in fds.values():
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    fds.clear()
-
-
-#: Arrays of at most this many shards keep a descriptor of each (for a cheap size check per read).
-_KEEP_FDS = 64
-
-
 class ShardedArray:
     """Read-only view of one sharded Zarr v3 array whose chunk grid is sharded along axis 0 only.
 
@@ -192,9 +179,6 @@ class ShardedArray:
         #: Per mapped shard: (device, inode, size) of the file mapped, to tell when it shrinks under the map.
         self._mapped: dict[int, tuple[int, int, int]] = {}
         self._shrunk: StoreError | None = None
-        #: Per mapped shard, a descriptor of the file mapped (only for arrays of few shards: descriptors are limited).
-        self._fds: dict[int, int] = {}
-        weakref.finalize(self, _close_fds, self._fds)  # also when the array is dropped unclosed
         self._index: np.ndarray | None = None  # [n_chunks, 2] uint64: (offset, nbytes) within its shard
         self._views: list[np.ndarray | None] | None = None
 
@@ -256,9 +240,6 @@ class ShardedArray:
                 raise StoreError(f"shard {self.shard_file(s)} changed while the store was being opened; open it again")
             st = os.fstat(fd)
             self._mapped[s] = (st.st_dev, st.st_ino, sizes[s])
-            if len(shards) <= _KEEP_FDS:  # an fstat costs less than a stat of the path, per read
-                with contextlib.suppress(OSError):
-                    self._fds[s] = os.dup(fd)
             return fd
 
         # Each shard starts a whole number of rows after the first, so that one take gathers whole
@@ -298,9 +279,8 @@ class ShardedArray:
             mapped = self._mapped.get(s)
             if mapped is None:
                 continue
-            fd = self._fds.get(s)
             try:
-                st = os.fstat(fd) if fd is not None else os.stat(self.shard_file(s))
+                st = os.stat(self.shard_file(s))
             except OSError:
                 continue  # moved away or removed: the map keeps the file it was made of
             if (st.st_dev, st.st_ino) == mapped[:2] and st.st_size < mapped[2]:
@@ -316,7 +296,7 @@ class ShardedArray:
         if self.n_shards <= 1:
             self.check_shards(self._mapped)
         elif len(idx):
-            self.check_shards(np.flatnonzero(np.bincount(idx // self.shard_rows, minlength=self.n_shards)).tolist())
+            self.check_shards(np.unique(idx // self.shard_rows).tolist())
 
     def map_all(self) -> None:
         """Map every shard now (through the folder handle), then let the handle go: what this array
@@ -492,7 +472,6 @@ class ShardedArray:
                     pass  # a caller still holds a view; the map goes when it does
         self._maps = {}
         self._mapped = {}
-        _close_fds(self._fds)
         self._index = None
 
     def warm(self) -> None:
