@@ -296,7 +296,7 @@ class ShardedArray:
         if self.n_shards <= 1:
             self.check_shards(self._mapped)
         elif len(idx):
-            self.check_shards(np.unique(idx // self.shard_rows).tolist())
+            self.check_shards(np.flatnonzero(np.bincount(idx // self.shard_rows, minlength=self.n_shards)).tolist())
 
     def map_all(self) -> None:
         """Map every shard now (through the folder handle), then let the handle go: what this array
