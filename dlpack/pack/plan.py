@@ -331,6 +331,13 @@ def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str, opts: B
     )
     defects = tuple(sorted({str(a["defect"]) for a in anns if a.get("defect") is not None}))
     dtype: str | None = None
+    if has_mask and scan.task == "segmentation" and 65535 in scan.class_ids:
+        # Label images are stored as they are: pixels of this class would read as the 16-bit pad value.
+        name = scan.classes[scan.class_ids.index(65535)] if len(scan.classes) == len(scan.class_ids) else "?"
+        raise SourceError(
+            f"class {name!r} has id 65535, the pad value of 16-bit masks: its pixels would read as padding; "
+            "give it an id from 0 to 65534 in the class list and its label images"
+        )
     if has_mask:
         wide = bool(scan.class_ids) and max(scan.class_ids) > 254
         if instance:
