@@ -1,0 +1,110 @@
+"""What dlpack says about label sources: box counts in ``info``, and messages that name the real problem.
+
+- ``info`` of a detection store counts boxes and images with boxes per class (its images carry no
+  class of their own, so image counts would all be 0);
+- ``--labels anomaly`` without any ``good``/``ok`` folder warns, naming the folders it saw;
+- label images that are not there (a masks folder of other files, a DLDataset whose segmentation
+  folder is empty) are named as missing, never as "0 sizes; pass --size";
+- COCO ``file_name``s relative to SRC's parent get the hint to pass that folder as SRC.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from dlpack.cli import main
+
+W, H = 24, 16
+
+
+def _png(path: Path, seed: int = 0, shape: tuple[int, ...] = (H, W, 3)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(path), np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main([*argv])
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+# ----------------------------------------------------------------------------- info of a detection store
+
+# Per image, the category of each box: "tree" (id 5) and "stump" (id 9); "c" has none.
+BOXES = {"a.png": [5, 5, 5], "b.png": [5, 9], "c.png": [], "d.png": [9]}
+
+
+def _detection(tmp_path: Path) -> tuple[Path, Path]:
+    src = tmp_path / "src"
+    images, anns = [], []
+    for k, (name, cats) in enumerate(BOXES.items()):
+        _png(src / name, k)
+        images.append({"id": k + 1, "file_name": name, "width": W, "height": H})
+        for cat in cats:
+            anns.append({"id": len(anns) + 1, "image_id": k + 1, "category_id": cat, "bbox": [1, 1, 6, 5]})
+    doc = {"images": images, "annotations": anns, "categories": [{"id": 5, "name": "tree"}, {"id": 9, "name": "stump"}]}
+    ann = tmp_path / "ann.json"
+    ann.write_text(json.dumps(doc), encoding="utf-8")
+    return src, ann
+
+
+def test_info_counts_the_boxes_of_a_detection_store_per_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, ann = _detection(tmp_path)
+    out = tmp_path / "o.zarr"
+    assert main(["build", str(src), str(out), "--labels", f"coco:{ann}", "--jobs", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    code, doc, _ = _run(capsys, "info", str(out), "--json")
+    assert code == 0
+    boxes = json.loads(doc)["box_counts"]
+    assert boxes == {
+        "boxes": 6,
+        "boxes_per_class": {"tree": 4, "stump": 2},
+        "images_per_class": {"tree": 2, "stump": 2},
+        "images_without_boxes": 1,
+    }
+    code, text, _ = _run(capsys, "info", str(out))
+    assert code == 0
+    lines = {line.split("  ")[0]: line for line in text.splitlines()}
+    assert "6 box(es), 1 image(s) without boxes" in lines["boxes"]
+    assert "tree 4 in 2 image(s), stump 2 in 2 image(s)" in lines["per class"]
+    assert "tree 0" not in text and "unlabelled" not in text
+
+
+def test_info_counts_boxes_per_split(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, ann = _detection(tmp_path)
+    out = tmp_path / "o.zarr"
+    argv = ["build", str(src), str(out), "--labels", f"coco:{ann}", "--split", "50,50", "--jobs", "1", "--quiet"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    info = json.loads(_run(capsys, "info", str(out), "--json")[1])
+    splits = info["box_counts"]["splits"]
+    assert set(splits) == set(info["splits"])
+    # The splits share out the store's boxes and images exactly.
+    assert sum(s["boxes"] for s in splits.values()) == 6
+    for c in ("tree", "stump"):
+        assert sum(s["boxes_per_class"][c] for s in splits.values()) == info["box_counts"]["boxes_per_class"][c]
+    assert sum(s["images_without_boxes"] for s in splits.values()) == 1
+    text = _run(capsys, "info", str(out))[1]
+    for name, s in splits.items():
+        assert f"  {name}" in text and f"{s['boxes']} box(es)" in text
+
+
+def test_info_of_a_classification_store_still_counts_images_per_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for k in range(3):
+        _png(tmp_path / "src" / ("cat" if k else "dog") / f"{k}.png", k)
+    out = tmp_path / "o.zarr"
+    assert main(["build", str(tmp_path / "src"), str(out), "--jobs", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    info = json.loads(_run(capsys, "info", str(out), "--json")[1])
+    assert "box_counts" not in info and info["class_counts"] == {"cat": 2, "dog": 1}
+    assert "cat 2, dog 1" in _run(capsys, "info", str(out))[1]
