@@ -108,3 +108,23 @@ def test_info_of_a_classification_store_still_counts_images_per_class(
     info = json.loads(_run(capsys, "info", str(out), "--json")[1])
     assert "box_counts" not in info and info["class_counts"] == {"cat": 2, "dog": 1}
     assert "cat 2, dog 1" in _run(capsys, "info", str(out))[1]
+
+
+# ----------------------------------------------------------------------------- anomaly without ok images
+
+
+def test_anomaly_labels_without_a_good_or_ok_folder_are_refused_naming_the_folders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "cells"
+    for k, rel in enumerate(("train/mono/a.png", "train/poly/b.png", "train/poly/c.png", "test/mono/d.png")):
+        _png(src / rel, k)
+    out = tmp_path / "o.zarr"
+    code, _, err = _run(capsys, "build", str(src), str(out), "--labels", "anomaly", "--jobs", "1", "--quiet")
+    assert code == 2 and "Traceback" not in err
+    assert "no ok folder" in err and "good or ok" in err
+    assert "train/mono (1)" in err and "train/poly (2)" in err and "test/mono (1)" in err
+    assert not out.exists()
+    # The same tree with a folder of flawless images builds.
+    _png(src / "train" / "Good" / "e.png", 9)
+    assert main(["build", str(src), str(out), "--labels", "anomaly", "--jobs", "1", "--quiet"]) == 0
