@@ -128,3 +128,58 @@ def test_anomaly_labels_without_a_good_or_ok_folder_are_refused_naming_the_folde
     # The same tree with a folder of flawless images builds.
     _png(src / "train" / "Good" / "e.png", 9)
     assert main(["build", str(src), str(out), "--labels", "anomaly", "--jobs", "1", "--quiet"]) == 0
+
+
+# ----------------------------------------------------------------------------- label images not there
+
+
+def _seg_tree(tmp_path: Path) -> tuple[Path, Path]:
+    src, masks = tmp_path / "img", tmp_path / "lab"
+    for k, rel in enumerate(("x/one.png", "two.png")):
+        _png(src / rel, k)
+        _png(masks / rel, k, (H, W))
+    return src, masks
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_masks_folder_without_label_images_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], on_error: str
+) -> None:
+    src, _ = _seg_tree(tmp_path)
+    other = tmp_path / "voc"
+    other.mkdir()
+    (other / "one.xml").write_text("<annotation/>", encoding="utf-8")
+    out = tmp_path / "o.zarr"
+    argv = ["build", str(src), str(out), "--size", "16x16", "--jobs", "1", "--quiet", "--on-error", on_error]
+    code, _, err = _run(capsys, *argv, "--labels", f"masks:{other}")
+    assert code == 2 and "no image file at all" in err and "voc" in err and "Traceback" not in err
+    assert "sizes" not in err and "--size" not in err
+    # Label images at other paths than the images': the folder is named with what it holds.
+    flat = tmp_path / "flat"
+    _png(flat / "one.png", 0, (H, W))
+    code, _, err = _run(capsys, *argv, "--labels", f"masks:{flat}")
+    assert code == 2 and "none at an image's path: one.png" in err and "flat/two.png" in err
+    assert "sizes" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_segmentation_dldataset_without_its_label_images_lists_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], on_error: str
+) -> None:
+    src, masks = _seg_tree(tmp_path)
+    halcon = tmp_path / "halcon"
+    argv = ["build", str(src), str(halcon), "--labels", f"masks:{masks}", "--size", "16x16", "--format", "dldataset"]
+    assert main([*argv, "--jobs", "1", "--quiet"]) == 0
+    for f in (halcon / "segmentation").rglob("*.png"):
+        f.unlink()
+    capsys.readouterr()
+    out = tmp_path / "o.zarr"
+    code, _, err = _run(
+        capsys, "build", str(halcon), str(out), "--size", "16x16", "--jobs", "1", "--quiet", "--on-error", on_error
+    )
+    assert code == 2 and "Traceback" not in err
+    assert "no input could be packed: all 2 input file(s)" in err
+    assert err.count("does not exist") == 2 and "one.png" in err and "two.png" in err
+    assert "sizes" not in err
+    assert not out.exists()

@@ -21,7 +21,7 @@ from ..sources.base import SourceItem, SourceScan
 from ..sources.decode import TargetSpec
 from ..sources.probe import HEADER_BYTES, probe_header
 from ..transforms.functional import UpscaleError
-from .inputs import Probe, Selection
+from .inputs import Probe, Selection, bad_inputs
 
 #: Tasks whose label arrays the build writes beside the images (classification is the ``labels`` array alone).
 LABEL_TASKS = ("detection", "segmentation", "anomaly")
@@ -382,6 +382,9 @@ def plan_stage(
     Items the target would have to enlarge (without ``allow_upscale``) leave the selection as input
     errors. The same inputs always give the same plan.
     """
+    if not sel.keep and sel.errors:
+        # Nothing is left to plan for: the inputs' own errors say why, not the shape of an empty store.
+        raise bad_inputs(sel.errors, Path(root), nothing_left=True)
     # Counted and then read again header by header: a list of every header would be one object per image.
     channel_counts: Counter[int] = Counter()
     depth_counts: Counter[int] = Counter()
