@@ -488,7 +488,9 @@ def _run_info(a: argparse.Namespace) -> int:
         order = sorted(info["splits"], key=lambda n: (_SPLIT_ORDER.get(n, len(_SPLIT_ORDER)), n))
         counts.append(("splits", _counts({n: info["splits"][n]["count"] for n in order}, info["unsplit"], "no split")))
         if boxes is not None:
-            counts += [(f"  {n}", f"{_box_total(boxes['splits'][n])}; {_box_counts(boxes['splits'][n])}") for n in order]
+            counts += [
+                (f"  {n}", f"{_box_total(boxes['splits'][n])}; {_box_counts(boxes['splits'][n])}") for n in order
+            ]
         elif info["classes"]:
             counts += [(f"  {n}", _counts(info["splits"][n]["classes"])) for n in order]
     if info["class_ids"] != list(range(len(info["classes"]))):

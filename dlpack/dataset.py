@@ -571,7 +571,6 @@ class Dataset:
             | ({"stats": m.stats} if m.stats else {})
         )
 
-
     def _box_counts(self, codes: np.ndarray) -> dict[str, Any]:
         """Boxes and images with boxes per class, whole store and per split (a detection store's
         classes label its boxes, not its images: ``class_counts`` would count none of them)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
@@ -183,3 +182,54 @@ def test_a_segmentation_dldataset_without_its_label_images_lists_them(
     assert err.count("does not exist") == 2 and "one.png" in err and "two.png" in err
     assert "sizes" not in err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- file names relative to another folder
+
+
+def _named_tree(tmp_path: Path) -> Path:
+    """``tmp_path/set/pics/{p,q}.png`` with a COCO file and a CSV that name them ``pics/p.png``."""
+    top = tmp_path / "set"
+    for k, name in enumerate(("p.png", "q.png")):
+        _png(top / "pics" / name, k)
+    doc = {
+        "images": [{"id": k + 1, "file_name": f"pics/{n}.png", "width": W, "height": H} for k, n in enumerate("pq")],
+        "annotations": [],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    (tmp_path / "ann.json").write_text(json.dumps(doc), encoding="utf-8")
+    (tmp_path / "t.csv").write_text("path,label\npics/p.png,a\npics/q.png,b\n", encoding="utf-8")
+    return top
+
+
+@pytest.mark.parametrize("kind", ["coco:ann.json", "csv:t.csv"])
+def test_file_names_relative_to_a_parent_folder_get_the_folder_to_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    top = _named_tree(tmp_path)
+    name, file = kind.split(":")
+    labels = f"{name}:{tmp_path / file}"
+    out = tmp_path / "o.zarr"
+    # SRC one folder too deep: the names start with the folder SRC is.
+    code, _, err = _run(capsys, "build", str(top / "pics"), str(out), "--labels", labels, "--jobs", "1", "--quiet")
+    assert code == 2 and "Traceback" not in err
+    assert f"pass {str(top)!r} as SRC" in err and "fix or replace" not in err
+    # Then passing that folder builds.
+    assert main(["build", str(top), str(out), "--labels", labels, "--jobs", "1", "--quiet"]) == 0
+    # SRC one folder too high: the images are in a folder below it.
+    code, _, err = _run(
+        capsys, "build", str(tmp_path), str(tmp_path / "o2.zarr"), "--labels", labels, "--jobs", "1", "--quiet"
+    )
+    assert code == 2 and f"pass {str(top)!r} as SRC" in err and "fix or replace" not in err
+
+
+def test_a_file_missing_from_src_alone_is_still_named_per_image(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One image really missing: no folder holds both, so the per-image error stays and no SRC is suggested.
+    top = _named_tree(tmp_path)
+    (top / "pics" / "q.png").unlink()
+    code, _, err = _run(
+        capsys, "build", str(top), str(tmp_path / "o.zarr"), "--labels", f"csv:{tmp_path / 't.csv'}", "--jobs", "1"
+    )
+    assert code == 2 and "pics/q.png: line 3" in err and "file not found" in err and "as SRC" not in err

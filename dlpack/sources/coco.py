@@ -41,7 +41,7 @@ from typing import Any, TypeGuard
 from .._files import open_regular
 from .._names import shown
 from ..errors import InputFileError, SourceError
-from ._entries import file_problem, listing, load_json, relative_name
+from ._entries import check_root, file_problem, listing, load_json, relative_name
 from .base import SourceItem, SourceScan
 from .probe import HEADER_BYTES, probe_header
 
@@ -183,6 +183,7 @@ class CocoSource:
         items: list[SourceItem] = []
         errors: list[InputFileError] = []
         clipped: list[str] = []
+        missing: list[str] = []
         for image_id, entry in images:
             rel, reason = relative_name(entry["file_name"])
             if rel is None:
@@ -190,6 +191,8 @@ class CocoSource:
                 continue
             problem = file_problem(root, rel)
             if problem is not None:
+                if not os.path.lexists(os.path.join(os.fspath(root), rel)):
+                    missing.append(rel)
                 errors.append(InputFileError(rel, f"image id {image_id}: {problem}"))
                 continue
             w_given, h_given = entry.get("width"), entry.get("height")
@@ -256,6 +259,7 @@ class CocoSource:
             items.append(SourceItem(rel, None, ann_out))
         if not items and not errors:
             raise SourceError(f"COCO file {where!r} lists no images")
+        check_root(root, missing, len(images), f"COCO file {where!r}")
         notes: tuple[str, ...] = ()
         if clipped:
             notes = (
