@@ -480,12 +480,21 @@ def _run_info(a: argparse.Namespace) -> int:
         ("skipped", str(len(info["skipped"]))),
     ]
     counts: list[tuple[str, str]] = []
-    if info["class_counts"]:
+    boxes = info.get("box_counts")
+    if boxes is not None:  # a detection store's classes label its boxes: count those
+        counts.append(("boxes", _box_total(boxes)))
+        if info["classes"]:
+            counts.append(("per class", _box_counts(boxes)))
+    elif info["class_counts"]:
         counts.append(("per class", _counts(info["class_counts"], info["unlabelled"], "unlabelled")))
     if info["splits"]:
         order = sorted(info["splits"], key=lambda n: (_SPLIT_ORDER.get(n, len(_SPLIT_ORDER)), n))
         counts.append(("splits", _counts({n: info["splits"][n]["count"] for n in order}, info["unsplit"], "no split")))
-        if info["classes"]:
+        if boxes is not None:
+            counts += [
+                (f"  {n}", f"{_box_total(boxes['splits'][n])}; {_box_counts(boxes['splits'][n])}") for n in order
+            ]
+        elif info["classes"]:
             counts += [(f"  {n}", _counts(info["splits"][n]["classes"])) for n in order]
     if info["class_ids"] != list(range(len(info["classes"]))):
         rows.insert(4, ("class ids", ", ".join(map(str, info["class_ids"]))))
@@ -524,6 +533,17 @@ def _counts(counts: dict[str, int], rest: int = 0, rest_name: str = "") -> str:
     """``cat 40, dog 40`` (and ``, unlabelled 3`` when ``rest``)."""
     parts = [f"{shown(name)} {n}" for name, n in counts.items()]
     return ", ".join(parts + ([f"{rest_name} {rest}"] if rest else []))
+
+
+def _box_total(counts: dict[str, Any]) -> str:
+    """``951 box(es), 2 image(s) without boxes``."""
+    return f"{counts['boxes']} box(es), {counts['images_without_boxes']} image(s) without boxes"
+
+
+def _box_counts(counts: dict[str, Any]) -> str:
+    """``Tree 940 in 7 images, Dead 11 in 3 images``."""
+    images = counts["images_per_class"]
+    return ", ".join(f"{shown(c)} {n} in {images[c]} image(s)" for c, n in counts["boxes_per_class"].items())
 
 
 def _add_bench_flags(p: argparse.ArgumentParser) -> None:

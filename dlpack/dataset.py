@@ -564,11 +564,42 @@ class Dataset:
                 "task": m.resolved_task,
                 "class_ids": list(m.resolved_class_ids),
             }
+            | self._box_counts(codes)
             | ({"mask_ignore": m.mask_ignore} if m.mask_ignore is not None else {})
             | ({"defects": list(m.defects)} if m.defects else {})
             | ({"augment": _augment_info(m.augment)} if m.augment else {})
             | ({"stats": m.stats} if m.stats else {})
         )
+
+    def _box_counts(self, codes: np.ndarray) -> dict[str, Any]:
+        """Boxes and images with boxes per class, whole store and per split (a detection store's
+        classes label its boxes, not its images: ``class_counts`` would count none of them)."""
+        m = self.manifest
+        if "box_labels" not in m.arrays:
+            return {}
+        rows = np.asarray(self._reader._ragged_codes("box_labels"), dtype=np.int64).reshape(-1)
+        offsets = np.asarray(self._reader._ragged_offsets("box_labels"), dtype=np.int64)
+        per_row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))  # the sample of each box
+        k = len(m.classes)
+
+        def counts(samples: np.ndarray) -> dict[str, Any]:
+            chosen = samples[per_row]
+            boxes = np.bincount(rows[chosen], minlength=k)
+            # One (sample, class) pair per image that has at least one box of the class.
+            pairs = np.unique(per_row[chosen] * k + rows[chosen])
+            images = np.bincount(pairs % k, minlength=k) if k else pairs
+            with_boxes = len(np.unique(per_row[chosen]))
+            return {
+                "boxes": int(len(rows[chosen])),
+                "boxes_per_class": {c: int(n) for c, n in zip(m.classes, boxes, strict=False)},
+                "images_per_class": {c: int(n) for c, n in zip(m.classes, images, strict=False)},
+                "images_without_boxes": int(samples.sum()) - with_boxes,
+            }
+
+        out = counts(np.ones(len(offsets) - 1, dtype=bool))
+        if m.splits:
+            out["splits"] = {name: counts(codes == j) for j, name in enumerate(m.splits)}
+        return {"box_counts": out}
 
 
 def _augment_info(record: dict[str, Any]) -> dict[str, Any]:

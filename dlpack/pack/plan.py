@@ -21,7 +21,7 @@ from ..sources.base import SourceItem, SourceScan
 from ..sources.decode import TargetSpec
 from ..sources.probe import HEADER_BYTES, probe_header
 from ..transforms.functional import UpscaleError
-from .inputs import Probe, Selection
+from .inputs import Probe, Selection, bad_inputs
 
 #: Tasks whose label arrays the build writes beside the images (classification is the ``labels`` array alone).
 LABEL_TASKS = ("detection", "segmentation", "anomaly")
@@ -331,6 +331,13 @@ def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str, opts: B
     )
     defects = tuple(sorted({str(a["defect"]) for a in anns if a.get("defect") is not None}))
     dtype: str | None = None
+    if has_mask and scan.task == "segmentation" and 65535 in scan.class_ids:
+        # Label images are stored as they are: pixels of this class would read as the 16-bit pad value.
+        name = scan.classes[scan.class_ids.index(65535)] if len(scan.classes) == len(scan.class_ids) else "?"
+        raise SourceError(
+            f"class {name!r} has id 65535, the pad value of 16-bit masks: its pixels would read as padding; "
+            "give it an id from 0 to 65534 in the class list and its label images"
+        )
     if has_mask:
         wide = bool(scan.class_ids) and max(scan.class_ids) > 254
         if instance:
@@ -375,6 +382,9 @@ def plan_stage(
     Items the target would have to enlarge (without ``allow_upscale``) leave the selection as input
     errors. The same inputs always give the same plan.
     """
+    if not sel.keep and sel.errors:
+        # Nothing is left to plan for: the inputs' own errors say why, not the shape of an empty store.
+        raise bad_inputs(sel.errors, Path(root), nothing_left=True)
     # Counted and then read again header by header: a list of every header would be one object per image.
     channel_counts: Counter[int] = Counter()
     depth_counts: Counter[int] = Counter()

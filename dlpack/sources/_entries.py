@@ -19,7 +19,17 @@ from ..errors import SourceError
 from ..options import IMAGE_SUFFIXES
 from .base import SourceScan
 
-__all__ = ["relative_name", "file_problem", "read_text", "load_json", "label_files", "stem", "listing", "walk_images"]
+__all__ = [
+    "relative_name",
+    "file_problem",
+    "check_root",
+    "read_text",
+    "load_json",
+    "label_files",
+    "stem",
+    "listing",
+    "walk_images",
+]
 
 _MAX_LISTED = 5
 
@@ -126,6 +136,35 @@ def listing(paths: list[str]) -> str:
     """The first few paths and how many more."""
     head = ", ".join(shown(p) for p in paths[:_MAX_LISTED])
     return head + (f" and {len(paths) - _MAX_LISTED} more" if len(paths) > _MAX_LISTED else "")
+
+
+def check_root(root: Path, missing: list[str], named: int, what: str) -> None:
+    """Refuse ``root`` when none of the ``named`` files is in it but all are in one folder nearby.
+
+    File names relative to another folder than SRC (``images/x.png`` with SRC ``.../images``, or
+    ``x.png`` with SRC one folder above the images) make every image "not found": the fix is the
+    SRC folder, which one error says, instead of one error per image that asks to fix the files.
+    """
+    if not missing or len(missing) != named:
+        return
+    base = os.fspath(root)
+    # Named as the user named SRC (relative stays relative), one and two folders up, then one below.
+    up = os.path.normpath(os.path.join(base, os.pardir))
+    candidates = [up, os.path.normpath(os.path.join(up, os.pardir))]
+    try:
+        with os.scandir(base) as entries:
+            candidates += sorted(e.path for e in entries if e.is_dir() and not e.name.startswith("."))[:100]
+    except OSError:
+        pass
+    for alt in dict.fromkeys(candidates):
+        if all(os.path.isfile(os.path.join(alt, rel)) for rel in missing):
+            break
+    else:
+        return
+    raise SourceError(
+        f"{what} names {len(missing)} image(s), none of them in {shown(base)!r} (its file names are relative "
+        f"to SRC, the image folder), but all of them are in {shown(alt)!r}: pass {shown(alt)!r} as SRC"
+    )
 
 
 def _literal_pattern(rel: str) -> str:

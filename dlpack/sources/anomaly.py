@@ -9,6 +9,8 @@ The rules (also in docs/labels.md, "Anomaly folders"), those of HALCON's anomaly
   ``ok`` (any case) means ok (label ``"ok"``), any other name nok (``"nok"``); classes are
   ``("ok", "nok")`` with ids 0 and 1, and each item's ``defect`` is the folder's name.
 - An image directly in ``root`` (or in a split folder) has no defect folder: a SourceError names it.
+- A tree without any ok image (no ``good``/``ok`` folder) is a SourceError naming the folders it
+  holds: every image would be a defect, a tree of class folders read with the wrong kind.
 - Ground truth (optional, ``masks_dir``): for ``test/crack/000.png`` the first of
   ``masks_dir/test/crack/000.*``, ``masks_dir/test/crack/000_mask.*``, ``masks_dir/crack/000.*``,
   ``masks_dir/crack/000_mask.*`` that exists (MVTec AD's ``ground_truth/crack/000_mask.png`` is the
@@ -32,6 +34,19 @@ __all__ = ["AnomalyFolderSource", "OK_FOLDERS"]
 
 #: Defect folder names (compared in lower case) that hold the flawless images.
 OK_FOLDERS = frozenset({"good", "ok"})
+
+
+def _no_ok_folder(root: Path, seen: dict[str, int]) -> None:
+    """Refuse a tree without one ok folder: every image would be a defect, which is a tree of class
+    folders read with the wrong kind far more often than an anomaly set with nothing to learn ok from."""
+    names = sorted(seen)
+    folders = ", ".join(f"{shown(n)} ({seen[n]})" for n in names[:10])
+    more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+    raise SourceError(
+        f"--labels anomaly found no ok folder in {shown(os.fspath(root))!r}: every image would be a defect. "
+        f"Its defect folders are {folders}{more}; none is named good or ok (any case), the folder of the "
+        "flawless images. Rename that folder to good, or read class folders with --labels folders"
+    )
 
 
 @dataclass(frozen=True, init=False)
@@ -70,6 +85,7 @@ class AnomalyFolderSource:
         items: list[SourceItem] = []
         errors = list(walked.errors)
         used: set[str] = set()
+        folders: dict[str, int] = {}  # images per defect folder (under its split folder)
         for item in walked.items:
             parts = item.rel.split("/")
             inner = parts[1:] if item.split is not None else parts
@@ -77,6 +93,8 @@ class AnomalyFolderSource:
                 strays.append(item.rel)
                 continue
             defect = inner[0]
+            folder = f"{parts[0]}/{defect}" if item.split is not None else defect
+            folders[folder] = folders.get(folder, 0) + 1
             ann: dict[str, Any] = {"defect": defect}
             for key in (
                 stem(item.rel),
@@ -104,6 +122,8 @@ class AnomalyFolderSource:
                 "Anomaly labels come from the folder that holds each image (good or ok: ok, any other "
                 "name: a defect); move them into such a folder"
             )
+        if folders and not any(f.rsplit("/", 1)[-1].lower() in OK_FOLDERS for f in folders):
+            _no_ok_folder(self.root, folders)
         unused = sorted(r for rels in index.values() for r in rels if r not in used)
         notes: tuple[str, ...] = ()
         if unused and masks is not None:

@@ -10,7 +10,9 @@ The rules (also in docs/labels.md, "COCO"):
   the image (``width`` x ``height`` of the image entry) is clipped to it and counted in a note; a box
   of zero or negative size, or entirely outside the image, refuses its image.
 - Segmentations (polygons or RLE) are passed through, one per box (null where a box has none), when
-  any annotation has one: the build then writes a mask.
+  any annotation has one: the build then writes a mask. A class mask holds pixel = category id, so a
+  category with segmentations must have an id from 1 to 65534 (0 is background, 65535 padding):
+  any other is a whole-source error naming the category (or pass ``instance_masks``).
 - Frame: boxes are in the upright frame (EXIF orientation applied) unless the entry's
   ``width``/``height`` match only the raw file's size (a rotated JPEG labelled as stored): then
   ``"file"``. A size that matches neither refuses the image: its boxes would land in the wrong place.
@@ -39,7 +41,7 @@ from typing import Any, TypeGuard
 from .._files import open_regular
 from .._names import shown
 from ..errors import InputFileError, SourceError
-from ._entries import file_problem, listing, load_json, relative_name
+from ._entries import check_root, file_problem, listing, load_json, relative_name
 from .base import SourceItem, SourceScan
 from .probe import HEADER_BYTES, probe_header
 
@@ -176,9 +178,12 @@ class CocoSource:
                 f"instance masks need segmentations, but no annotation in COCO file {where!r} has one; "
                 "drop --instance-masks to pack the boxes only"
             )
+        if wants_masks and not self.instance_masks:
+            _check_mask_ids(by_image, dict(zip(class_ids, classes, strict=True)), where)
         items: list[SourceItem] = []
         errors: list[InputFileError] = []
         clipped: list[str] = []
+        missing: list[str] = []
         for image_id, entry in images:
             rel, reason = relative_name(entry["file_name"])
             if rel is None:
@@ -186,6 +191,8 @@ class CocoSource:
                 continue
             problem = file_problem(root, rel)
             if problem is not None:
+                if not os.path.lexists(os.path.join(os.fspath(root), rel)):
+                    missing.append(rel)
                 errors.append(InputFileError(rel, f"image id {image_id}: {problem}"))
                 continue
             w_given, h_given = entry.get("width"), entry.get("height")
@@ -252,6 +259,7 @@ class CocoSource:
             items.append(SourceItem(rel, None, ann_out))
         if not items and not errors:
             raise SourceError(f"COCO file {where!r} lists no images")
+        check_root(root, missing, len(images), f"COCO file {where!r}")
         notes: tuple[str, ...] = ()
         if clipped:
             notes = (
@@ -267,6 +275,43 @@ class CocoSource:
             task="detection",
             notes=notes,
         )
+
+
+#: The category ids a class mask can hold: 0 is its background and 65535 the pad value of 16-bit masks.
+MASK_IDS = (1, 65534)
+
+
+def _check_mask_ids(by_image: Mapping[int, list[Mapping[str, Any]]], names: Mapping[int, str], where: str) -> None:
+    """Refuse a category whose segmentations a class mask cannot hold (pixel = category id).
+
+    Id 0 would paint the class as background, and the pad value (or an id out of 16 bits) would turn
+    its pixels into padding or not fit: the class would vanish from every mask. Renumbering silently
+    instead would make the mask disagree with the ids the store keeps, so the user decides.
+    """
+    lo, hi = MASK_IDS
+    bad: dict[int, list[int]] = {}
+    for anns in by_image.values():
+        for a in anns:
+            cat = a.get("category_id")
+            if _is_int(cat) and cat in names and not lo <= cat <= hi and a.get("segmentation"):
+                bad.setdefault(cat, []).append(a["id"])
+    if not bad:
+        return
+    parts = []
+    for cid, aids in sorted(bad.items()):
+        if cid == 0:
+            why = "0 is the background of a mask"
+        elif cid == hi + 1:
+            why = f"{cid} is the pad value of a 16-bit mask"
+        else:
+            why = "a mask pixel cannot hold it"
+        shown_ids = ", ".join(map(str, aids[:5])) + (f" and {len(aids) - 5} more" if len(aids) > 5 else "")
+        parts.append(f"category {shown(names[cid])!r} has id {cid} ({why}; annotation id(s) {shown_ids})")
+    raise SourceError(
+        f"COCO file {where!r}: the segmentations are painted into class masks (pixel = category id), which hold "
+        f"ids {lo} to {hi}, but " + "; ".join(parts) + f": give the category an id from {lo} to {hi}, or pass "
+        "--instance-masks (instance_masks=True) to store instance masks"
+    )
 
 
 def _categories(cats: list[Any], where: str) -> tuple[tuple[str, ...], tuple[int, ...]]:

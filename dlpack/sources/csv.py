@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .._names import shown
 from ..errors import InputFileError, SourceError
-from ._entries import file_problem, read_text, relative_name
+from ._entries import check_root, file_problem, read_text, relative_name
 from .base import SourceItem, SourceScan
 
 __all__ = ["CsvSource", "CSV_COLUMNS"]
@@ -82,6 +82,7 @@ class CsvSource:
         items: list[SourceItem] = []
         errors: list[InputFileError] = []
         seen: dict[str, int] = {}
+        missing: list[str] = []
         for line, row in rows[1:]:
             if len(row) != len(header):
                 raise SourceError(f"CSV file {where!r}: line {line} has {len(row)} field(s), the header {len(header)}")
@@ -96,11 +97,14 @@ class CsvSource:
             label = row[col["label"]].strip()
             split: str | None = (row[col["split"]].strip() or None) if "split" in col else None
             bad = file_problem(root, rel) or (None if label else "the label is empty")
+            if bad is not None and not os.path.lexists(os.path.join(os.fspath(root), rel)):
+                missing.append(rel)
             if bad is not None:
                 errors.append(InputFileError(rel, f"line {line} of {where}: {bad}"))
                 continue
             items.append(SourceItem(rel, label, None, split))
         if not items and not errors:
             raise SourceError(f"CSV file {where!r} lists no images (only the header)")
+        check_root(root, missing, len(rows) - 1, f"CSV file {where!r}")
         classes = tuple(sorted({i.label for i in items if i.label is not None}))
         return SourceScan(tuple(items), classes, tuple(errors), "csv", task="classification")

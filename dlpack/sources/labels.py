@@ -197,10 +197,6 @@ def _segmentation_mask(
             continue
         kept += 1
         label = int(labels[k])
-        value = kept if instance_masks else (int(class_ids[label]) if class_ids else label)
-        if value > top or value == ignore:
-            what = f"{kept} instances do" if instance_masks else f"class id {value} does"
-            raise DecodeError(f"{what} not fit the {dtype.itemsize * 8}-bit masks of the store (ignore value {ignore})")
         if seg is None:
             continue
         try:
@@ -212,6 +208,13 @@ def _segmentation_mask(
                 raise ValueError("a segmentation is a list of polygons or an RLE mapping")
         except (TypeError, ValueError) as exc:
             raise DecodeError(f"segmentation of box {k}: {exc}") from None
+        value = kept if instance_masks else (int(class_ids[label]) if class_ids else label)
+        # 0 is background and ``ignore`` padding: a class painted with either would vanish from the mask.
+        if value <= 0 or value > top or value == ignore:
+            what = f"{kept} instances do" if instance_masks else f"class id {value} does"
+            raise DecodeError(
+                f"{what} not fit the {dtype.itemsize * 8}-bit masks of the store (0 is background, {ignore} padding)"
+            )
         out[region] = value
     return out
 

@@ -11,7 +11,8 @@ The rules (also in docs/labels.md, "Label images"):
   (line k is the name of id k) or ``classes.json`` (a list of names, ids 0.., or an object
   ``{"id": name}`` with any int ids) in ``masks_dir``; without one ``classes`` is empty and the ids are
   stored as they are (the decode stage checks ids only against a list).
-- Label images that match no image are not used; a note says how many.
+- Label images that match no image are not used; a note says how many. A folder whose label images
+  match no image at all (or that holds none) is a SourceError saying so.
 """
 
 from __future__ import annotations
@@ -88,6 +89,24 @@ def read_class_list(folder: Path) -> tuple[tuple[str, ...], tuple[int, ...]] | N
     return tuple(n for _, n in pairs), tuple(c for c, _ in pairs)
 
 
+def _no_label_image_matches(masks: Path, root: Path, index: dict[str, list[str]], first: str) -> None:
+    """Refuse a label folder that labels no image: the folder is wrong (another kind of labels, not
+    copied, another layout), which one line says better than an error per image."""
+    where, src = shown(os.fspath(masks)), shown(os.fspath(root))
+    if not index:
+        held = "no image file at all" + (
+            " (only other files, e.g. annotations in another format)" if any(masks.rglob("*")) else " (it is empty)"
+        )
+    else:
+        found = sorted(r for rels in index.values() for r in rels)
+        held = f"{len(found)} image file(s), none at an image's path: {listing(found)}"
+    raise SourceError(
+        f"label folder {where!r} holds no label image for any image of {src!r}: it holds {held}. A label "
+        f"image has its image's path relative to {src!r} with any image extension (for {shown(first)!r}: "
+        f"{where}/{shown(stem(first))}.png)"
+    )
+
+
 @dataclass(frozen=True, init=False)
 class MaskFolderSource:
     """Images under ``images_root`` with label images in ``masks_dir`` (see the module docstring)."""
@@ -144,6 +163,8 @@ class MaskFolderSource:
                 continue
             used.add(cands[0])
             items.append(SourceItem(item.rel, None, {"mask": cands[0]}, item.split))
+        if walked.items and not used:
+            _no_label_image_matches(masks, self.root, index, walked.items[0].rel)
         unused = sorted(r for rels in index.values() for r in rels if r not in used)
         notes = (f"{len(unused)} label image(s) in {shown_dir!r} match no image: {listing(unused)}",) if unused else ()
         classes, class_ids = found if found is not None else ((), ())
