@@ -35,7 +35,8 @@ DLDataset's, class names and ids that are missing, of different lengths or repea
 tasks in one file, and oriented boxes (``rectangle2``: not supported yet). A single sample
 (:class:`~dlpack.errors.InputFileError` in :attr:`SourceScan.errors`, so ``--on-error skip`` can
 leave it out) when only it is wrong: unknown keys, a missing or non-integer ``image_id``, a file
-name that is not a relative path inside its folder, a missing image or label file, a split or
+name that is not a relative path inside its folder, a missing image or label file, a file that
+is a link out of its folder (the rule COCO and CSV entries follow), a split or
 anomaly label HALCON does not have, a class id not in ``class_ids``, box tuples of different
 lengths, and a box with ``row1 >= row2`` or ``col1 >= col2``. Each error names the sample by
 ``image_id`` and file name. Boxes are not clipped here (the image size is not read at scan
@@ -56,6 +57,7 @@ from typing import Any
 
 from .._names import shown
 from ..errors import InputFileError, SourceError
+from ._entries import file_problem
 from .base import SourceItem, SourceScan
 
 __all__ = [
@@ -283,7 +285,9 @@ def _inside(name: Any, key: str, folder: str) -> str:
     return rel
 
 
-def _regular(path: Path, what: str) -> None:
+def _regular(root: Path, rel: str, what: str, folder: str) -> None:
+    """``root / rel`` is a regular file inside ``root`` (``folder`` names it), or :class:`_Bad`."""
+    path = root / rel
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
@@ -291,6 +295,9 @@ def _regular(path: Path, what: str) -> None:
         raise _Bad(f"the {what} {os.fspath(path)!r} {reason}") from None
     if not stat.S_ISREG(mode):
         raise _Bad(f"the {what} {os.fspath(path)!r} is not a regular file")
+    problem = file_problem(root, rel, folder)  # a link out of its folder, as COCO and CSV refuse it
+    if problem is not None:
+        raise _Bad(f"the {what} {os.fspath(path)!r}: {problem}")
 
 
 def _class_index(value: Any, info: DLDatasetInfo, key: str) -> int:
@@ -351,7 +358,7 @@ def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path) -> SourceItem:
     elif info.task == "segmentation":
         assert info.segmentation_dir is not None
         mask = _inside(s.get("segmentation_file_name"), "segmentation_file_name", "segmentation_dir")
-        _regular(info.segmentation_dir / mask, "label image")
+        _regular(info.segmentation_dir, mask, "label image", "segmentation_dir")
         annotations = {"frame": "file", "mask": mask}
     elif info.task == "anomaly":
         value = s.get("anomaly_label")
@@ -362,9 +369,9 @@ def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path) -> SourceItem:
         if "anomaly_file_name" in s:
             assert info.anomaly_dir is not None
             gt = _inside(s["anomaly_file_name"], "anomaly_file_name", "anomaly_dir")
-            _regular(info.anomaly_dir / gt, "ground-truth file")
+            _regular(info.anomaly_dir, gt, "ground-truth file", "anomaly_dir")
             annotations["anomaly_mask"] = gt
-    _regular(root / rel, "image file")
+    _regular(root, rel, "image file", "image_dir")
     return SourceItem(rel, label, annotations, split)
 
 
