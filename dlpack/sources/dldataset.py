@@ -38,7 +38,9 @@ leave it out) when only it is wrong: unknown keys, a missing or non-integer ``im
 name that is not a relative path inside its folder, a missing image or label file, a file that
 is a link out of its folder (the rule COCO and CSV entries follow), a split or
 anomaly label HALCON does not have, a class id not in ``class_ids``, box tuples of different
-lengths, and a box with ``row1 >= row2`` or ``col1 >= col2``. Each error names the sample by
+lengths, and a box with ``row1 >= row2`` or ``col1 >= col2``. The keys ``dlpack_variant_of`` and
+``dlpack_variant`` that ``dlpack export --include-variants`` writes are dlpack's own and accepted
+(non-negative integers): such a sample is read as any other. Each error names the sample by
 ``image_id`` and file name. Boxes are not clipped here (the image size is not read at scan
 time); the build clips them to the image when it resizes.
 """
@@ -80,6 +82,9 @@ TASK_KEYS: dict[str, tuple[str, ...]] = {
 }
 #: The keys every sample may have.
 SAMPLE_KEYS: tuple[str, ...] = ("image_id", "image_file_name", "split")
+#: The keys ``dlpack export --include-variants`` adds to a variant (its original's ``image_id``, and
+#: v): read back as ordinary samples, so dlpack reads its own exports.
+VARIANT_KEYS: tuple[str, ...] = ("dlpack_variant_of", "dlpack_variant")
 #: Keys of oriented boxes (``rectangle2``), which dlpack does not read yet.
 ORIENTED_KEYS: tuple[str, ...] = ("bbox_row", "bbox_col", "bbox_phi", "bbox_length1", "bbox_length2")
 #: HALCON's split names, kept as they are.
@@ -335,12 +340,15 @@ def _boxes(s: Mapping[str, Any], info: DLDatasetInfo) -> dict[str, Any]:
 def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path) -> SourceItem:
     """One sample as an item, or :class:`_Bad` naming its first problem."""
     allowed = (*SAMPLE_KEYS, *TASK_KEYS[info.task])
-    unknown = sorted(set(s) - set(allowed))
+    unknown = sorted(set(s) - set(allowed) - set(VARIANT_KEYS))
     if unknown:
         raise _Bad(
             f"unknown key(s) {', '.join(map(repr, unknown))} for a {info.task} DLDataset (a sample has "
             f"{', '.join(allowed)})"
         )
+    for key in VARIANT_KEYS:
+        if key in s and not (_is_int(s[key]) and s[key] >= 0):
+            raise _Bad(f"{key} must be a non-negative integer (dlpack export writes it), got {s[key]!r}")
     if not _is_int(s.get("image_id")):
         raise _Bad(f"image_id must be an integer, got {s.get('image_id')!r}")
     rel = _inside(s.get("image_file_name"), "image_file_name", "image_dir")
