@@ -121,6 +121,12 @@ def test_a_ground_truth_image_that_is_a_link_out_of_its_folder_is_refused(tmp_pa
     (tmp_path / "gt" / "crack").mkdir(parents=True)
     (tmp_path / "gt" / "crack" / "1.png").symlink_to(tmp_path / "elsewhere" / "1.png")
     code, err = _build(
-        capsys, str(tmp_path / "src"), str(tmp_path / "out.zarr"), "--labels", "anomaly", "--anomaly-masks", str(tmp_path / "gt")
+        capsys,
+        str(tmp_path / "src"),
+        str(tmp_path / "out.zarr"),
+        "--labels",
+        "anomaly",
+        "--anomaly-masks",
+        str(tmp_path / "gt"),
     )
     assert code == 2 and "crack/1.png" in err and LINK_RULE.format("the ground-truth folder") in err, err

@@ -488,7 +488,9 @@ def test_script_runs_on_tiny_inputs(script: str, run: Run, work: Path) -> None:
         text=True,
         timeout=TIMEOUT_S,
     )
-    assert proc.returncode == run.code, f"{script} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == run.code, (
+        f"{script} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     run.check(proc.stdout + proc.stderr, work)
 
 
