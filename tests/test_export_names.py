@@ -188,3 +188,17 @@ def test_names_that_meet_keep_the_extension_then_take_the_sample_index() -> None
     assert names[5] == "a.jpg.png"  # its own name: it kept no extension to get it
     assert names[4] == "a.png.png"
     assert {names[3], names[6]} == {"a.jpg_3.png", "A.jpg_6.png"}
+
+
+def test_class_folders_that_differ_only_in_case_are_noted(tmp_path: Path) -> None:
+    """Their files never meet, but copied to a case-insensitive file system the classes would: a note says so."""
+    src = tmp_path / "src"
+    for k, rel in enumerate(("Cat/x.png", "cat/x.png", "dog/x.png")):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        assert cv2.imwrite(str(src / rel), np.full((SIDE, SIDE, 3), 10 * (k + 1), np.uint8))
+    store = tmp_path / "s.zarr"
+    assert dlpack.cli.main(["build", str(src), str(store), "--quiet"]) == 0
+    result = dlpack.export(store, "folders", tmp_path / "out")
+    (note,) = [n for n in result.notes if "differ only in case" in n]
+    assert "'Cat'" in note and "'cat'" in note and "dog" not in note
+    assert len({_fold(p.relative_to(tmp_path / "out").as_posix()) for p in _files(tmp_path / "out")}) == 3

@@ -201,7 +201,7 @@ def folder_name(view: StoreView, name: str, what: str) -> str:
     return name
 
 
-def _fold(name: str) -> str:
+def fold(name: str) -> str:
     """``name`` as a case-insensitive, normalisation-insensitive file system compares it (macOS,
     Windows): two names with one fold would be one file there."""
     return unicodedata.normalize("NFD", unicodedata.normalize("NFD", name).casefold())
@@ -231,27 +231,27 @@ def unique_png_names(wanted: Mapping[int, tuple[str, str]], taken: Iterable[str]
         head, _, name = path.rpartition("/")
         stem = PurePosixPath(name).stem
         base[k] = f"{head}/{stem}" if head else stem
-    bases = Counter(_fold(b) for b in base.values())
-    preferred = {k: base[k] if bases[_fold(base[k])] == 1 else full[k] for k in wanted}
+    bases = Counter(fold(b) for b in base.values())
+    preferred = {k: base[k] if bases[fold(base[k])] == 1 else full[k] for k in wanted}
     taken = list(taken)
-    used = {_fold(t) for t in taken}
-    used.update(_fold(d) for path in (*full.values(), *taken) for d in _parents(path))
-    wanted_by = Counter(_fold(p + ".png") for p in preferred.values())
+    used = {fold(t) for t in taken}
+    used.update(fold(d) for path in (*full.values(), *taken) for d in _parents(path))
+    wanted_by = Counter(fold(p + ".png") for p in preferred.values())
     out: dict[int, str] = {}
     for k, p in preferred.items():  # names only one key wants, and free: kept as they are
-        if wanted_by[_fold(p + ".png")] == 1 and _fold(p + ".png") not in used:
+        if wanted_by[fold(p + ".png")] == 1 and fold(p + ".png") not in used:
             out[k] = p + ".png"
-    used.update(_fold(n) for n in out.values())
+    used.update(fold(n) for n in out.values())
     # The rest: the first keeps a free name (a source named so before one that kept its extension),
     # the others get a suffix.
     for k in sorted((k for k in preferred if k not in out), key=lambda k: preferred[k] != base[k]):
         p = preferred[k]
         name, n = p + ".png", 0
-        while _fold(name) in used:
+        while fold(name) in used:
             n += 1
             name = f"{p}_{k}.png" if n == 1 else f"{p}_{k}_{n}.png"
         out[k] = name
-        used.add(_fold(name))
+        used.add(fold(name))
     return out
 
 
