@@ -11,8 +11,9 @@ are scaled to the model's image range. Prints, per epoch, images/s and the fract
 spent waiting for data, and the loader's own line for the epoch (``batches.stats()[-1].line()``:
 the share of the time waited inside ``next()`` and the p99 wait per batch).
 
-Needs the [halcon] extra and a native HALCON installation with a licence; without them it says so
-and exits 0 without training.
+Needs the [halcon] extra and a native HALCON installation with a licence. The store, the split and
+the model path are checked first, without HALCON; then, where HALCON does not import, it says so
+and exits 2 without training (a job that runs it never reads that as a success).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import dlpack
@@ -45,26 +47,40 @@ def main(argv: list[str] | None = None, halcon: Any = None) -> int:
     p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many batches (0: all)")
     p.add_argument("--save", help="write the trained model to this .hdl file")
     a = p.parse_args(argv)
-    if halcon is None:
-        try:
-            halcon = import_halcon()
-        except dlpack.MissingExtraError as exc:
-            print(f"HALCON is not available, nothing was trained: {exc}")
-            return 0
     try:
-        return train(a, halcon)
+        ds = check_inputs(a)  # what can be wrong without HALCON is said before HALCON is asked for
+        if halcon is None:
+            try:
+                halcon = import_halcon()
+            except dlpack.MissingExtraError as exc:
+                print(f"HALCON is not available, nothing was trained: {exc}", file=sys.stderr)
+                return 2
+        return train(a, ds, halcon)
     except dlpack.DlpackError as exc:  # a wrong split, a store without labels, ...: say so, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def train(a: argparse.Namespace, ha: Any) -> int:
-    """The training loop of :func:`main`."""
+def check_inputs(a: argparse.Namespace) -> dlpack.Dataset:
+    """The open store, once it has one image size, the split asked for, and the model file exists."""
     ds = dlpack.open(a.store)
+    if ds.image_layout() is None:
+        raise dlpack.OptionError(f"{a.store} is a variable-size store; HALCON trains on one input size (--size WxH)")
+    if a.split:
+        ds.indices(a.split)  # a split the store does not have is refused, naming those it has
+    store_task(ds.manifest)
+    model = Path(a.model)
+    if not model.is_file():
+        what = "is not a file" if model.exists() else "does not exist"
+        raise dlpack.OptionError(f"the model {a.model} {what}; give a HALCON model file (.hdl) with --model")
+    return ds
+
+
+def train(a: argparse.Namespace, ds: dlpack.Dataset, ha: Any) -> int:
+    """The training loop of :func:`main`, on the store :func:`check_inputs` opened."""
     task = store_task(ds.manifest)
     layout = ds.image_layout()
-    if layout is None:
-        raise dlpack.OptionError(f"{a.store} is a variable-size store; HALCON trains on one input size (--size WxH)")
+    assert layout is not None  # checked by check_inputs
     (height, width, channels), _ = layout
     model = ha.read_dl_model(a.model)
     want = {

@@ -286,7 +286,9 @@ def _train_main() -> Callable[..., int]:
 
 def test_the_example_trains_batch_by_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _store(tmp_path, {"a": 3, "b": 3})
-    args = [str(tmp_path / "s.zarr"), "--model", "m.hdl", "--epochs", "2", "--batch-size", "4", "--save", "out.hdl"]
+    (tmp_path / "m.hdl").write_bytes(b"")  # the stand-in reads no file, the example checks that it exists
+    args = [str(tmp_path / "s.zarr"), "--model", str(tmp_path / "m.hdl"), "--epochs", "2", "--batch-size", "4"]
+    args += ["--save", "out.hdl"]
     assert _train_main()(args, halcon=standin) == 0
     (model,) = standin.models
     assert model.params["batch_size"] == [4] and model.params["class_ids"] == [0, 1]
@@ -309,6 +311,7 @@ def test_the_example_refuses_images_of_another_size(
         return model
 
     monkeypatch.setattr(standin, "read_dl_model", read)
-    assert _train_main()([str(tmp_path / "s.zarr"), "--model", "m.hdl"], halcon=standin) == 2
+    (tmp_path / "m.hdl").write_bytes(b"")
+    assert _train_main()([str(tmp_path / "s.zarr"), "--model", str(tmp_path / "m.hdl")], halcon=standin) == 2
     err = capsys.readouterr().err
-    assert "do not fit m.hdl: image_width 8 (the model wants 224)" in err and "image_height" not in err
+    assert "m.hdl: image_width 8 (the model wants 224)" in err and "image_height" not in err

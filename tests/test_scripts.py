@@ -40,6 +40,7 @@ class Run:
     needs: tuple[str, ...] = ()
     setup: Callable[[Path], None] | None = None  # makes extra inputs in the work folder
     unless: tuple[str, ...] = ()  # skipped where one of these modules imports (the run checks their absence)
+    code: int = 0  # the exit status the run must end with
 
 
 def _check_build(out: str, work: Path) -> None:
@@ -275,6 +276,10 @@ def _check_train_halcon(out: str, work: Path) -> None:
     assert "Traceback" not in out
 
 
+def _model_file(work: Path) -> None:
+    (work / "model.hdl").write_bytes(b"")  # the example checks that the model file exists before HALCON
+
+
 def _split_store(work: Path) -> None:
     """``split.zarr``: the sample images twice, under ``train/`` and under ``test/``."""
     for split in ("train", "test"):
@@ -403,7 +408,14 @@ RUNS: dict[str, list[Run]] = {
     ],
     "examples/train_halcon.py": [
         # Where HALCON imports, tests/test_halcon_feeder.py runs its training loop against a stand-in.
-        Run(("train.zarr", "--model", "model.hdl", "--epochs", "1"), _check_train_halcon, unless=("halcon",)),
+        # Without HALCON it exits 2, once the store and the model path are checked.
+        Run(
+            ("train.zarr", "--model", "model.hdl", "--epochs", "1"),
+            _check_train_halcon,
+            setup=_model_file,
+            unless=("halcon",),
+            code=2,
+        ),
     ],
     "examples/train_torch.py": [
         Run(
@@ -476,7 +488,9 @@ def test_script_runs_on_tiny_inputs(script: str, run: Run, work: Path) -> None:
         text=True,
         timeout=TIMEOUT_S,
     )
-    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == run.code, (
+        f"{script} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     run.check(proc.stdout + proc.stderr, work)
 
 

@@ -72,6 +72,20 @@ def export(
     StoreExistsError
         ``out`` holds something else, or a previous export without ``overwrite``.
     """
+    return export_from(store, to, out, overwrite=overwrite, include_variants=include_variants)
+
+
+def export_from(
+    store: str | os.PathLike[str],
+    to: str,
+    out: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    include_variants: bool = False,
+    built_from: str | None = None,
+) -> ExportResult:
+    """:func:`export`; with ``built_from`` (a build's source, for ``build --format dldataset``), the
+    marker names that source instead of ``store``, a staging store removed once exported."""
     if to not in FORMATS:
         raise OptionError(f"export format must be one of {', '.join(FORMATS)}, got {to!r}")
     if include_variants and to != "dldataset":
@@ -90,7 +104,8 @@ def export(
         view = describe(ds)
         notes = Notes()
         final = Path(os.path.abspath(out))
-        marker = {"to": to, "task": view.task, "store": os.path.abspath(store), "dlpack_version": __version__}
+        origin = {"store": os.path.abspath(store)} if built_from is None else {"built_from": built_from}
+        marker = {"to": to, "task": view.task, **origin, "dlpack_version": __version__}
         with staged_output(final, Path(store), overwrite, marker) as stage:
             note_classes(view, notes)
             counts = _write(ds, view, to, stage, final, notes, include_variants)

@@ -7,7 +7,9 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -199,28 +201,70 @@ def folder_name(view: StoreView, name: str, what: str) -> str:
     return name
 
 
+def fold(name: str) -> str:
+    """``name`` as a case-insensitive, normalisation-insensitive file system compares it (macOS,
+    Windows): two names with one fold would be one file there."""
+    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", name).casefold())
+
+
+def _parents(path: str) -> Iterator[str]:
+    head = path.rpartition("/")[0]
+    while head:
+        yield head
+        head = head.rpartition("/")[0]
+
+
+def unique_png_names(wanted: Mapping[int, tuple[str, str]], taken: Iterable[str] = ()) -> dict[int, str]:
+    """``key -> "folder/rel.png"``: one PNG name per key, none shared with another key or with ``taken``.
+
+    ``wanted`` maps a key (a sample index) to ``(folder, rel)``: the folder the file goes in (``""``
+    for the top) and the source path below it. A name is the source path with ``.png`` for its
+    extension; sources whose names would then meet (``x.jpg`` and ``x.png``) keep their extension
+    (``x.jpg.png``); any name still taken, whatever the sources are called, gets ``_<key>`` (and a
+    count) until it is free. Names are compared as a case-insensitive file system does (``A.png``
+    is ``a.png``), and a file may not take the name of a folder another file sits in: every name
+    is checked against the final set, so two samples never share one file.
+    """
+    full = {k: f"{folder}/{rel}" if folder else rel for k, (folder, rel) in wanted.items()}
+    base = {}
+    for k, path in full.items():
+        head, _, name = path.rpartition("/")
+        stem = PurePosixPath(name).stem
+        base[k] = f"{head}/{stem}" if head else stem
+    bases = Counter(fold(b) for b in base.values())
+    preferred = {k: base[k] if bases[fold(base[k])] == 1 else full[k] for k in wanted}
+    taken = list(taken)
+    used = {fold(t) for t in taken}
+    used.update(fold(d) for path in (*full.values(), *taken) for d in _parents(path))
+    wanted_by = Counter(fold(p + ".png") for p in preferred.values())
+    out: dict[int, str] = {}
+    for k, p in preferred.items():  # names only one key wants, and free: kept as they are
+        if wanted_by[fold(p + ".png")] == 1 and fold(p + ".png") not in used:
+            out[k] = p + ".png"
+    used.update(fold(n) for n in out.values())
+    # The rest: the first keeps a free name (a source named so before one that kept its extension),
+    # the others get a suffix.
+    for k in sorted((k for k in preferred if k not in out), key=lambda k: preferred[k] != base[k]):
+        p = preferred[k]
+        name, n = p + ".png", 0
+        while fold(name) in used:
+            n += 1
+            name = f"{p}_{k}.png" if n == 1 else f"{p}_{k}_{n}.png"
+        out[k] = name
+        used.add(fold(name))
+    return out
+
+
 def png_names(view: StoreView, sources: list[tuple[int, PurePosixPath]]) -> dict[int, str]:
-    """``sample index -> "a/b/name.png"``: the source path with ``.png`` for its extension; sources
-    that would share a name (``x.jpg`` and ``x.png``) keep their extension too (``x.jpg.png``)."""
-    wanted = {i: p.with_suffix("").as_posix() for i, p in sources}
-    taken: dict[str, int] = {}
-    for name in wanted.values():
-        taken[name.casefold()] = taken.get(name.casefold(), 0) + 1
-    return {i: (p.as_posix() if taken[wanted[i].casefold()] > 1 else wanted[i]) + ".png" for i, p in sources}
+    """``sample index -> "a/b/name.png"``: the source path with ``.png`` for its extension, made
+    unique by :func:`unique_png_names`."""
+    return unique_png_names({i: ("", p.as_posix()) for i, p in sources})
 
 
 def flat_names(groups: dict[int, tuple[str, PurePosixPath]]) -> dict[int, str]:
     """``sample index -> "folder/name.png"`` for layouts with one folder level (a class, a defect):
-    the file's own name; names that meet in one folder get the sample index (``x_12.png``)."""
-    count: dict[tuple[str, str], int] = {}
-    for folder, p in groups.values():
-        key = (folder, p.stem.casefold())
-        count[key] = count.get(key, 0) + 1
-    out = {}
-    for i, (folder, p) in groups.items():
-        stem = p.stem if count[(folder, p.stem.casefold())] == 1 else f"{p.stem}_{i}"
-        out[i] = f"{folder}/{stem}.png" if folder else f"{stem}.png"
-    return out
+    the file's own name in that folder, made unique by :func:`unique_png_names`."""
+    return unique_png_names({i: (folder, p.name) for i, (folder, p) in groups.items()})
 
 
 def write_png(path: Path, pixels: np.ndarray) -> None:

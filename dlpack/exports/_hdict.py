@@ -107,6 +107,7 @@ SCRIPT_MAIN = """
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
+    import sys
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
@@ -119,12 +120,23 @@ def main(argv: list[str] | None = None) -> int:
         help="keep image_dir (and the label folders) relative; HALCON then resolves them against its working folder",
     )
     a = p.parse_args(argv)
-    import halcon as ha  # needs a HALCON installation with a licence
-
     src = Path(a.json).resolve()
-    doc = json.loads(src.read_text(encoding="utf-8"))
+    try:
+        doc = json.loads(src.read_text(encoding="utf-8"))
+        values = halcon_values(doc, None if a.relative_dirs else src.parent.as_posix())
+    except (OSError, ValueError) as exc:
+        print(f"to_hdict.py: cannot read {src} as a DLDataset: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import halcon as ha
+    except Exception as exc:  # the binding raises more than ImportError when no HALCON library loads
+        print(
+            "to_hdict.py needs HALCON's Python binding (pip install mvtec-halcon) and a HALCON installation with "
+            f"a licence; import halcon fails here ({type(exc).__name__}: {exc})",
+            file=sys.stderr,
+        )
+        return 2
     out = Path(a.output) if a.output else src.with_suffix(".hdict")
-    values = halcon_values(doc, None if a.relative_dirs else src.parent.as_posix())
     ha.write_dict(to_halcon(ha, values), str(out), [], [])
     print(f"wrote {out}")
     return 0

@@ -19,6 +19,7 @@ from ._common import (
     halcon_split,
     png_names,
     samples,
+    unique_png_names,
     variant_samples,
     write_json,
     write_png,
@@ -66,7 +67,8 @@ def defect_pixels(view: StoreView, mask: np.ndarray) -> np.ndarray:
     return np.where(mask == 1, 255, 0).astype(np.uint8)
 
 
-#: Where variants' images go inside ``images/``: ``dlpack_variants/v{v}/<the original's name>``.
+#: Where variants' images go inside ``images/``: ``dlpack_variants/v{v}/<the original's name>``
+#: (with a suffix where a sample's own source path took that name).
 VARIANT_DIR = "dlpack_variants"
 
 
@@ -134,12 +136,17 @@ def export_dldataset(
         add(s, names[s.index], {"image_id": s.index, "image_file_name": names[s.index]})
     variants = 0
     if include_variants:
-        clash = next((n for n in names.values() if n.split("/", 1)[0] == VARIANT_DIR), None)
-        if clash is not None:
-            raise StoreError(f"store {view.path} has a sample named {shown(clash)}, where variants would go")
         n = len(items)
+        trained = [s.index for s in items if s.split in (None, "train")]
+        variant_names: dict[tuple[int, int], str] = {}
+        for v in range(1, ds.variants + 1):  # the original's name under v{v}/, unless a sample took it
+            named = unique_png_names(
+                {i: (f"{VARIANT_DIR}/v{v}", names[i]) for i in trained},
+                taken=[*names.values(), *variant_names.values()],
+            )
+            variant_names.update(((i, v), name) for i, name in named.items())
         for s in variant_samples(ds, lambda o: o.split in (None, "train")):
-            name = f"{VARIANT_DIR}/v{s.variant}/{names[s.index]}"
+            name = variant_names[(s.index, s.variant)]
             entry = {
                 "image_id": s.variant * n + s.index,
                 "image_file_name": name,

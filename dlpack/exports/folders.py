@@ -22,6 +22,7 @@ from ._common import (
     StoreView,
     checked_source,
     flat_names,
+    fold,
     folder_name,
     png_names,
     samples,
@@ -57,6 +58,19 @@ def _left_out(notes: Notes, paths: list[str], why: str) -> None:
         notes.add(f"left out {len(paths)} {why}: {listing}")
 
 
+def _note_folders_one_in_any_case(notes: Notes, folders: list[str], what: str) -> None:
+    """Folders whose names differ only in case are one folder where the export may be copied
+    (macOS, Windows): their files never meet (the names are unique in any case), but their labels would."""
+    seen: dict[str, str] = {}
+    for name in sorted(set(folders)):
+        other = seen.setdefault(fold(name), name)
+        if other != name:
+            notes.add(
+                f"the {what} folders {shown(other)!r} and {shown(name)!r} differ only in case: on a case-insensitive "
+                "file system (macOS, Windows) they are one folder; export with --to dldataset or --to coco there"
+            )
+
+
 def _classification(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict[str, Any]:
     for split in view.splits:
         if split not in HALCON_SPLITS:  # dlpack build reads only these names back as splits
@@ -74,6 +88,7 @@ def _classification(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict
         folder = name if s.split is None else f"{s.split}/{name}"
         groups[s.index] = (folder, checked_source(view, s))
     names = flat_names(groups)
+    _note_folders_one_in_any_case(notes, [folder for folder, _ in groups.values()], "class")
     for s in kept:
         write_png(stage / names[s.index], s.image)
     _left_out(notes, unlabelled, "unlabelled sample(s), which have no class folder")
@@ -118,6 +133,7 @@ def _anomaly(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict[str, A
             defect = "good" if label == "ok" else "nok"
         groups[s.index] = (folder_name(view, defect, "defect"), checked_source(view, s))
     names = flat_names(groups)
+    _note_folders_one_in_any_case(notes, [folder for folder, _ in groups.values()], "defect")
     gt = 0
     for s in items:
         if s.index not in names:

@@ -81,7 +81,7 @@ def _build_dldataset(src: Source | str | os.PathLike[str], out: Path, opts: Buil
     """
     from dataclasses import replace
 
-    from ..exports import export
+    from ..exports import export_from
 
     if opts.update:
         raise OptionError(
@@ -93,7 +93,8 @@ def _build_dldataset(src: Source | str | os.PathLike[str], out: Path, opts: Buil
     stage = dldataset_staging(out)
     result = build(src, stage, replace(opts, format="zarr", overwrite=True))
     try:
-        exported = export(stage, DLDATASET_FORMAT, out, overwrite=opts.overwrite)
+        origin = os.path.abspath(src if isinstance(src, (str, os.PathLike)) else src.root)
+        exported = export_from(stage, DLDATASET_FORMAT, out, overwrite=opts.overwrite, built_from=origin)
     finally:
         if os.path.lexists(stage):
             remove_store(stage)

@@ -52,8 +52,9 @@ def relative_name(name: object) -> tuple[str | None, str | None]:
     return "/".join(parts), None
 
 
-def file_problem(root: Path, rel: str) -> str | None:
-    """Why ``root / rel`` cannot be read as an input image (missing, not a file, outside ``root``), else None."""
+def file_problem(root: Path, rel: str, folder: str = "the image folder") -> str | None:
+    """Why ``root / rel`` cannot be read as an input file (missing, not a file, a link out of
+    ``root``), else None: the one link rule of every label source, whose ``folder`` names ``root``."""
     path = os.path.join(os.fspath(root), rel)
     try:
         mode = os.stat(path).st_mode
@@ -66,7 +67,7 @@ def file_problem(root: Path, rel: str) -> str | None:
     real_root = os.path.realpath(root)
     real = os.path.realpath(path)
     if not real.startswith(real_root.rstrip(os.sep) + os.sep):
-        return f"the file is a link to {shown(real)!r}, outside the image folder; copy the file in"
+        return f"the file is a link to {shown(real)!r}, outside {folder}; copy the file in"
     return None
 
 

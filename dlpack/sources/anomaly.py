@@ -27,7 +27,7 @@ from typing import Any
 
 from .._names import shown
 from ..errors import InputFileError, SourceError
-from ._entries import label_files, listing, stem, walk_images
+from ._entries import file_problem, label_files, listing, stem, walk_images
 from .base import SourceItem, SourceScan
 
 __all__ = ["AnomalyFolderSource", "OK_FOLDERS"]
@@ -110,9 +110,14 @@ class AnomalyFolderSource:
                 errors.append(InputFileError(item.rel, f"two ground-truth images match it: {both}; keep one"))
                 used.update(cands)
                 continue
-            if cands:
-                ann["anomaly_mask"] = cands[0]
+            if cands and masks is not None:
                 used.add(cands[0])
+                problem = file_problem(masks, cands[0], "the ground-truth folder")
+                if problem is not None:
+                    where = f"{shown(os.fspath(masks))}/{shown(cands[0])}"
+                    errors.append(InputFileError(item.rel, f"ground-truth image {where}: {problem}"))
+                    continue
+                ann["anomaly_mask"] = cands[0]
             label = "ok" if defect.lower() in OK_FOLDERS else "nok"
             items.append(SourceItem(item.rel, label, ann, item.split))
         if strays:

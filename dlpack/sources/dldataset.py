@@ -35,9 +35,12 @@ DLDataset's, class names and ids that are missing, of different lengths or repea
 tasks in one file, and oriented boxes (``rectangle2``: not supported yet). A single sample
 (:class:`~dlpack.errors.InputFileError` in :attr:`SourceScan.errors`, so ``--on-error skip`` can
 leave it out) when only it is wrong: unknown keys, a missing or non-integer ``image_id``, a file
-name that is not a relative path inside its folder, a missing image or label file, a split or
+name that is not a relative path inside its folder, a missing image or label file, a file that
+is a link out of its folder (the rule COCO and CSV entries follow), a split or
 anomaly label HALCON does not have, a class id not in ``class_ids``, box tuples of different
-lengths, and a box with ``row1 >= row2`` or ``col1 >= col2``. Each error names the sample by
+lengths, and a box with ``row1 >= row2`` or ``col1 >= col2``. The keys ``dlpack_variant_of`` and
+``dlpack_variant`` that ``dlpack export --include-variants`` writes are dlpack's own and accepted
+(non-negative integers): such a sample is read as any other. Each error names the sample by
 ``image_id`` and file name. Boxes are not clipped here (the image size is not read at scan
 time); the build clips them to the image when it resizes.
 """
@@ -56,6 +59,7 @@ from typing import Any
 
 from .._names import shown
 from ..errors import InputFileError, SourceError
+from ._entries import file_problem
 from .base import SourceItem, SourceScan
 
 __all__ = [
@@ -78,6 +82,9 @@ TASK_KEYS: dict[str, tuple[str, ...]] = {
 }
 #: The keys every sample may have.
 SAMPLE_KEYS: tuple[str, ...] = ("image_id", "image_file_name", "split")
+#: The keys ``dlpack export --include-variants`` adds to a variant (its original's ``image_id``, and
+#: v): read back as ordinary samples, so dlpack reads its own exports.
+VARIANT_KEYS: tuple[str, ...] = ("dlpack_variant_of", "dlpack_variant")
 #: Keys of oriented boxes (``rectangle2``), which dlpack does not read yet.
 ORIENTED_KEYS: tuple[str, ...] = ("bbox_row", "bbox_col", "bbox_phi", "bbox_length1", "bbox_length2")
 #: HALCON's split names, kept as they are.
@@ -283,7 +290,9 @@ def _inside(name: Any, key: str, folder: str) -> str:
     return rel
 
 
-def _regular(path: Path, what: str) -> None:
+def _regular(root: Path, rel: str, what: str, folder: str) -> None:
+    """``root / rel`` is a regular file inside ``root`` (``folder`` names it), or :class:`_Bad`."""
+    path = root / rel
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
@@ -291,6 +300,9 @@ def _regular(path: Path, what: str) -> None:
         raise _Bad(f"the {what} {os.fspath(path)!r} {reason}") from None
     if not stat.S_ISREG(mode):
         raise _Bad(f"the {what} {os.fspath(path)!r} is not a regular file")
+    problem = file_problem(root, rel, folder)  # a link out of its folder, as COCO and CSV refuse it
+    if problem is not None:
+        raise _Bad(f"the {what} {os.fspath(path)!r}: {problem}")
 
 
 def _class_index(value: Any, info: DLDatasetInfo, key: str) -> int:
@@ -328,12 +340,15 @@ def _boxes(s: Mapping[str, Any], info: DLDatasetInfo) -> dict[str, Any]:
 def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path) -> SourceItem:
     """One sample as an item, or :class:`_Bad` naming its first problem."""
     allowed = (*SAMPLE_KEYS, *TASK_KEYS[info.task])
-    unknown = sorted(set(s) - set(allowed))
+    unknown = sorted(set(s) - set(allowed) - set(VARIANT_KEYS))
     if unknown:
         raise _Bad(
             f"unknown key(s) {', '.join(map(repr, unknown))} for a {info.task} DLDataset (a sample has "
             f"{', '.join(allowed)})"
         )
+    for key in VARIANT_KEYS:
+        if key in s and not (_is_int(s[key]) and s[key] >= 0):
+            raise _Bad(f"{key} must be a non-negative integer (dlpack export writes it), got {s[key]!r}")
     if not _is_int(s.get("image_id")):
         raise _Bad(f"image_id must be an integer, got {s.get('image_id')!r}")
     rel = _inside(s.get("image_file_name"), "image_file_name", "image_dir")
@@ -351,7 +366,7 @@ def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path) -> SourceItem:
     elif info.task == "segmentation":
         assert info.segmentation_dir is not None
         mask = _inside(s.get("segmentation_file_name"), "segmentation_file_name", "segmentation_dir")
-        _regular(info.segmentation_dir / mask, "label image")
+        _regular(info.segmentation_dir, mask, "label image", "segmentation_dir")
         annotations = {"frame": "file", "mask": mask}
     elif info.task == "anomaly":
         value = s.get("anomaly_label")
@@ -362,9 +377,9 @@ def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path) -> SourceItem:
         if "anomaly_file_name" in s:
             assert info.anomaly_dir is not None
             gt = _inside(s["anomaly_file_name"], "anomaly_file_name", "anomaly_dir")
-            _regular(info.anomaly_dir / gt, "ground-truth file")
+            _regular(info.anomaly_dir, gt, "ground-truth file", "anomaly_dir")
             annotations["anomaly_mask"] = gt
-    _regular(root / rel, "image file")
+    _regular(root, rel, "image file", "image_dir")
     return SourceItem(rel, label, annotations, split)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._names import shown
 from ..errors import InputFileError, SourceError
-from ._entries import label_files, listing, load_json, read_text, stem, walk_images
+from ._entries import file_problem, label_files, listing, load_json, read_text, stem, walk_images
 from .base import SourceItem, SourceScan
 
 __all__ = ["MaskFolderSource", "read_class_list"]
@@ -162,6 +162,10 @@ class MaskFolderSource:
                 used.update(cands)
                 continue
             used.add(cands[0])
+            problem = file_problem(masks, cands[0], "the mask folder")
+            if problem is not None:
+                errors.append(InputFileError(item.rel, f"label image {shown_dir}/{shown(cands[0])}: {problem}"))
+                continue
             items.append(SourceItem(item.rel, None, {"mask": cands[0]}, item.split))
         if walked.items and not used:
             _no_label_image_matches(masks, self.root, index, walked.items[0].rel)
