@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ._json import load_json_file
 from .errors import BadInputsError, DlpackError, OptionError, SampleIndexError
 from .loader import Loader, LoaderOptions, source_loader
 from .sources.base import SourceItem
@@ -45,8 +46,8 @@ def is_dldataset(path: str | os.PathLike[str]) -> bool:
     if p.suffix.lower() != ".json" or not p.is_file():
         return False
     try:
-        top = json.loads(p.read_bytes().decode("utf-8-sig"))
-    except (OSError, ValueError):
+        top = load_json_file(p, repr(os.fspath(p)), ValueError)
+    except ValueError:
         return False
     return isinstance(top, dict) and {"samples", "class_names"} <= set(top)
 
