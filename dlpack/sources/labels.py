@@ -198,6 +198,8 @@ def _segmentation_mask(
         kept += 1
         label = int(labels[k])
         value = kept if instance_masks else (int(class_ids[label]) if class_ids else label)
+        if value < 0:  # a mask pixel holds 0..top; the category cannot be painted
+            raise DecodeError(f"class id {value} is negative: a mask pixel holds a class id 0..{top}")
         if value > top or value == ignore:
             what = f"{kept} instances do" if instance_masks else f"class id {value} does"
             raise DecodeError(f"{what} not fit the {dtype.itemsize * 8}-bit masks of the store (ignore value {ignore})")
