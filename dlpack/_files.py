@@ -122,15 +122,13 @@ def read_regular(
             os.set_blocking(fd, True)
             chunks.append(first or b"")
         total = len(chunks[0]) if chunks else 0
-        while True:
-            want = 1 << 24 if limit is None else min(1 << 24, limit + 1 - total)
-            chunk = os.read(fd, max(want, 1))
+        while limit is None or total <= limit:
+            chunk = os.read(fd, 1 << 24 if limit is None else min(1 << 24, limit + 1 - total))
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
             total += len(chunk)
-            if limit is not None and total > limit:
-                raise FileTooLargeError(limit, shown)
+        raise FileTooLargeError(limit, shown)
 
 
 def irregular_entries(path: str | os.PathLike[str], limit: int = 3) -> list[str]:

@@ -233,7 +233,7 @@ def augment_locked(
         reader.close()  # an HDF5 store is written next, which HDF5 refuses while a reader has it open
     cfg = resolve_config(config, engine, m.resolved_task)  # config errors before anything is written
     assert m.image.shape is not None  # a fixed layout: input_arrays refuses others
-    from ..transforms.config import output_size_problem  # loads OpenCV: not at import
+    from ..transforms.sizes import output_size_problem  # imported on first use, as configs are
 
     wrong = output_size_problem(cfg.augmenter, m.image.shape[0], m.image.shape[1])
     if wrong is not None:  # before any worker makes (and allocates) a variant of that size
