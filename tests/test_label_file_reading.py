@@ -267,3 +267,22 @@ def test_a_pipe_is_read_up_to_the_limit_and_refused_past_it() -> None:
             read_regular(f"/dev/fd/{r}")  # a pipe only where the caller accepts one
     finally:
         os.close(r)
+
+
+def test_the_strict_reader_accepts_what_valid_label_files_hold() -> None:
+    """No false refusal: brackets and quotes inside strings, long fractions, 64-bit ints, 100 levels."""
+    from dlpack._json import MAX_DEPTH, parse_json
+
+    text = json.dumps(
+        {
+            "file_name": 'a/[[[{{{"]]]' + "[" * 200 + ".png",
+            "bbox": [0.00012345678901234567891, 2**63 - 1, -(2**63), 1e308, 1.5e-300],
+            "deep": json.loads("[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)),
+        }
+    )
+    doc = parse_json(text, "ok.json", ValueError)
+    assert doc["bbox"][1:3] == [2**63 - 1, -(2**63)] and doc["file_name"].endswith("[.png")
+    with pytest.raises(ValueError, match="nested more than"):
+        parse_json("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "deep.json", ValueError)
+    with pytest.raises(ValueError, match="64 bits"):
+        parse_json(f"[{2**63}]", "big.json", ValueError)
