@@ -145,9 +145,7 @@ def parse_json(text: str, name: str, error: type[Exception]) -> Any:
     return doc
 
 
-def read_text_file(
-    path: str | os.PathLike[str], name: str, error: type[Exception], *, pipes: bool = False
-) -> str:
+def read_text_file(path: str | os.PathLike[str], name: str, error: type[Exception], *, pipes: bool = False) -> str:
     """The UTF-8 text of ``path`` (a BOM is kept for :func:`parse_json` to drop), read as images are.
 
     Only a regular file is read (or, with ``pipes``, a pipe that something writes to, as

@@ -120,7 +120,10 @@ def test_a_hostile_label_file_is_refused_or_skipped_never_an_internal_error(
 
 def _albumentations(*transforms: dict[str, Any]) -> str:
     return json.dumps(
-        {"__version__": "2.0.8", "transform": {"__class_fullname__": "Compose", "p": 1.0, "transforms": list(transforms)}}
+        {
+            "__version__": "2.0.8",
+            "transform": {"__class_fullname__": "Compose", "p": 1.0, "transforms": list(transforms)},
+        }
     )
 
 
@@ -237,7 +240,7 @@ def test_a_label_file_from_process_substitution_is_read(make_tree: MakeTree, tmp
     src = make_tree(TREE)
     (tmp_path / "list.csv").write_text(CSV, encoding="utf-8")
     done = subprocess.run(
-        ["bash", "-c", f'"$0" -m dlpack build "$1" "$2" --labels csv:<(sleep 1; cat "$3") --size 8x8 --quiet',
+        ["bash", "-c", '"$0" -m dlpack build "$1" "$2" --labels csv:<(sleep 1; cat "$3") --size 8x8 --quiet',
          sys.executable, str(src), str(tmp_path / "o.zarr"), str(tmp_path / "list.csv")],
         capture_output=True, text=True, timeout=120, env=ENV,
     )  # fmt: skip

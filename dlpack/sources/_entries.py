@@ -20,7 +20,17 @@ from ..errors import SourceError
 from ..options import IMAGE_SUFFIXES
 from .base import SourceScan
 
-__all__ = ["name_problem", "relative_name", "file_problem", "read_text", "load_json", "label_files", "stem", "listing", "walk_images"]
+__all__ = [
+    "name_problem",
+    "relative_name",
+    "file_problem",
+    "read_text",
+    "load_json",
+    "label_files",
+    "stem",
+    "listing",
+    "walk_images",
+]
 
 _MAX_LISTED = 5
 

@@ -159,4 +159,3 @@ def _parse_yaml(text: str, path: Path) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}: {where}not valid YAML: {problem}") from None
-
