@@ -168,7 +168,7 @@ def test_a_hostile_augmentation_config_is_refused_before_any_variant(
     err = capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err and config.name in err and says in err
-    assert dlpack.open(small_store).variants == 0
+    assert dlpack.Dataset(small_store).variants == 0
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,7 @@ def test_a_config_that_ends_at_the_stored_size_is_not_refused(
     config.write_text(_albumentations(*transforms), encoding="utf-8")
     result = dlpack.augment(small_store, k=1, config=config, jobs=1, quiet=True)
     assert result.written == len(FILES)
-    assert dlpack.open(small_store).variants == 1
+    assert dlpack.Dataset(small_store).variants == 1
 
 
 # ---------------------------------------------------------------- not a regular file: never a hang
