@@ -13,7 +13,7 @@ import errno
 import os
 import stat
 
-__all__ = ["NotRegularFileError", "file_kind", "irregular_entries", "open_regular", "read_regular"]
+__all__ = ["FileTooLargeError", "NotRegularFileError", "file_kind", "irregular_entries", "open_regular", "read_regular"]
 
 _KINDS = {
     stat.S_IFIFO: "a named pipe",
@@ -42,16 +42,23 @@ def file_kind(mode: int) -> str:
     return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a plain file")
 
 
-def open_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None, follow_symlinks: bool = True) -> int:
+def _accepted(mode: int, pipes: bool) -> bool:
+    return stat.S_ISREG(mode) or (pipes and stat.S_ISFIFO(mode))
+
+
+def open_regular(
+    path: str | os.PathLike[str], *, dir_fd: int | None = None, follow_symlinks: bool = True, pipes: bool = False
+) -> int:
     """A read-only descriptor on ``path`` (relative to ``dir_fd`` when given), if it is a regular file.
 
     Raises ``FileNotFoundError`` as ``os.open`` does, :class:`NotRegularFileError` for anything
     that is not a regular file (a symbolic link too, when ``follow_symlinks`` is false), and other
-    ``OSError`` for what the system refuses.
+    ``OSError`` for what the system refuses. With ``pipes`` a pipe is accepted too; its descriptor
+    is non-blocking (see :func:`read_regular`).
     """
     shown = os.fspath(path)
     mode = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks).st_mode
-    if not stat.S_ISREG(mode):
+    if not _accepted(mode, pipes):
         raise NotRegularFileError(file_kind(mode), shown)
     flags = _FLAGS | (0 if follow_symlinks else getattr(os, "O_NOFOLLOW", 0))
     try:
@@ -62,7 +69,7 @@ def open_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None, fol
         raise
     try:
         mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
+        if not _accepted(mode, pipes):
             raise NotRegularFileError(file_kind(mode), shown)
     except BaseException:
         os.close(fd)
@@ -70,11 +77,58 @@ def open_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None, fol
     return fd
 
 
-def read_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None, follow_symlinks: bool = True) -> bytes:
-    """The bytes of regular file ``path`` (see :func:`open_regular`)."""
-    fd = open_regular(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+class FileTooLargeError(OSError):
+    """A file larger than its reader's limit; ``str()`` says both sizes (the caller names the path)."""
+
+    def __init__(self, limit: int, path: str, size: int | None = None) -> None:
+        got = f"{size:,} bytes" if size is not None else "more"
+        super().__init__(errno.EFBIG, f"too large to read: {got}, the limit is {limit:,} bytes", path)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def read_regular(
+    path: str | os.PathLike[str],
+    *,
+    dir_fd: int | None = None,
+    follow_symlinks: bool = True,
+    limit: int | None = None,
+    pipes: bool = False,
+) -> bytes:
+    """The bytes of regular file ``path`` (see :func:`open_regular`), at most ``limit`` of them.
+
+    With ``pipes``, a pipe is read too, as ``<(command)`` gives one: what its writer wrote until
+    it closed. A pipe nothing has been written to and no writer holds (a forgotten ``mkfifo``)
+    is :class:`NotRegularFileError` at once rather than a wait for a writer that never comes.
+    More than ``limit`` bytes is :class:`FileTooLargeError`, before the read for a regular file.
+    """
+    fd = open_regular(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks, pipes=pipes)
+    shown = os.fspath(path)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if limit is not None and stat.S_ISREG(st.st_mode) and st.st_size > limit:
+            raise FileTooLargeError(limit, shown, st.st_size)
+        if limit is None and not stat.S_ISFIFO(st.st_mode):
+            return f.readall()
+        chunks: list[bytes] = []
+        if stat.S_ISFIFO(st.st_mode):
+            try:
+                first = os.read(fd, 1 << 16)
+            except BlockingIOError:  # a writer holds it and has not written yet: wait for it
+                first = None
+            if first == b"":
+                raise NotRegularFileError("a named pipe that nothing writes to", shown)
+            os.set_blocking(fd, True)
+            chunks.append(first or b"")
+        total = len(chunks[0]) if chunks else 0
+        while limit is None or total <= limit:
+            chunk = os.read(fd, 1 << 24 if limit is None else min(1 << 24, limit + 1 - total))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            total += len(chunk)
+        raise FileTooLargeError(limit, shown)
 
 
 def irregular_entries(path: str | os.PathLike[str], limit: int = 3) -> list[str]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ._json import parse_json, read_text_file
 from .errors import BadInputsError, DlpackError, OptionError, SampleIndexError
 from .loader import Loader, LoaderOptions, source_loader
 from .sources.base import SourceItem
@@ -45,9 +46,13 @@ def is_dldataset(path: str | os.PathLike[str]) -> bool:
     if p.suffix.lower() != ".json" or not p.is_file():
         return False
     try:
-        top = json.loads(p.read_bytes().decode("utf-8-sig"))
-    except (OSError, ValueError):
+        text = read_text_file(p, repr(os.fspath(p)), ValueError)
+    except ValueError:
         return False
+    try:
+        top = parse_json(text, repr(os.fspath(p)), ValueError)
+    except ValueError:  # the DLDataset reader says what is wrong, if its keys are there
+        return all(f'"{key}"' in text for key in ("samples", "class_names"))
     return isinstance(top, dict) and {"samples", "class_names"} <= set(top)
 
 

@@ -8,18 +8,20 @@ checked here the same way: relative, inside the image folder, an existing regula
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
 
+from .._json import parse_json, read_text_file
 from .._names import shown
 from ..errors import SourceError
 from ..options import IMAGE_SUFFIXES
 from .base import SourceScan
 
 __all__ = [
+    "name_problem",
     "relative_name",
     "file_problem",
     "check_root",
@@ -34,6 +36,26 @@ __all__ = [
 _MAX_LISTED = 5
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` (from a label file) cannot be a file name at all, else None.
+
+    A NUL ends a name at the system's interface, so no file has one; a lone surrogate (written as
+    an escape in JSON) is not a character, and source paths are stored as UTF-8.
+    """
+    if "\x00" in name:
+        return "the file name holds a NUL character (\\x00), which no file name can"
+    found = _SURROGATE.search(name)
+    if found is not None:
+        return (
+            f"the file name holds a lone surrogate ({shown(found.group())}), which is not a character; "
+            "source paths are stored as UTF-8"
+        )
+    return None
+
+
 def relative_name(name: object) -> tuple[str | None, str | None]:
     """``(rel, None)``: ``name`` as a clean relative path with ``/`` separators; or ``(None, reason)``.
 
@@ -42,6 +64,9 @@ def relative_name(name: object) -> tuple[str | None, str | None]:
     """
     if not isinstance(name, str) or not name.strip():
         return None, f"the file name must be a non-empty string, got {name!r}"
+    bad = name_problem(name)
+    if bad is not None:
+        return None, bad
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":" and name[0].isalpha()):
         return None, "the file name is an absolute path; it must be relative to the image folder"
     parts = [p for p in name.split("/") if p not in ("", ".")]
@@ -72,33 +97,20 @@ def file_problem(root: Path, rel: str, folder: str = "the image folder") -> str 
 
 
 def read_text(path: str | os.PathLike[str], what: str) -> str:
-    """The UTF-8 text of the annotation file ``path`` (a BOM is dropped); a :class:`SourceError` if unusable."""
-    where = shown(os.fspath(path))
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise SourceError(f"{what} {where!r} does not exist") from None
-    except IsADirectoryError:
-        raise SourceError(f"{what} {where!r} is a folder, not a file") from None
-    except OSError as exc:
-        raise SourceError(f"cannot read {what} {where!r}: {exc.strerror or exc}") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise SourceError(f"{what} {where!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    """The UTF-8 text of the annotation file ``path`` (a BOM is dropped); a :class:`SourceError` if unusable.
+
+    Read as images are (:func:`dlpack._json.read_text_file`): a regular file, or a pipe with a writer
+    (``csv:<(command)``), within the size limit; a named pipe nobody writes to or a device is refused.
+    """
+    name = f"{what} {shown(os.fspath(path))!r}"
+    return read_text_file(path, name, SourceError, pipes=True).removeprefix("\ufeff")
 
 
 def load_json(path: str | os.PathLike[str], what: str) -> Any:
-    """The parsed JSON of ``path``; malformed JSON is a :class:`SourceError` naming the line and column."""
-    text = read_text(path, what)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SourceError(
-            f"{what} {shown(os.fspath(path))!r} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
-        ) from None
-    except RecursionError:
-        raise SourceError(f"{what} {shown(os.fspath(path))!r} is nested too deeply to read") from None
+    """The parsed JSON of ``path``, read strictly (:func:`dlpack._json.parse_json`): malformed JSON,
+    a key given twice, a number no label has or deep nesting is a :class:`SourceError` naming the file."""
+    name = f"{what} {shown(os.fspath(path))!r}"
+    return parse_json(read_text(path, what), name, SourceError)
 
 
 def stem(rel: str) -> str:

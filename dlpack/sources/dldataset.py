@@ -47,7 +47,6 @@ time); the build clips them to the image when it resizes.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import posixpath
@@ -59,7 +58,7 @@ from typing import Any
 
 from .._names import shown
 from ..errors import InputFileError, SourceError
-from ._entries import file_problem
+from ._entries import file_problem, load_json, name_problem
 from .base import SourceItem, SourceScan
 
 __all__ = [
@@ -198,18 +197,7 @@ def read_dldataset(path: str | os.PathLike[str]) -> DLDatasetInfo:
     """
     p = dldataset_json(path)
     where = repr(os.fspath(p))
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise SourceError(f"cannot read the DLDataset {where}: {exc.strerror or exc}") from exc
-    try:
-        top = json.loads(raw.decode("utf-8-sig"))
-    except UnicodeDecodeError as exc:
-        raise SourceError(f"DLDataset {where} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON") from exc
-    except json.JSONDecodeError as exc:
-        raise SourceError(
-            f"DLDataset {where} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
-        ) from exc
+    top = load_json(p, "DLDataset")
     if not isinstance(top, dict):
         raise SourceError(f"DLDataset {where} must hold a JSON object, got {type(top).__name__}")
     unknown = sorted(set(top) - set(TOP_KEYS))
@@ -284,6 +272,9 @@ def _inside(name: Any, key: str, folder: str) -> str:
     """``name`` as a normalised relative path inside its folder, or :class:`_Bad`."""
     if not isinstance(name, str) or not name:
         raise _Bad(f"{key} must be a non-empty string (a path relative to {folder}), got {name!r}")
+    bad = name_problem(name)
+    if bad is not None:
+        raise _Bad(f"{key}: {bad}")
     rel = posixpath.normpath(name)
     if posixpath.isabs(name) or Path(name).is_absolute() or rel == ".." or rel.startswith("../") or rel == ".":
         raise _Bad(f"{key} {shown(name)!r} is not a relative path inside {folder}; name a file below it")

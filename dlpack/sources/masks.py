@@ -29,6 +29,9 @@ from .base import SourceItem, SourceScan
 
 __all__ = ["MaskFolderSource", "read_class_list"]
 
+#: The largest class id a label image can hold (its pixels are 8 or 16 bit).
+_MAX_ID = 2**16 - 1
+
 
 def read_class_list(folder: Path) -> tuple[tuple[str, ...], tuple[int, ...]] | None:
     """Class names and ids from ``classes.txt`` or ``classes.json`` in ``folder``, sorted by id; None without one.
@@ -61,11 +64,17 @@ def read_class_list(folder: Path) -> tuple[tuple[str, ...], tuple[int, ...]] | N
             pairs = []
             for key, name in doc.items():
                 try:
-                    pairs.append((int(key), name.strip()))
+                    cid = int(key)
                 except ValueError:
                     raise SourceError(
                         f"class list {shown(os.fspath(js))!r}: key {shown(key)!r} is not an integer class id"
                     ) from None
+                if not 0 <= cid <= _MAX_ID:
+                    raise SourceError(
+                        f"class list {shown(os.fspath(js))!r}: class id {shown(key)!r} is not a pixel value of a "
+                        f"label image (0..{_MAX_ID})"
+                    )
+                pairs.append((cid, name.strip()))
             pairs.sort()
         else:
             raise SourceError(

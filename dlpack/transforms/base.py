@@ -15,6 +15,7 @@ with their labels. The generator of variant ``v`` of sample ``i`` is :func:`vari
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar
@@ -181,6 +182,13 @@ def check_number(value: Any, where: str, lo: float | None = None, hi: float | No
     """A real number in ``[lo, hi]``, or a ConfigError that names ``where`` and the range."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or value != value:
         raise ConfigError(f"{where} must be a number, got {value!r}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int beyond a float
+        finite = False
+    if not finite:
+        got = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else repr(value)
+        raise ConfigError(f"{where} must be a finite number, got {got}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         span = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
         raise ConfigError(f"{where} must be in {span}, got {value!r}")

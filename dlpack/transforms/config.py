@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
+from .._json import parse_json, read_text_file
 from ..errors import ConfigError, MissingExtraError
 from .base import Pipeline, Targets
 
@@ -133,32 +134,13 @@ def _is_albumentations(doc: Mapping[str, Any]) -> bool:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the augmentation config: {exc.strerror or exc}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: the augmentation config is not UTF-8 text (byte {exc.start})") from None
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ConfigError(f"the key {key!r} appears twice in one object")
-        out[key] = value
-    return out
+    """The config's text, read as label files are (a regular file within the size limit, so a named
+    pipe or a device is refused at once); kept exactly, for the manifest."""
+    return read_text_file(path, str(path), ConfigError)
 
 
 def _parse_json(text: str, path: Path) -> Any:
-    try:
-        return json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}") from None
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    return parse_json(text, str(path), ConfigError)
 
 
 def _parse_yaml(text: str, path: Path) -> Any:
@@ -168,6 +150,10 @@ def _parse_yaml(text: str, path: Path) -> Any:
         raise MissingExtraError("yaml", "yaml", "a YAML augmentation config") from None
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read") from None
+    except ValueError as exc:  # PyYAML converts numbers with int(), which limits their digits
+        raise ConfigError(f"{path}: holds a value Python cannot read: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

@@ -64,7 +64,11 @@ def _shown(value: Any) -> str:
     try:
         return json.dumps(value)
     except (TypeError, ValueError):
+        pass
+    try:
         return repr(value)
+    except ValueError:  # an int of more digits than Python turns into text
+        return f"an integer of {value.bit_length()} bits" if isinstance(value, int) else type(value).__name__
 
 
 def _plain(value: Any) -> Any:
@@ -75,7 +79,13 @@ def _plain(value: Any) -> Any:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and value == value
+    """A finite real: an int too large for a float is not one (no operation could use it)."""
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 class _Fields:
@@ -165,6 +175,8 @@ class _Fields:
             raise self.error(key, f"low must not exceed high, got {_shown(v)}")
         for x in pair:
             self._check_number(key, x, lo, hi)
+        if not math.isfinite(pair[1] - pair[0]):  # a draw from it would overflow the generator
+            raise self.error(key, f"the range is too wide to draw from (high - low beyond a float), got {_shown(v)}")
         return pair
 
     def xy(self, key: str, default: XYSpan, lo: float | None = None, hi: float | None = None, *aliases: str) -> XYSpan:

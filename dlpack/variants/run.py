@@ -25,7 +25,7 @@ from .. import _parallel, schema
 from .._lock import BuildLock, augment_journal_path, augment_stage_path
 from ..backends import ArraySpec, StoreReader, detect_backend, open_reader, remove_store
 from ..backends.base import DEFAULT_SHARD_BYTES
-from ..errors import DlpackError, OptionError, StoreError, StoreExistsError, StoreNotFoundError
+from ..errors import ConfigError, DlpackError, OptionError, StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import Manifest
 from ..options import available_cores
 from ..pack.journal import Journal, Restart, is_journal, read_journal
@@ -232,6 +232,12 @@ def augment_locked(
     finally:
         reader.close()  # an HDF5 store is written next, which HDF5 refuses while a reader has it open
     cfg = resolve_config(config, engine, m.resolved_task)  # config errors before anything is written
+    assert m.image.shape is not None  # a fixed layout: input_arrays refuses others
+    from ..transforms.sizes import output_size_problem  # imported on first use, as configs are
+
+    wrong = output_size_problem(cfg.augmenter, m.image.shape[0], m.image.shape[1])
+    if wrong is not None:  # before any worker makes (and allocates) a variant of that size
+        raise ConfigError(f"{getattr(cfg, 'name', '') or 'the augmentation config'}: {wrong}")
     fill = m.mask_ignore if m.mask_ignore is not None else 0
     record = manifest_record(cfg, k, seed, engine, fill)
     header = journal_header(m, record, block_len)

@@ -275,7 +275,7 @@ def test_half_an_albumentations_document_says_what_it_lacks() -> None:
 @pytest.mark.parametrize(
     ("name", "text", "match"),
     [
-        ("bad.json", '{\n  "mirror": "rc",\n  "rotate": 90,,\n}\n', r"bad\.json: line 3, column 16: not valid JSON"),
+        ("bad.json", '{\n  "mirror": "rc",\n  "rotate": 90,,\n}\n', r"bad\.json is not valid JSON: .* at line 3, column 16"),
         ("bad.json", '{"mirror": "rc", "mirror": "c"}', r"bad\.json: the key 'mirror' appears twice"),
         ("bad.json", '["mirror"]', r"bad\.json: an augmentation config is an object"),
         ("bad.yaml", "mirror: rc\nrotate: [90\n", r"bad\.yaml: line 3, column 1: not valid YAML"),
@@ -291,13 +291,13 @@ def test_an_unreadable_config_names_the_file_and_the_line(tmp_path: Path, name: 
 
 
 def test_a_missing_or_undecodable_file_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"missing\.json: cannot read the augmentation config"):
+    with pytest.raises(ConfigError, match=r"missing\.json does not exist"):
         load_config(tmp_path / "missing.json")
     (tmp_path / "folder.json").mkdir()
-    with pytest.raises(ConfigError, match=r"folder\.json: cannot read"):
+    with pytest.raises(ConfigError, match=r"folder\.json is a folder, not a file"):
         load_config(tmp_path / "folder.json")
     (tmp_path / "latin.json").write_bytes(b'{"mirror": "\xe9"}')
-    with pytest.raises(ConfigError, match=r"latin\.json: the augmentation config is not UTF-8 text"):
+    with pytest.raises(ConfigError, match=r"latin\.json is not UTF-8 text"):
         load_config(tmp_path / "latin.json")
 
 
