@@ -72,7 +72,7 @@ CSV = "path,label\n" + "".join(f"{f},{f[0]}\n" for f in FILES)
 HOSTILE: dict[str, tuple[str, str, int, str]] = {
     "coco-nul-in-name": ("coco", _coco(lambda d: d["images"][0].update(file_name="a/0\0.png")), 1, r"a/0\x00.png"),
     "coco-lone-surrogate": ("coco", _coco(lambda d: d["images"][1].update(file_name="a/\udcfe.png")), 1, "surrogate"),
-    "coco-negative-category-painted": ("coco", _coco(_negative_category), 1, "class id -3 is negative"),
+    "coco-negative-category-painted": ("coco", _coco(_negative_category), 2, "category 'neg' has id -3"),
     "coco-309-digit-box": ("coco", _coco(lambda d: d["annotations"][0].update(bbox=[1, 1, 10**309, 4])), 2, "64 bits"),
     "coco-5000-digit-id": ("coco", _coco().replace('"id": 2,', '"id": ' + "7" * 5000 + ",", 1), 2, "64 bits"),
     "coco-float-beyond-range": ("coco", _coco().replace("[1, 1, 4, 4]", "[1, 1, 4e999, 4]", 1), 2, "range of a float"),
