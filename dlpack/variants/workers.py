@@ -29,7 +29,7 @@ from .plan import VariantPlan
 __all__ = ["VariantRecord", "LabelRows", "MAX_ATTEMPTS", "variant_block", "distinct_variant", "record_text", "view_key"]
 
 #: Draws of one variant at most: the first, and redraws while it equals another view of its sample.
-MAX_ATTEMPTS = 8
+MAX_ATTEMPTS = 16
 
 #: One sample's stored label rows: boxes [k, 4] (None: the store has none), box labels, crowd flags.
 LabelRows = tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
