@@ -167,3 +167,32 @@ def test_augment_that_cannot_prepare_its_zarr_stage_names_the_reason(
     assert said in err and "s.zarr" in err and "Errno" not in err, err
     assert aug.content(out) == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".s.zarr")) == []
+
+
+def test_hdf5_augment_replace_gives_back_the_space_of_the_replaced_variants(
+    make_tree: MakeTree, tmp_path: Path
+) -> None:
+    """HDF5 never reuses the space of a deleted dataset: each --replace rewrites the file compactly,
+    so the size after several replacements stays that of one, and the user's own objects and
+    attributes in the file stay."""
+    import h5py
+
+    out = _store(make_tree, tmp_path, "rgb", "r.h5", n=24)
+    with h5py.File(out, "r+") as f:
+        f.create_dataset("my_notes", data=np.arange(5))
+        f.attrs["owner"] = "me"
+    cfg = _config(tmp_path, {"augmentation_percentage": 100, "mirror": "rc", "brightness_variation": 20})
+    dlpack.augment(out, 3, cfg, jobs=1, quiet=True)
+    first = out.stat().st_size
+    sizes = []
+    for seed in (1, 2, 3):
+        assert main(["augment", str(out), "--augment", "3", "--augment-seed", str(seed), "--augment-config",
+                     str(cfg), "--replace", "--quiet"]) == 0  # fmt: skip
+        sizes.append(out.stat().st_size)
+    assert max(sizes) <= first * 1.1, (first, sizes)
+    with dlpack.open(out) as ds:
+        assert ds.verify() == [] and ds.manifest.augment["seed"] == 3
+        assert len(set(_views(ds, 0))) == 4
+    with h5py.File(out, "r") as f:
+        assert f["my_notes"][()].tolist() == [0, 1, 2, 3, 4] and f.attrs["owner"] == "me"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".r.h5")) == []
