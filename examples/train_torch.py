@@ -153,7 +153,7 @@ def train(a: argparse.Namespace, device: torch.device) -> int:
             workers=a.workers,
             prefetch=a.prefetch,
             drop_last=True,
-            **({"augment": "cached"} if a.augment == "cached" else {}),
+            augment="cached" if a.augment == "cached" else None,
         )
         if a.val_split:
             val = torch_loader(ds, split=a.val_split, batch_size=a.batch_size, shuffle=False, workers=a.workers)

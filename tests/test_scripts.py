@@ -292,7 +292,9 @@ def _augmented_store(work: Path) -> None:
     """``aug.zarr``: the sample images with 2 cached variants each (a mirror or a brightness change)."""
     config = work / "aug.json"
     config.write_text('{"augmentation_percentage": 100, "mirror": "c", "brightness_variation": 40}')
-    dlpack.build(work / "raw", work / "aug.zarr", size=(32, 32), quiet=True, jobs=1, augment=2, augment_config=str(config))
+    dlpack.build(
+        work / "raw", work / "aug.zarr", size=(32, 32), quiet=True, jobs=1, augment=2, augment_config=str(config)
+    )
 
 
 def _check_train_cached(out: str, work: Path) -> None:

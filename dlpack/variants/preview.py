@@ -214,9 +214,7 @@ def _caption(lines: Sequence[str], width: int) -> np.ndarray:
     return band
 
 
-def _legend(
-    classes: Sequence[str], width: int, shown: Sequence[int] | None = None
-) -> list[list[tuple[int, str, int]]]:
+def _legend(classes: Sequence[str], width: int, shown: Sequence[int] | None = None) -> list[list[tuple[int, str, int]]]:
     """The class names placed in lines of ``width`` pixels: ``[(class index, name, x), ...]`` per
     line (a name wider than a line is cut to fit); ``shown``: the class indices to list (all)."""
     lines: list[list[tuple[int, str, int]]] = [[]]
@@ -233,9 +231,7 @@ def _legend(
     return lines
 
 
-def _header(
-    classes: Sequence[str], colours: np.ndarray, width: int, shown: Sequence[int] | None = None
-) -> np.ndarray:
+def _header(classes: Sequence[str], colours: np.ndarray, width: int, shown: Sequence[int] | None = None) -> np.ndarray:
     """The band at the top: each class name in its colour (boxes and masks use the same), in as
     many lines of ``HEADER`` pixels as the sheet's width needs; ``shown``: the classes the sheet
     drew (all when None), so the band names no colour that appears nowhere."""
@@ -274,7 +270,7 @@ def _labelled(ds: Any, order: np.ndarray, count: int) -> list[int]:
     if "boxes" in ds.manifest.arrays:
         off = np.asarray(r.meta("boxes_offsets"), np.int64)
         has = np.diff(off)[order] > 0
-        first = order[has][:count].tolist()
+        first = [int(i) for i in order[has][:count]]
     elif schema.MASK in ds.manifest.arrays:
         ignore = ds.manifest.mask_ignore
         first = []
@@ -287,7 +283,7 @@ def _labelled(ds: Any, order: np.ndarray, count: int) -> list[int]:
     else:
         first = []
     taken = set(first)
-    rest = [i for i in order.tolist() if i not in taken][: count - len(first)]
+    rest = [int(i) for i in order if int(i) not in taken][: count - len(first)]
     return first + rest
 
 

@@ -128,7 +128,11 @@ def view_key(image: np.ndarray, mask: np.ndarray | None, rows: LabelRows, plan: 
 
 
 def _values(stored: bool, values: np.ndarray | None) -> tuple[int, ...] | None:
-    return tuple(int(x) for x in np.asarray(values if values is not None else (), np.int64).reshape(-1)) if stored else None
+    return (
+        tuple(int(x) for x in np.asarray(values if values is not None else (), np.int64).reshape(-1))
+        if stored
+        else None
+    )
 
 
 def distinct_variant(
