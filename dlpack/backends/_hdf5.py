@@ -694,6 +694,8 @@ def compact(path: Path) -> bool:
     """
     import h5py
 
+    if path.is_symlink():
+        return False  # the rename would replace the link, not the file it names
     tmp = compact_path(path)
     if tmp.exists() or tmp.is_symlink():
         if not _has_marker(tmp):
