@@ -698,6 +698,9 @@ def _add_preview(sub: Any) -> None:
     p.add_argument("--seed", type=_integer, default=0, metavar="S", help="which samples are drawn (default: 0)")
     p.add_argument("--tile", type=_integer, default=160, metavar="PX", help="side of each view's cell (default: 160)")
     p.add_argument("--max-variants", type=_integer, default=8, metavar="M", help="variants shown per row (default: 8)")
+    p.add_argument(
+        "--index", type=_integer, nargs="+", metavar="I", help="show these samples (indices), instead of --count drawn"
+    )
     _add_json_flags(p, "what was drawn (the PNG, the store, the sample indices, variants per row)")
     p.set_defaults(run=_run_preview)
 
@@ -706,7 +709,9 @@ def _run_preview(a: argparse.Namespace) -> int:
     from .variants.preview import preview
 
     _check_json_file(a, ("the store", a.store), outputs=[("OUT", a.out)])
-    result = preview(a.store, a.out, count=a.count, seed=a.seed, tile=a.tile, max_variants=a.max_variants)
+    result = preview(
+        a.store, a.out, count=a.count, seed=a.seed, tile=a.tile, max_variants=a.max_variants, index=a.index
+    )
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
     if not a.json:

@@ -3,11 +3,14 @@
     python examples/train_torch.py demo/train.zarr --epochs 2
     python examples/train_torch.py fmnist.zarr --split train --val-split test --epochs 3
     python examples/train_torch.py demo/raw --folder --size 512x512 --epochs 2   # the scattered baseline
+    python examples/train_torch.py aug.zarr --augment cached --epochs 4   # the store's augmentation variants
 
 Prints, per epoch, images/s and the fraction of step time spent waiting for data: the number
 that says whether the GPU (or CPU) is starved; from a store, also the loader's own line
 (``epoch 0: 41,212 img/s, waited 2.1 % of the time (p99 0.4 ms)``); with --val-split, the accuracy on that split.
-Without --split it trains on every sample of the store, whatever split it is in. Needs the
+Without --split it trains on every sample of the store, whatever split it is in. With
+``--augment cached`` each epoch serves one view of every image, its original or one of the
+variants ``dlpack augment`` cached in the store, and says how many were variants. Needs the
 [torch] extra.
 """
 
@@ -100,9 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--split", help="train on this split of the store only (e.g. train)")
     p.add_argument("--val-split", help="report accuracy on this split after each epoch (e.g. test)")
+    p.add_argument(
+        "--augment",
+        choices=("none", "cached"),
+        default="none",
+        help="cached: train on the store's augmentation variants (dlpack augment), one view of each image per epoch",
+    )
     a = p.parse_args(argv)
     if a.folder and (a.split or a.val_split):
         p.error("--split and --val-split select samples of a dlpack store, not of --folder")
+    if a.folder and a.augment != "none":
+        p.error("--augment cached serves the variants a dlpack store holds, not a --folder")
     device = torch.device(a.device)
     try:
         return train(a, device)
@@ -142,6 +153,7 @@ def train(a: argparse.Namespace, device: torch.device) -> int:
             workers=a.workers,
             prefetch=a.prefetch,
             drop_last=True,
+            augment="cached" if a.augment == "cached" else None,
         )
         if a.val_split:
             val = torch_loader(ds, split=a.val_split, batch_size=a.batch_size, shuffle=False, workers=a.workers)
@@ -156,13 +168,15 @@ def train(a: argparse.Namespace, device: torch.device) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     what = f" (split {a.split})" if a.split else ""
+    if a.augment == "cached":
+        what += " with its cached augmentation variants"
     print(f"training on {device} from {'folder' if a.folder else 'dlpack store'} {a.path}{what}")
     for epoch in range(a.epochs):
         if hasattr(batches, "set_epoch"):
             batches.set_epoch(epoch)
         t0 = time.perf_counter()
         wait = 0.0
-        n = 0
+        n = variants = 0
         last_loss = float("nan")  # an epoch may have no full batch (a tiny split)
         t_ready = time.perf_counter()
         for steps, batch in enumerate(batches, 1):
@@ -178,6 +192,8 @@ def train(a: argparse.Namespace, device: torch.device) -> int:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             n += len(x)
+            if "variant" in batch:  # 0: the original, v: cached variant v
+                variants += int((torch.as_tensor(batch["variant"]) > 0).sum())
             t_ready = time.perf_counter()
             if a.max_steps and steps >= a.max_steps:
                 break
@@ -186,6 +202,8 @@ def train(a: argparse.Namespace, device: torch.device) -> int:
             f"epoch {epoch}: {n} images in {dt:.2f} s = {n / dt:.0f} images/s, "
             f"waiting for data {100 * wait / dt:.0f} % of the time, loss {last_loss:.3f}"
         )
+        if a.augment == "cached":
+            print(f"epoch {epoch}: {variants} of {n} images served as cached variants, the rest as originals")
         stats = loader_stats(batches)
         if stats:  # the loader's own figures for the pass: the wait inside next(), p99 per batch
             print(f"  loader: {stats[-1].line()}")

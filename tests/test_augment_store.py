@@ -55,6 +55,33 @@ def _copy(store: Path, to: Path) -> Path:
 # ---------------------------------------------------------------- what is written
 
 
+def same_view(a: Targets, b: Targets) -> bool:
+    return all(
+        (x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
+        for x, y in ((a.image, b.image), (a.mask, b.mask), (a.boxes, b.boxes), (a.box_labels, b.box_labels),
+                     (a.box_crowd, b.box_crowd))
+    )  # fmt: skip
+
+
+def expected_views(augmenter: Any, t: Targets, seed: int, i: int, k: int) -> list[tuple[Targets, Any]]:
+    """The K variants of one sample by the documented rule, computed here: variant v is the first
+    draw a (variant_rng(seed, i, v, a), a < MAX_ATTEMPTS) that equals neither the original nor an
+    earlier variant, else draw 0."""
+    from dlpack.variants.workers import MAX_ATTEMPTS
+
+    seen, out = [t], []
+    for v in range(1, k + 1):
+        for a in range(MAX_ATTEMPTS):
+            view, record = augmenter(t, variant_rng(seed, i, v, a))
+            if not any(same_view(view, s) for s in seen):
+                break
+        else:
+            view, record = augmenter(t, variant_rng(seed, i, v))
+        seen.append(view)
+        out.append((view, record))
+    return out
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_variants_are_a_pure_function_of_seed_index_variant_and_the_stored_original(
     store: Path, tmp_path: Path, jobs: int
@@ -72,16 +99,17 @@ def test_variants_are_a_pure_function_of_seed_index_variant_and_the_stored_origi
         flipped = 0
         for i in range(len(ds)):
             original = ds[i]
+            t = Targets(
+                original["image"],
+                original["boxes"],
+                original["box_labels"],
+                original["box_crowd"],
+                original["mask"],
+                fill_mask=fill or 0,
+            )
+            views = expected_views(cfg.augmenter, t, 7, i, K)
             for v in range(1, K + 1):
-                t = Targets(
-                    original["image"],
-                    original["boxes"],
-                    original["box_labels"],
-                    original["box_crowd"],
-                    original["mask"],
-                    fill_mask=fill or 0,
-                )
-                want, record = cfg.augmenter(t, variant_rng(7, i, v))
+                want, record = views[v - 1]
                 got = ds.variant(i, v)
                 assert np.array_equal(got["image"], want.image), (i, v)
                 assert np.array_equal(got["mask"], want.mask), (i, v)

@@ -266,3 +266,29 @@ def test_the_class_band_wraps_so_a_narrow_sheet_names_every_class() -> None:
     assert all(x + P.LINE + P._width(text) <= 104 - P.MARGIN for line in lines for _, text, x in line)
     assert P._header(classes, P._palette(12), 104).shape == (P.HEADER * len(lines), 104, 3)
     assert len(P._legend(classes, 2000)) == 1
+
+
+def test_drawn_samples_are_those_with_labels_and_the_band_names_only_classes_drawn(
+    flipped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A third of the fixture's images have no box: a drawn sheet shows only labelled ones while
+    there are enough; --index shows the samples named, and the band lists only their classes."""
+    with dlpack.open(flipped) as ds:
+        boxed = {i for i in range(len(ds)) if len(ds[i]["boxes"])}
+        classes = {i: {ds.classes[c] for c in ds[i]["box_labels"].tolist()} for i in range(len(ds))}
+    assert 0 < len(boxed) < 40
+    for seed in range(4):
+        result = P.preview(flipped, tmp_path / "drawn.png", count=8, seed=seed, tile=32)
+        assert len(result.samples) == 8 and set(result.samples) <= boxed, seed
+    # More than the labelled ones: every labelled sample, then the others.
+    result = P.preview(flipped, tmp_path / "many.png", count=len(boxed) + 3, tile=32)
+    assert boxed <= set(result.samples) and len(result.samples) == len(boxed) + 3
+    one = next(i for i in sorted(boxed) if len(classes[i]) == 1)
+    empty = next(i for i in range(40) if i not in boxed)
+    code, out, err = _run(capsys, flipped, tmp_path / "chosen.png", "--index", one, empty, "--json", "--tile", 48)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["samples"] == [one, empty] and doc["classes"] == sorted(classes[one])
+    assert _sheet(tmp_path / "chosen.png").shape[0] == P.HEADER + 2 * (48 + P.CAPTION + 2 * P.MARGIN)
+    code, _, err = _run(capsys, flipped, tmp_path / "bad.png", "--index", 40)
+    assert code == 2 and "--index" in err and "40" in err and "0..39" in err and "Traceback" not in err

@@ -293,6 +293,24 @@ def _check_train_split(out: str, work: Path) -> None:
     assert "epoch 1: validation on test: accuracy" in out
 
 
+def _augmented_store(work: Path) -> None:
+    """``aug.zarr``: the sample images with 2 cached variants each (a mirror or a brightness change)."""
+    config = work / "aug.json"
+    config.write_text('{"augmentation_percentage": 100, "mirror": "c", "brightness_variation": 40}')
+    dlpack.build(
+        work / "raw", work / "aug.zarr", size=(32, 32), quiet=True, jobs=1, augment=2, augment_config=str(config)
+    )
+
+
+def _check_train_cached(out: str, work: Path) -> None:
+    import re
+
+    assert "from dlpack store aug.zarr with its cached augmentation variants" in out
+    served = [int(m) for m in re.findall(r"epoch \d: (\d) of 8 images served as cached variants", out)]
+    # Each image gets every one of its 3 views once in 3 epochs: 2 of them variants.
+    assert len(served) == 3 and sum(served) == 16, out
+
+
 def _check_train_folder(out: str, work: Path) -> None:
     assert "training on cpu from folder" in out and "epoch 0: 8 images in" in out
 
@@ -430,6 +448,13 @@ RUNS: dict[str, list[Run]] = {
             _check_train_split,
             needs=("torch",),
             setup=_split_store,
+        ),
+        Run(
+            ("aug.zarr", "--augment", "cached", "--epochs", "3", "--batch-size", "4", "--workers", "0")
+            + ("--device", "cpu"),
+            _check_train_cached,
+            needs=("torch",),
+            setup=_augmented_store,
         ),
         Run(
             ("raw", "--folder", "--size", "32x32", "--epochs", "1", "--batch-size", "4", "--workers", "0")

@@ -720,3 +720,79 @@ class Hdf5Backend(Backend):
         except OSError as exc:
             raise _h5_error(store, exc) from exc
         return carried
+
+
+#: A file that holds more than this share of space no object uses is rewritten compactly.
+_WASTE_SHARE = 0.2
+
+
+def _used_bytes(f: Any) -> int:
+    """The bytes the file's datasets store (their data, not HDF5's own small metadata)."""
+    import h5py
+
+    used = 0
+
+    def visit(_: str, obj: Any) -> None:
+        nonlocal used
+        if isinstance(obj, h5py.Dataset):
+            used += int(obj.id.get_storage_size())
+
+    f.visititems(visit)
+    return used
+
+
+def compact_path(path: Path) -> Path:
+    """Where :func:`compact` writes the compact copy of ``path`` before it replaces it."""
+    return path.with_name(f".{path.name}.dlpack-compact")
+
+
+def compact(path: Path) -> bool:
+    """Rewrite the HDF5 store ``path`` without the space of deleted arrays, when that space is a
+    large share of the file; returns whether it did.
+
+    HDF5 does not give back or (in a later session) reuse the space of a deleted dataset, so every
+    change that replaces arrays (``augment --replace``, ``add_array(..., replace=True)``) would grow
+    the file by what it replaced. The copy (every object and root attribute, each dataset with its
+    layout, so contiguous arrays stay memory-mappable) is written beside the store, synced and
+    renamed over it: a reader sees the old file or the new one. Call only under the store's build
+    lock. Without the free space for the copy, the file is left as it is (it stays correct, only
+    larger).
+    """
+    import h5py
+
+    if path.is_symlink():
+        return False  # the rename would replace the link, not the file it names
+    tmp = compact_path(path)
+    if tmp.exists() or tmp.is_symlink():
+        if not _has_marker(tmp):
+            return False  # not a copy of dlpack's: left alone
+        tmp.unlink()  # a compaction killed before its rename
+    _load_plugins()
+    try:
+        with h5py.File(path, "r") as src:
+            used = _used_bytes(src)
+            size = path.stat().st_size
+            if size - used <= max(_WASTE_SHARE * size, 2**16):
+                return False
+            if shutil.disk_usage(path.parent).free < used + SPACE_MARGIN:
+                return False
+            with h5py.File(tmp, "w-") as dst:
+                for name, value in src.attrs.items():
+                    dst.attrs[name] = value
+                for name in src:
+                    src.copy(src[name], dst, name=name)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    with contextlib.suppress(OSError):
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return True

@@ -477,8 +477,24 @@ def prepare_beside(store: Path, stage: Path, skip: Sequence[str] = ()) -> None:
     stored arrays ``skip`` (being replaced), temporary files of dlpack's writers cut short by a
     kill, and array folders dlpack's writer created that no manifest lists.
 
-    ``stage`` must not exist (see :func:`clear_beside`).
+    ``stage`` must not exist (see :func:`clear_beside`). A full disk or a folder that cannot be
+    written is a :class:`StoreError` naming the path (the stage made so far is left for the
+    caller's abort to remove).
     """
+    try:
+        with writing(stage):
+            _prepare_beside(store, stage, skip)
+    except PermissionError as exc:
+        with contextlib.suppress(OSError):
+            stage.chmod(0o700)  # the copied mode may be read-only: let the caller's cleanup remove it
+        raise StoreError(
+            f"cannot prepare the next version of {store} in {stage}: {exc.filename or stage} is not writable "
+            "(permission denied); the store and the folder it is in must be writable by this user: "
+            "change their permissions and run the command again"
+        ) from exc
+
+
+def _prepare_beside(store: Path, stage: Path, skip: Sequence[str]) -> None:
     manifest = read_manifest(store)
     listed = {n for spec in manifest.arrays.values() for n in spec.stored_names()}
     stage.mkdir()

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backends import ArraySpec, StoreWriter, open_writer
-from ..backends.base import DEFAULT_SHARD_BYTES
+from ..backends.base import DEFAULT_SHARD_BYTES, writing
 from ..errors import StoreError
 from ..manifest import Manifest
 
@@ -221,6 +221,13 @@ class ArrayTransaction:
             writer.arrays[_retired_name(name)] = old
             writer.delete_array(_retired_name(name))  # listed by no manifest: a kill before this leaves debris
         writer.abort()
+        if retired:
+            from ..backends._hdf5 import compact
+
+            # HDF5 never reuses the space of the arrays just deleted: without this, each replacement
+            # would grow the file by the size of what it replaced.
+            with writing(self.out):
+                compact(self.out)
 
     def abort(self, keep: bool = False) -> None:
         """Undo after a failure: the store stays as it was. ``keep`` leaves the new arrays written

@@ -45,9 +45,14 @@ DEFAULT_MIN_VISIBILITY = 0.0
 _VARIANT_TAG = 0x617567
 
 
-def variant_rng(seed: int, index: int, variant: int) -> np.random.Generator:
-    """The generator of variant ``variant`` of sample ``index``: a pure function of its arguments."""
-    return np.random.default_rng([int(seed), int(index), int(variant), _VARIANT_TAG])
+def variant_rng(seed: int, index: int, variant: int, attempt: int = 0) -> np.random.Generator:
+    """The generator of variant ``variant`` of sample ``index``: a pure function of its arguments.
+
+    ``attempt`` > 0 is a redraw of that variant (one that came out equal to another view of its
+    sample); attempt 0 is the first draw.
+    """
+    key = [int(seed), int(index), int(variant), _VARIANT_TAG]
+    return np.random.default_rng(key if not attempt else [*key, int(attempt)])
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,14 @@ class Transform:
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
         """The random parameters of one application to ``t`` (JSON-ready: ints, floats, lists, str)."""
         return {}
+
+    def changes(self, t: Targets) -> bool:
+        """Whether some draw can change ``t`` (False: saturation of a gray image, a range of only 0).
+
+        A pipeline never draws an operation that cannot change the image it gets: it would stand
+        as the variant's operation and leave a copy of the original.
+        """
+        return True
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
         """Apply with ``params`` (from :meth:`draw` or a record): a pure function of its arguments."""
@@ -209,11 +222,18 @@ class OneOf(Transform):
         if not self.transforms:
             raise ConfigError("OneOf needs at least one transform")
 
-    def choose(self, rng: np.random.Generator) -> Transform:
-        weights = np.array([t.p for t in self.transforms], np.float64)
+    def choose(self, rng: np.random.Generator, t: Targets | None = None) -> Transform | None:
+        """One member, weighted by ``p``, among those that can change ``t`` (None: none can)."""
+        members = self.transforms if t is None else tuple(op for op in self.transforms if op.changes(t))
+        if not members:
+            return None
+        weights = np.array([op.p for op in members], np.float64)
         if weights.sum() <= 0:
-            weights = np.ones(len(self.transforms))
-        return self.transforms[int(rng.choice(len(self.transforms), p=weights / weights.sum()))]
+            weights = np.ones(len(members))
+        return members[int(rng.choice(len(members), p=weights / weights.sum()))]
+
+    def changes(self, t: Targets) -> bool:
+        return any(op.changes(t) for op in self.transforms)
 
     def to_dict(self) -> dict[str, Any]:
         return {"__class_fullname__": self.name, "p": self.p, "transforms": [t.to_dict() for t in self.transforms]}
@@ -232,14 +252,35 @@ class OneOf(Transform):
 register(OneOf)
 
 
-def _finish_boxes(t: Targets, min_area: float, min_visibility: float) -> Targets:
-    """Drop the boxes left below ``min_area`` pixels or ``min_visibility``, with their labels."""
+def _areas(boxes: np.ndarray | None) -> np.ndarray | None:
+    if boxes is None:
+        return None
+    b = np.asarray(boxes, np.float64).reshape(-1, 4)
+    return np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
+
+
+#: Square pixels an area may lose to float32 rounding (a mirror's ``W - x``) and still count as unchanged.
+_AREA_SLACK = 1e-3
+
+
+def _finish_boxes(t: Targets, min_area: float, min_visibility: float, before: np.ndarray | None = None) -> Targets:
+    """Drop the boxes the operations left without area, below ``min_area`` pixels or below
+    ``min_visibility``, with their labels.
+
+    ``before`` is each box's area in the original (operations keep the box count): a box already
+    below ``min_area`` there is dropped only if an operation made it smaller still, so a variant
+    never loses a label its original has just because the box is small.
+    """
     if t.boxes is None:
         return t
     b = t.boxes
     w, h = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
     vis = t.visibility if t.visibility is not None else np.ones(len(b))
-    keep = (w > 0) & (h > 0) & (w * h >= min_area) & (vis >= min_visibility)
+    area = w.astype(np.float64) * h
+    small = area < min_area
+    if before is not None and len(before) == len(b):
+        small &= area < before - _AREA_SLACK
+    keep = (w > 0) & (h > 0) & ~small & (vis >= min_visibility)
     return t.moved(b, np.ones(len(b)), keep).replace(visibility=None)
 
 
@@ -266,25 +307,29 @@ class Pipeline:
     def __call__(self, t: Targets, rng: np.random.Generator) -> tuple[Targets, list[dict[str, Any]]]:
         """One variant of ``t`` and the record of what was applied (``[]``: nothing was)."""
         record: list[dict[str, Any]] = []
+        before = _areas(t.boxes)
         if t.boxes is not None and t.visibility is None:
             t = t.replace(visibility=np.ones(len(t.boxes), np.float64))
         for op in self.ops:
             if rng.random() >= op.p:
                 continue
-            chosen = op.choose(rng) if isinstance(op, OneOf) else op
+            chosen = op.choose(rng, t) if isinstance(op, OneOf) else op
+            if chosen is None or not chosen.changes(t):
+                continue  # it could only leave the image as it is
             params = chosen.draw(rng, t)
             t = chosen.apply(t, params)
             record.append({"op": chosen.name, **params})
-        return _finish_boxes(t, self.min_area, self.min_visibility), record
+        return _finish_boxes(t, self.min_area, self.min_visibility, before), record
 
     def replay(self, t: Targets, record: Sequence[Mapping[str, Any]]) -> Targets:
         """Apply a record made by :meth:`__call__` again (no generator involved)."""
+        before = _areas(t.boxes)
         if t.boxes is not None and t.visibility is None:
             t = t.replace(visibility=np.ones(len(t.boxes), np.float64))
         for entry in record:
             params = {k: v for k, v in entry.items() if k != "op"}
             t = REGISTRY[entry["op"]].apply(self._op(entry["op"]), t, params)
-        return _finish_boxes(t, self.min_area, self.min_visibility)
+        return _finish_boxes(t, self.min_area, self.min_visibility, before)
 
     def _op(self, name: str) -> Transform:
         for op in self.ops:

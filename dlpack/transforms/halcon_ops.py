@@ -450,6 +450,9 @@ class SaturationVariation(Transform):
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
         return {"factor": float(rng.uniform(1.0 - self.value, 1.0 + self.value))}
 
+    def changes(self, t: Targets) -> bool:
+        return t.image.ndim == 3 and t.image.shape[2] == 3  # a gray image has no saturation
+
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
         return t.replace(image=scale_saturation(t.image, float(params["factor"])))
 

@@ -885,6 +885,9 @@ class RandomBrightnessContrast(_Op):
         base = color.max_value(t.image.dtype) if self.brightness_by_max else float(np.mean(t.image))
         return {"alpha": alpha, "beta": beta * float(base)}
 
+    def changes(self, t: Targets) -> bool:
+        return any(self.brightness_limit) or any(self.contrast_limit)
+
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
         return t.replace(image=color.brightness_contrast(t.image, float(params["alpha"]), float(params["beta"])))
 
@@ -916,6 +919,12 @@ class HueSaturationValue(_Op):
             "sat": float(rng.uniform(*self.sat_shift_limit)),
             "val": float(rng.uniform(*self.val_shift_limit)),
         }
+
+    def changes(self, t: Targets) -> bool:
+        if any(self.val_shift_limit):
+            return True
+        colour = t.image.ndim == 3 and t.image.shape[2] == 3
+        return colour and (any(self.hue_shift_limit) or any(self.sat_shift_limit))  # gray: only value moves it
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
         hsv = (float(params[k]) for k in ("hue", "sat", "val"))

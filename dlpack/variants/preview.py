@@ -46,12 +46,14 @@ _MASK_ALPHA = 0.45
 
 @dataclass(frozen=True)
 class PreviewResult:
-    """What :func:`preview` wrote: the PNG, the samples (one row each) and the variants per row."""
+    """What :func:`preview` wrote: the PNG, the samples (one row each), the variants per row and
+    the classes its band names (those whose boxes or masks it drew)."""
 
     out: str
     store: str
     samples: tuple[int, ...]
     variants: int
+    classes: tuple[str, ...] = ()
 
     def summary(self) -> str:
         views = f"the original and {self.variants} variant(s)" if self.variants else "the original (no variants)"
@@ -213,12 +215,13 @@ def _caption(lines: Sequence[str], width: int) -> np.ndarray:
     return band
 
 
-def _legend(classes: Sequence[str], width: int) -> list[list[tuple[int, str, int]]]:
+def _legend(classes: Sequence[str], width: int, shown: Sequence[int] | None = None) -> list[list[tuple[int, str, int]]]:
     """The class names placed in lines of ``width`` pixels: ``[(class index, name, x), ...]`` per
-    line (a name wider than a line is cut to fit)."""
+    line (a name wider than a line is cut to fit); ``shown``: the class indices to list (all)."""
     lines: list[list[tuple[int, str, int]]] = [[]]
     x = MARGIN
-    for k, name in enumerate(classes):
+    for k in range(len(classes)) if shown is None else shown:
+        name = classes[k]
         text = _cut(str(name), max(8, width - 2 * MARGIN - LINE))
         step = LINE + _width(text) + 12
         if lines[-1] and x + step - 12 > width - MARGIN:
@@ -229,13 +232,15 @@ def _legend(classes: Sequence[str], width: int) -> list[list[tuple[int, str, int
     return lines
 
 
-def _header(classes: Sequence[str], colours: np.ndarray, width: int) -> np.ndarray:
+def _header(classes: Sequence[str], colours: np.ndarray, width: int, shown: Sequence[int] | None = None) -> np.ndarray:
     """The band at the top: each class name in its colour (boxes and masks use the same), in as
-    many lines of ``HEADER`` pixels as the sheet's width needs."""
-    lines = _legend(classes, width)
+    many lines of ``HEADER`` pixels as the sheet's width needs; ``shown``: the classes the sheet
+    drew (all when None), so the band names no colour that appears nowhere."""
+    lines = _legend(classes, width, shown)
     band = np.full((HEADER * len(lines), width, 3), 255, np.uint8)
-    if not classes:
-        cv2.putText(band, "no classes", (MARGIN, LINE + 1), _FONT, _SCALE, _INK, 1, cv2.LINE_AA)
+    if not classes or (shown is not None and not shown):
+        text = "no classes" if not classes else "no boxes or masks drawn"
+        cv2.putText(band, text, (MARGIN, LINE + 1), _FONT, _SCALE, _INK, 1, cv2.LINE_AA)
     for n, line in enumerate(lines):
         y = n * HEADER
         for k, text, x in line:
@@ -252,6 +257,48 @@ def _check(name: str, value: object, low: int, high: int | None = None) -> int:
     return value
 
 
+#: Masks read at most per requested sample while looking for labelled ones (a store of many
+#: unlabelled images is not read whole to find a few).
+_MASK_LOOKS = 20
+
+
+def _labelled(ds: Any, order: np.ndarray, count: int) -> list[int]:
+    """The first ``count`` samples of ``order`` that have a box or a mask pixel of a class, then
+    the others in that order: a sheet shows what the labels do wherever the store has labels."""
+    from .. import schema
+
+    r = ds.reader
+    if "boxes" in ds.manifest.arrays:
+        off = np.asarray(r.meta("boxes_offsets"), np.int64)
+        has = np.diff(off)[order] > 0
+        first = [int(i) for i in order[has][:count]]
+    elif schema.MASK in ds.manifest.arrays:
+        ignore = ds.manifest.mask_ignore
+        first = []
+        for i in order[: _MASK_LOOKS * count].tolist():
+            m = np.asarray(r.read(schema.MASK, i))
+            if np.any((m != 0) & (m != (ignore if ignore is not None else 0))):
+                first.append(i)
+                if len(first) == count:
+                    break
+    else:
+        first = []
+    taken = set(first)
+    rest = [int(i) for i in order if int(i) not in taken][: count - len(first)]
+    return first + rest
+
+
+def _drawn(sample: Mapping[str, Any], ignore: int | None, class_ids: Sequence[int], n: int) -> set[int]:
+    """The class indices whose colour a view shows (its boxes' labels, its mask's class ids)."""
+    labels = sample.get("box_labels")
+    found = set() if labels is None else {int(c) for c in np.asarray(labels).reshape(-1).tolist()}
+    mask = sample.get("mask")
+    if mask is not None:
+        lookup = {int(cid): k for k, cid in enumerate(class_ids)}
+        found |= {lookup[v] for v in np.unique(np.asarray(mask)).tolist() if v in lookup and v not in (0, ignore)}
+    return {c for c in found if 0 <= c < n}
+
+
 def preview(
     store: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -260,12 +307,16 @@ def preview(
     seed: int = 0,
     tile: int = 160,
     max_variants: int = 8,
+    index: Sequence[int] | None = None,
 ) -> PreviewResult:
     """Write a contact sheet of ``count`` samples of ``store`` and their variants to ``out`` (PNG).
 
-    Samples are drawn without replacement by ``seed`` (all of them when the store has fewer) and
-    shown in index order; each row shows the original and its first ``max_variants`` variants
-    (a store without variants: the originals only). The same arguments write the same bytes.
+    Samples are drawn without replacement by ``seed`` (all of them when the store has fewer),
+    those with boxes or mask pixels first (a sheet of a labelled store shows its labels), and
+    shown in index order; ``index`` names the samples instead (in that order; ``count`` and
+    ``seed`` are then unused). Each row shows the original and its first ``max_variants`` variants
+    (a store without variants: the originals only); the band at the top names the classes whose
+    boxes or masks the sheet drew. The same arguments write the same bytes.
 
     Raises
     ------
@@ -284,17 +335,32 @@ def preview(
     if path.suffix.lower() != ".png":
         raise OptionError(f"the preview is a PNG: give OUT a .png name, got {path}")
     check_outputs([("the preview", path)], [("the store", store)], made_folders={"the preview"})
+    if index is not None:
+        index = [int(_check("index (--index)", i, 0)) for i in (index if isinstance(index, Sequence) else [index])]
+        if not index:
+            raise OptionError("preview index (--index) names no sample; give one or more sample indices")
     with Dataset(store) as ds:
         k = min(ds.variants, max_variants)
-        picks = np.sort(np.random.default_rng(seed).choice(len(ds), size=min(count, len(ds)), replace=False))
+        if index is not None:
+            outside = [i for i in index if i >= len(ds)]
+            if outside:
+                raise OptionError(
+                    f"preview index (--index) {outside[0]} is not a sample of {store}: it has {len(ds)} (0..{len(ds) - 1})"
+                )
+            picks = np.asarray(index, np.int64)
+        else:
+            order = np.random.default_rng(seed).permutation(len(ds))
+            picks = np.sort(np.asarray(_labelled(ds, order, min(count, len(ds))), np.int64))
         ignore = ds.manifest.mask_ignore
         classes, class_ids = ds.classes, ds.class_ids
         colours = _palette(max(len(classes), 12))
         rows = []
+        drawn: set[int] = set()
         for i in picks.tolist():
             cells = []
             for v in range(k + 1):
                 sample = ds.variant(i, v)
+                drawn |= _drawn(sample, ignore, class_ids, len(classes))
                 head = f"#{i} v{v}"
                 label = int(sample.get("label", -1))
                 if v == 0 and 0 <= label < len(classes):
@@ -304,10 +370,16 @@ def preview(
                 cell = np.concatenate([img, _caption(lines, tile)], axis=0)
                 cells.append(np.pad(cell, ((MARGIN, MARGIN), (MARGIN, MARGIN), (0, 0)), constant_values=255))
             rows.append(np.concatenate(cells, axis=1))
-    sheet = np.concatenate([_header(classes, colours, rows[0].shape[1]), *rows], axis=0)
+    sheet = np.concatenate([_header(classes, colours, rows[0].shape[1], sorted(drawn)), *rows], axis=0)
     ok, buf = cv2.imencode(".png", sheet)
     if not ok:
         raise StoreError(f"cannot encode the preview {path} as PNG")
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, buf.tobytes())  # a reader never sees half a PNG
-    return PreviewResult(out=str(path), store=str(store), samples=tuple(picks.tolist()), variants=k)
+    return PreviewResult(
+        out=str(path),
+        store=str(store),
+        samples=tuple(picks.tolist()),
+        variants=k,
+        classes=tuple(str(classes[c]) for c in sorted(drawn)),
+    )

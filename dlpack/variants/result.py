@@ -18,6 +18,8 @@ class AugmentResult:
     kept); ``variants_per_s`` is their rate. ``resume`` says what became of a stopped run:
     ``"resumed: a of b blocks already written"``, ``"started over: <why>"``, ``"published already:
     ..."``, or ``""``. ``replaced`` is the K of the variants the store held before (0: none).
+    ``copies`` counts the variants left equal to their original or to another variant of the same
+    image because no redraw made a new view (a config with few possible outcomes for K).
     """
 
     path: Path
@@ -29,6 +31,7 @@ class AugmentResult:
     blocks_written: int
     resume: str = ""
     replaced: int = 0
+    copies: int = 0
     seed: int = 0
     engine: str = "dlpack"
     config: str = ""
@@ -52,4 +55,9 @@ class AugmentResult:
         notes = [self.resume] if self.resume else []
         if self.replaced:
             notes.append(f"replaced its {self.replaced} variants per image")
+        if self.copies:
+            notes.append(
+                f"{self.copies} variant{'s are copies' if self.copies != 1 else ' is a copy'} of another view of "
+                "the same image: the config cannot make that many distinct views of them"
+            )
         return line + "".join(f" ({note})" for note in notes)

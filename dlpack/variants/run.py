@@ -43,7 +43,7 @@ from .plan import (
     variant_specs,
 )
 from .result import AugmentResult
-from .workers import LabelRows, VariantRecord, variant_block
+from .workers import LabelRows, VariantRecord, distinct_variant, variant_block, view_key
 
 __all__ = ["augment_store", "augment_locked"]
 
@@ -199,6 +199,58 @@ def _commit_arrays(
         else:
             values = [np.array(r.box_crowd or (), dtype="|u1") for r in recs]
         txn.write_values(spec, values)
+
+
+def _distinct_views(
+    txn: ArrayTransaction,
+    plan: VariantPlan,
+    rows: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    names: Mapping[int, tuple[str, str | None]],
+    done: dict[int, list[VariantRecord]],
+    journal: Journal[VariantRecord] | None,
+) -> int:
+    """Redraw each variant equal to an earlier variant of its sample (the workers already redrew
+    those equal to the original), in order v = 1..K, so the choice is the same for any ``--jobs``;
+    patch the blocks that changed (journalled again) and return how many variants stay copies."""
+    writer = txn.writer
+    copies = 0
+    for s in range(0, plan.count, plan.block_len):
+        n = plan.rows(s)
+        recs = {v: done[plan.unit(v, s)] for v in range(1, plan.k + 1)}
+        redo = [k for k in range(n) if len({recs[v][k].key() for v in recs}) < plan.k]
+        if redo:
+            originals = writer.read_block(schema.IMAGES, s, s + n)
+            masks = None if plan.mask_dtype is None else writer.read_block(schema.MASK, s, s + n)
+            labels = _block_labels(rows, s, s + n)
+            changed: dict[int, dict[int, tuple[np.ndarray, np.ndarray | None]]] = {}
+            for k in redo:
+                mask = None if masks is None else masks[k]
+                avoid = {view_key(originals[k], mask, labels[k], plan)}
+                for v in range(1, plan.k + 1):
+                    rec = recs[v][k]
+                    if not rec.copy and rec.key() in avoid:
+                        img, m, rec = distinct_variant(
+                            plan, s + k, v, originals[k], mask, labels[k], avoid, first=rec.attempt + 1
+                        )
+                        recs[v] = [*recs[v][:k], rec, *recs[v][k + 1 :]]
+                        changed.setdefault(v, {})[k] = (img, m)
+                    avoid.add(rec.key())
+            for v, patched in changed.items():
+                image_name, mask_name = names[v]
+                block = np.array(writer.read_block(image_name, s, s + n))
+                mblock = None if mask_name is None else np.array(writer.read_block(mask_name, s, s + n))
+                for k, (img, m) in patched.items():
+                    block[k] = img
+                    if mblock is not None and m is not None:
+                        mblock[k] = m
+                writer.write_block(image_name, s, block)
+                if mblock is not None and mask_name is not None:
+                    writer.write_block(mask_name, s, mblock)
+                done[plan.unit(v, s)] = recs[v]
+                if journal is not None:
+                    journal.append_block(plan.unit(v, s), recs[v])
+        copies += sum(r.copy for v in recs for r in recs[v])
+    return copies
 
 
 def augment_locked(
@@ -365,6 +417,7 @@ def augment_locked(
                     journal.append_block(plan.unit(v, s), records)
                 done[plan.unit(v, s)] = records
                 progress.finished(slot, len(records))
+        copies = _distinct_views(txn, plan, rows, names, done, journal)
         if journal is not None:
             journal.mark_commit()
         _commit_arrays(txn, plan, specs, done)
@@ -388,6 +441,7 @@ def augment_locked(
             blocks_written=len(todo),
             resume=note,
             replaced=m.variants,
+            copies=copies,
         )
     except KeyboardInterrupt:
         raise PublishedInterrupt(out) from None

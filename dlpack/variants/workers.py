@@ -10,6 +10,7 @@ outputs (CRC, boxes, box labels, crowd flags, the record) return to the parent a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from collections.abc import Sequence
@@ -25,7 +26,10 @@ from ..errors import DlpackError, OptionError
 from ..transforms.base import Targets, variant_rng
 from .plan import VariantPlan
 
-__all__ = ["VariantRecord", "LabelRows", "variant_block", "record_text"]
+__all__ = ["VariantRecord", "LabelRows", "MAX_ATTEMPTS", "variant_block", "distinct_variant", "record_text", "view_key"]
+
+#: Draws of one variant at most: the first, and redraws while it equals another view of its sample.
+MAX_ATTEMPTS = 16
 
 #: One sample's stored label rows: boxes [k, 4] (None: the store has none), box labels, crowd flags.
 LabelRows = tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
@@ -37,6 +41,8 @@ class VariantRecord:
 
     ``applied`` is the JSON text of what was applied (``augment_v{v}``); ``boxes`` are the moved
     boxes (None when the store has none), ``box_labels`` and ``box_crowd`` follow them.
+    ``attempt`` is the draw kept (:func:`distinct_variant`); ``copy`` is true when no draw differed
+    from the other views of the sample, and the variant is the first draw, a copy of one of them.
     """
 
     checksum: int
@@ -45,6 +51,12 @@ class VariantRecord:
     boxes: tuple[tuple[float, float, float, float], ...] | None = None
     box_labels: tuple[int, ...] | None = None
     box_crowd: tuple[int, ...] | None = None
+    attempt: int = 0
+    copy: bool = False
+
+    def key(self) -> tuple[Any, ...]:
+        """What makes two views of one sample the same: pixels (CRC-32), mask, boxes and their labels."""
+        return (self.checksum, self.mask_crc, self.boxes, self.box_labels, self.box_crowd)
 
     def record(self) -> list[Any]:
         """The journal's JSON list of this record; :meth:`from_record` inverts it."""
@@ -55,11 +67,13 @@ class VariantRecord:
             None if self.boxes is None else [list(b) for b in self.boxes],
             None if self.box_labels is None else list(self.box_labels),
             None if self.box_crowd is None else list(self.box_crowd),
+            self.attempt,
+            self.copy,
         ]
 
     @classmethod
     def from_record(cls, rec: Sequence[Any]) -> VariantRecord:
-        checksum, mask_crc, text, boxes, labels, crowd = rec
+        checksum, mask_crc, text, boxes, labels, crowd, attempt, copy = rec
         return cls(
             int(checksum),
             None if mask_crc is None else int(mask_crc),
@@ -67,6 +81,8 @@ class VariantRecord:
             None if boxes is None else tuple((float(a), float(b), float(c), float(d)) for a, b, c, d in boxes),
             None if labels is None else tuple(int(x) for x in labels),
             None if crowd is None else tuple(int(x) for x in crowd),
+            int(attempt),
+            bool(copy),
         )
 
 
@@ -95,10 +111,60 @@ def _follow(
     return found
 
 
-def _variant(
-    plan: VariantPlan, i: int, v: int, image: np.ndarray, mask: np.ndarray | None, rows: LabelRows
+def view_key(image: np.ndarray, mask: np.ndarray | None, rows: LabelRows, plan: VariantPlan) -> tuple[Any, ...]:
+    """:meth:`VariantRecord.key` of a stored original (its image, mask and label rows)."""
+    boxes, labels, crowd = rows
+    moved = None
+    if plan.boxes:
+        b = np.asarray(boxes if boxes is not None else np.empty((0, 4)), np.float32).reshape(-1, 4)
+        moved = tuple((float(x0), float(y0), float(x1), float(y1)) for x0, y0, x1, y1 in b.tolist())
+    return (
+        zlib.crc32(np.ascontiguousarray(image).data),
+        None if mask is None else zlib.crc32(np.ascontiguousarray(mask).data),
+        moved,
+        _values(plan.box_labels, labels),
+        _values(plan.box_crowd, crowd),
+    )
+
+
+def _values(stored: bool, values: np.ndarray | None) -> tuple[int, ...] | None:
+    return (
+        tuple(int(x) for x in np.asarray(values if values is not None else (), np.int64).reshape(-1))
+        if stored
+        else None
+    )
+
+
+def distinct_variant(
+    plan: VariantPlan,
+    i: int,
+    v: int,
+    image: np.ndarray,
+    mask: np.ndarray | None,
+    rows: LabelRows,
+    avoid: set[tuple[Any, ...]],
+    first: int = 0,
 ) -> tuple[np.ndarray, np.ndarray | None, VariantRecord]:
-    """Variant ``v`` of sample ``i``: a pure function of the plan's seed and augmenter and the stored original."""
+    """Variant ``v`` of sample ``i``: the first draw ``a`` (``first`` .. :data:`MAX_ATTEMPTS` - 1,
+    from ``variant_rng(seed, i, v, a)``) whose view is not in ``avoid`` (the keys of the original
+    and of the variants before ``v``); when none is, draw 0, marked as a copy.
+
+    The cache then holds K real views of each image wherever the config can make them, and the
+    choice stays a pure function of ``(seed, i, v)``, the config and the stored original.
+    """
+    for a in range(first, MAX_ATTEMPTS):
+        img, m, rec = _variant(plan, i, v, image, mask, rows, a)
+        if rec.key() not in avoid:
+            return img, m, dataclasses.replace(rec, attempt=a)
+    img, m, rec = _variant(plan, i, v, image, mask, rows, 0)
+    return img, m, dataclasses.replace(rec, copy=True)
+
+
+def _variant(
+    plan: VariantPlan, i: int, v: int, image: np.ndarray, mask: np.ndarray | None, rows: LabelRows, attempt: int = 0
+) -> tuple[np.ndarray, np.ndarray | None, VariantRecord]:
+    """Draw ``attempt`` of variant ``v`` of sample ``i``: a pure function of the plan's seed and
+    augmenter and the stored original."""
     boxes, labels, crowd = rows
     t = Targets(
         image=image,
@@ -109,7 +175,7 @@ def _variant(
         fill_mask=plan.fill_mask,
     )
     try:
-        out, applied = plan.augmenter(t, variant_rng(plan.seed, i, v))
+        out, applied = plan.augmenter(t, variant_rng(plan.seed, i, v, attempt))
     except DlpackError as exc:
         raise type(exc)(f"variant {v} of sample {i}: {exc}") from exc
     h, w, c = plan.shape
@@ -195,7 +261,10 @@ def variant_block(
     for k in range(n):
         if ticks is not None and k and k % ticks.EVERY == 0:
             ticks(k)
-        img, m, rec = _variant(plan, start + k, v, originals[k], None if masks_in is None else masks_in[k], labels[k])
+        mask_k = None if masks_in is None else masks_in[k]
+        # Here only the original is avoided; the parent redraws a variant equal to an earlier one.
+        original = {view_key(originals[k], mask_k, labels[k], plan)}
+        img, m, rec = distinct_variant(plan, start + k, v, originals[k], mask_k, labels[k], original)
         block[k] = img
         if masks is not None and m is not None:
             masks[k] = m

@@ -87,6 +87,10 @@ def test_every_op_gives_the_same_output_for_the_same_seed(op: Transform, dtype: 
     # Replaying the record of a pipeline run gives the same variant, with no generator involved.
     pipe = Pipeline((op,), min_area=0.0)
     variant, record = pipe(t, variant_rng(5, 2, 1))
+    if op.name == "saturation_variation" and channels == 1:
+        # A gray image has no saturation: the operation is never drawn for it.
+        assert not op.changes(t) and record == [] and np.array_equal(variant.image, t.image)
+        return
     assert record and record[0]["op"] == op.name
     assert _same(pipe.replay(t, json.loads(json.dumps(record))), variant)
 

@@ -256,9 +256,13 @@ def test_boxes_below_min_area_or_min_visibility_go_with_their_labels() -> None:
     assert loose.boxes is not None and loose.boxes.tolist() == [[2, 2, 10, 10], [8, 0, 16, 8], [12, 12, 16, 13]]
     strict = Pipeline(crop, min_area=0.0, min_visibility=0.6).replay(t, record)
     assert strict.box_labels is not None and strict.box_labels.tolist() == [1, 4]
+    # min_area drops only a box the operations made smaller: box 4 (4 px) and box 1 (64 px) are
+    # as small in the original and stay; box 2 went from 128 to 64 px.
     by_area = Pipeline(crop, min_area=10.0).replay(t, record)
-    assert by_area.box_labels is not None and by_area.box_labels.tolist() == [1, 2]
-    assert by_area.box_crowd is not None and by_area.box_crowd.tolist() == [0, 1]
+    assert by_area.box_labels is not None and by_area.box_labels.tolist() == [1, 2, 4]
+    shrunk = Pipeline(crop, min_area=100.0).replay(t, record)
+    assert shrunk.box_labels is not None and shrunk.box_labels.tolist() == [1, 4]
+    assert shrunk.box_crowd is not None and shrunk.box_crowd.tolist() == [0, 1]
 
 
 def test_visibility_accumulates_over_two_crops() -> None:
