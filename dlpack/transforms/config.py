@@ -149,7 +149,9 @@ def _parse_yaml(text: str, path: Path) -> Any:
     except ImportError:
         raise MissingExtraError("yaml", "yaml", "a YAML augmentation config") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_strict_yaml_loader(yaml))  # noqa: S506 (a SafeLoader subclass)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}; give each key once") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to read") from None
     except ValueError as exc:  # PyYAML converts numbers with int(), which limits their digits
@@ -159,3 +161,27 @@ def _parse_yaml(text: str, path: Path) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}: {where}not valid YAML: {problem}") from None
+
+
+class _DuplicateKey(ValueError):
+    """A YAML mapping that names a key twice (PyYAML itself keeps the last one silently)."""
+
+
+def _strict_yaml_loader(yaml: Any) -> Any:
+    """PyYAML's safe loader, refusing a key given twice in one mapping, as the JSON reader does."""
+
+    class StrictLoader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, (str, int, float, bool)) or key is None:
+                    if key in seen:
+                        mark = key_node.start_mark
+                        raise _DuplicateKey(
+                            f"line {mark.line + 1}, column {mark.column + 1}: the key {key!r} appears twice in one mapping"
+                        )
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
