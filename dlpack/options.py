@@ -142,8 +142,10 @@ def parse_labels(spec: object) -> tuple[str, str | None]:
 
 
 def _name_list(name: str, value: object, values: bool) -> tuple[str, ...]:
-    """A comma list (or tuple) of array names, each ``NAME=VALUE`` when ``values`` (VALUE a number or empty)."""
-    parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+    """A comma list (or a tuple of them: a flag given several times) of array names, each
+    ``NAME=VALUE`` when ``values`` (VALUE a number or empty)."""
+    items = [value] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+    parts = [p.strip() for item in items for p in (item.split(",") if isinstance(item, str) else [item])]
     out: list[str] = []
     seen: set[str] = set()
     for part in parts:
@@ -303,13 +305,18 @@ class BuildOptions:
         default=(),
         metadata={
             "help": "with --update: comma list of NAME=VALUE, the value appended and replaced samples get in "
-            "array NAME (added with add_array); for a ragged array only NAME= (no rows)",
+            "array NAME (added with add_array); for a ragged array only NAME= (no rows); repeatable",
             "metavar": "LIST",
+            "repeat": True,
         },
     )
     drop_array: tuple[str, ...] = field(
         default=(),
-        metadata={"help": "with --update: comma list of arrays (added with add_array) to drop", "metavar": "LIST"},
+        metadata={
+            "help": "with --update: comma list of arrays (added with add_array) to drop; repeatable",
+            "metavar": "LIST",
+            "repeat": True,
+        },
     )
     # Augmentation variants (docs/format.md, "Augmentation variants"); `dlpack augment` takes the same flags.
     augment: int = field(

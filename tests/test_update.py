@@ -248,6 +248,34 @@ def test_an_array_is_dropped_only_on_request(make_tree: MakeTree, tmp_path: Path
     assert not (out / "boxes_data").exists()
 
 
+def test_fill_and_drop_array_given_several_times_all_apply(
+    make_tree: MakeTree, tmp_path: Path, images: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = make_tree({f"k{k % 2}/{k:02d}.png": "rgb" for k in range(6)})
+    out = tmp_path / "rep.zarr"
+    dlpack.build(src, out, jobs=1, quiet=True)
+    n = len(dlpack.open(out))
+    dlpack.add_array(out, "score", np.zeros(n, dtype=np.float32), key="score")
+    dlpack.add_array(out, "points", [np.ones((2, 2), np.float32)] * n, key="points", ragged=True)
+    dlpack.add_array(out, "extra", np.zeros(n, dtype=np.int8))
+    (src / "k1" / "new.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=11)))
+    base = ["build", str(src), str(out), "--update", "--jobs", "1", "--quiet"]
+    # The same array in two flags is refused as such, naming it.
+    assert main([*base, "--fill", "score=1", "--fill", "points=,score=2", "--drop-array", "extra"]) == 2
+    assert "fill names array 'score' twice" in capsys.readouterr().err
+    assert main([*base, "--fill", "score=2.5", "--fill", "points=", "--drop-array", "extra"]) == 0
+    with dlpack.open(out) as ds:
+        new = next(i for i in range(len(ds)) if ds.reader.source(i) == "k1/new.png")
+        assert float(ds[new]["score"]) == 2.5 and len(ds[new]["points"]) == 0
+        assert "extra" not in ds.manifest.arrays
+    dlpack.add_array(out, "a1", np.zeros(n + 1, dtype=np.int8))
+    dlpack.add_array(out, "a2", np.zeros(n + 1, dtype=np.int8))
+    (src / "k0" / "new2.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=12)))
+    fills = ["--fill", "score=0", "--fill", "points="]
+    assert main([*base, *fills, "--drop-array", "a1", "--drop-array", "a2"]) == 0
+    assert not {"a1", "a2"} & set(dlpack.open(out).manifest.arrays)
+
+
 def test_update_shares_unchanged_shards_of_added_arrays(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
     src = tree(make_tree)
     out = tmp_path / "out.zarr"
