@@ -161,8 +161,8 @@ class BenchReport:
         out += _wrap(more)
         if self.notes:
             out.append("")
-            for n in self.notes:
-                out += _wrap(f"note: {n}")
+            for note in self.notes:
+                out += _wrap(f"note: {note}")
         wait = self.wait_line()
         if wait is not None:
             out += ["", *_wrap(wait)]
