@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import errno
 import json
 import math
@@ -260,7 +261,21 @@ class _SubParser(_Parser):
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         self._complete()
-        return super().parse_known_args(args, namespace)
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:  # here, not in the top-level parser: the usage and the suggestion are this command's
+            self.error(self._unrecognized(extras))
+        return ns, extras
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        """argparse's "unrecognized arguments" with the flags of this command nearest to each typo."""
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        hints = []
+        for arg in extras:
+            if arg.startswith("-"):
+                close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.7)
+                hints += [c for c in close if c not in hints]
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        return message + (f"; did you mean {' or '.join(hints)}?" if hints else "")
 
     def format_help(self) -> str:
         self._complete()

@@ -318,6 +318,14 @@ class Dataset:
         ragged arrays as a :class:`~dlpack.ragged.RaggedBatch` (a sequence of B arrays). A store's samples do not depend on ``epoch``."""
         return self.get_valid_batch(self._batch_indices(indices), epoch, out)
 
+    def batch_arrays(self) -> tuple[str, ...]:
+        """The arrays :meth:`get_valid_batch` reads per sample: the pixels (and the shapes of a
+        variable-size store), the labels and every keyed array; not the checksums, the source paths
+        (read once, for the names) or the augmentation variants. What a plain read costs on disk."""
+        m = self.manifest
+        shapes = (schema.IMAGE_SHAPES,) if m.image.shape is None and schema.IMAGE_SHAPES in m.arrays else ()
+        return (schema.image_array(m.image.layout), *shapes, schema.LABELS, *(spec.name for _, spec, _ in self._keyed))
+
     def get_valid_batch(self, idx: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
         """:meth:`get_batch` of int64 indices already in range (the loader's: it draws them from
         ``range(len)``), without checking them again: the check costs 3 us a call, 13 % of an

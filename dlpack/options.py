@@ -142,8 +142,10 @@ def parse_labels(spec: object) -> tuple[str, str | None]:
 
 
 def _name_list(name: str, value: object, values: bool) -> tuple[str, ...]:
-    """A comma list (or tuple) of array names, each ``NAME=VALUE`` when ``values`` (VALUE a number or empty)."""
-    parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+    """A comma list (or a tuple of them: a flag given several times) of array names, each
+    ``NAME=VALUE`` when ``values`` (VALUE a number or empty)."""
+    items = [value] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+    parts = [p.strip() for item in items for p in (item.split(",") if isinstance(item, str) else [item])]
     out: list[str] = []
     seen: set[str] = set()
     for part in parts:
@@ -303,13 +305,18 @@ class BuildOptions:
         default=(),
         metadata={
             "help": "with --update: comma list of NAME=VALUE, the value appended and replaced samples get in "
-            "array NAME (added with add_array); for a ragged array only NAME= (no rows)",
+            "array NAME (added with add_array); for a ragged array only NAME= (no rows); repeatable",
             "metavar": "LIST",
+            "repeat": True,
         },
     )
     drop_array: tuple[str, ...] = field(
         default=(),
-        metadata={"help": "with --update: comma list of arrays (added with add_array) to drop", "metavar": "LIST"},
+        metadata={
+            "help": "with --update: comma list of arrays (added with add_array) to drop; repeatable",
+            "metavar": "LIST",
+            "repeat": True,
+        },
     )
     # Augmentation variants (docs/format.md, "Augmentation variants"); `dlpack augment` takes the same flags.
     augment: int = field(
@@ -362,12 +369,10 @@ class BuildOptions:
             raise OptionError("give either size (WxH) or max_side, not both")
         if self.resize is not None:
             _choice("resize", self.resize, ("stretch", "fit", "none"))
-        if self.resize in ("stretch", "fit") and self.size is None and self.max_side is None:
-            raise OptionError(f"resize={self.resize} needs a target: pass size=WxH or max_side=N")
-        if self.resize == "stretch" and self.max_side is not None:
-            raise OptionError("resize=stretch needs size=WxH; max_side keeps the aspect ratio")
-        if self.resize == "none" and self.size is not None:
-            raise OptionError("resize=none keeps original sizes; drop size or choose stretch/fit")
+        # An update takes its geometry from the store and refuses any given value that differs, with
+        # advice it can follow ("drop those options"); advice to pass a size could not be followed.
+        if not self.update:
+            self._check_geometry()
         channels: object = self.channels
         if isinstance(channels, str) and channels.isdigit():
             channels = int(channels)
@@ -419,6 +424,14 @@ class BuildOptions:
         if self.shard_bytes > 2**31:
             raise OptionError(f"shard_bytes must be at most 2147483648 (2 GiB), got {self.shard_bytes}")
 
+    def _check_geometry(self) -> None:
+        if self.resize in ("stretch", "fit") and self.size is None and self.max_side is None:
+            raise OptionError(f"resize={self.resize} needs a target: pass size=WxH or max_side=N")
+        if self.resize == "stretch" and self.max_side is not None:
+            raise OptionError("resize=stretch needs size=WxH; max_side keeps the aspect ratio")
+        if self.resize == "none" and self.size is not None:
+            raise OptionError("resize=none keeps original sizes; drop size or choose stretch/fit")
+
     def _check_augment(self) -> None:
         k, seed = self.augment, self.augment_seed
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
@@ -428,21 +441,27 @@ class BuildOptions:
         _choice("augment_engine", self.augment_engine, ("dlpack", "albumentations"))
         if self.augment_config is not None and (not isinstance(self.augment_config, str) or not self.augment_config):
             raise OptionError(f"augment_config (--augment-config) must be a file path, got {self.augment_config!r}")
+        given = [
+            name
+            for name, value, default in (
+                ("augment", k, 0),
+                ("augment_config", self.augment_config, None),
+                ("augment_seed", seed, 0),
+                ("augment_engine", self.augment_engine, "dlpack"),
+            )
+            if value != default
+        ]
+        if given and self.update:  # first: completing the augment options would not make them apply
+            raise OptionError(
+                f"{', '.join(given)} with update: update the store first (without them), then run dlpack augment "
+                "OUT --augment K --augment-config FILE --replace to compute its variants again"
+            )
         if k and self.augment_config is None:
             raise OptionError(
                 "augment (--augment K) needs augment_config (--augment-config FILE): the operations to apply"
             )
         if not k:
-            given = [
-                name
-                for name, value, default in (
-                    ("augment_config", self.augment_config, None),
-                    ("augment_seed", seed, 0),
-                    ("augment_engine", self.augment_engine, "dlpack"),
-                )
-                if value != default
-            ]
-            if given:
+            if given:  # augment itself is 0 here
                 raise OptionError(
                     f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with augment=K (--augment K)"
                 )
@@ -451,11 +470,6 @@ class BuildOptions:
             raise OptionError(
                 "augment writes variants into a store; a DLDataset folder holds none: build a store with --augment, "
                 "then export it (dlpack export STORE --to dldataset OUT)"
-            )
-        if self.update:
-            raise OptionError(
-                "augment with update: update the store first, then run dlpack augment OUT --augment K "
-                "--augment-config FILE --replace to compute its variants again"
             )
 
     @property

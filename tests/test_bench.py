@@ -212,20 +212,12 @@ def test_table_is_aligned_and_has_a_row_per_cell(report: BenchReport) -> None:
     rows = lines[header : header + 2 + len(report.cells)]
     assert set(rows[1]) <= {"-", " "}
     assert len({len(r) for r in rows}) == 1, "every line of the table has the same width"
-    for col in (
-        "images/s",
-        "MB/s decoded",
-        "MB/s disk",
-        "batch p50 ms",
-        "p99 ms",
-        "vs seq",
-        "vs folder",
-        "peak RSS MB",
-    ):
+    for col in ("images/s", "spread", "disk MB/s", "vs folder"):
         assert col in rows[0]
     body = rows[2:]
     for c in report.cells:
-        assert sum(r.split()[:4] == [c.target, c.kind, c.order, c.cache] for r in body) == 1
+        cache = c.cache if c.cache == "warm" or c.eviction_verified else "cold*"
+        assert sum(r.split()[:3] == [c.target, c.order, cache] for r in body) == 1
     assert "machine:" in text
 
 
@@ -413,7 +405,9 @@ def test_output_folder_must_exist(tmp_path: Path) -> None:
 def test_with_a_step_the_table_ends_with_what_the_busy_column_means(data: dict[str, Path]) -> None:
     targets = [data["src"], data["s.zarr"], data["s.h5"]]
     rep = run_bench(targets, samples=32, batch_size=4, repeat=1, caches="warm", orders="random", step_ms=5, quiet=True)
-    line = rep.table().splitlines()[-1]
+    table = rep.table().splitlines()
+    last = table[len(table) - 1 - table[::-1].index("") + 1 :]  # the paragraph after the last blank line
+    line = " ".join(part.strip() for part in last)
     assert line == rep.wait_line()
     waits = [f"{1 - (c.busy_fraction or 0):.0%}".replace("%", " %") for c in rep.cells]
     folder, zarr, h5 = waits
@@ -435,3 +429,63 @@ def test_without_a_step_or_a_folder_there_is_no_wait_line(report: BenchReport, d
         [data["s.zarr"]], samples=16, batch_size=4, repeat=1, caches="warm", orders="random", step_ms=5, quiet=True
     )
     assert stores.wait_line() is None
+
+
+def test_the_wait_line_quotes_the_order_shuffled_training_reads(data: dict[str, Path]) -> None:
+    targets = [data["src"], data["s.zarr"]]
+    both = run_bench(
+        targets, samples=16, batch_size=4, repeat=1, caches="warm", orders="sequential,random", step_ms=2, quiet=True
+    )
+    folder, store = both.cell("src", "random", "warm"), both.cell("s.zarr", "random", "warm")
+    assert folder is not None and store is not None
+    line = both.wait_line() or ""
+    assert ", random order, warm cache)" in line, line  # sequential was measured first, random is quoted
+    assert f"would wait {1 - (folder.busy_fraction or 0):.0%}".replace("%", " %") in line
+    assert f"from the store {1 - (store.busy_fraction or 0):.0%}".replace("%", " %") in line
+    only_seq = run_bench(
+        targets, samples=8, batch_size=4, repeat=1, caches="warm", orders="sequential", step_ms=2, quiet=True
+    )
+    assert "sequential order" in (only_seq.wait_line() or "")
+    assert "shuffled training reads in random order, which this run did not measure" in (only_seq.wait_line() or "")
+
+
+def test_disk_bytes_count_only_the_arrays_a_read_touches(data: dict[str, Path], tmp_path: Path) -> None:
+    import _augment as aug
+
+    from dlpack.bench.targets import resolve_target
+
+    store = tmp_path / "aug.zarr"
+    dlpack.build(data["src"], store, size=SIZE, jobs=1, quiet=True)
+    before = resolve_target(store)
+    dlpack.augment(store, 4, aug.config(), seed=1, jobs=1, quiet=True)
+    after = resolve_target(store)
+    with dlpack.open(store) as ds:
+        images = ds.reader.array_nbytes_on_disk("images")
+        assert any(name.startswith("images_v") for name in ds.manifest.arrays)
+    # Four variant arrays of the images more than quadruple the store, but a plain read touches none of them.
+    assert after.bytes_on_disk > 4 * images
+    assert after.read_bytes == before.read_bytes
+    assert images <= (after.read_bytes or 0) < 1.5 * images
+    rep = run_bench([store], samples=16, batch_size=8, repeat=1, caches="warm", orders="random", quiet=True)
+    run = rep.cells[0].runs[0]
+    assert run.disk_bytes / run.images == pytest.approx((after.read_bytes or 0) / COUNT)
+    assert rep.targets[0]["read_bytes_on_disk"] == after.read_bytes
+    assert rep.targets[0]["bytes_on_disk"] == after.bytes_on_disk
+
+
+def test_cli_table_fits_100_columns_for_several_targets(data: dict[str, Path], tmp_path: Path, capsys: Capsys) -> None:
+    long = tmp_path / "a-store-with-a-rather-long-descriptive-name-lz4-fit.zarr"
+    dlpack.build(data["src"], long, size=SIZE, jobs=1, quiet=True)
+    argv = ["bench", str(data["src"]), str(data["s.zarr"]), str(data["s.h5"]), str(long), "--samples", "8",
+            "--repeat", "1", "--cache", "warm,cold", "--order", "sequential,random", "--batch-size", "4",
+            "--step-ms", "12.5", "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 100, [line for line in lines if len(line) > 100]
+    header = next(line for line in lines if line.startswith("target"))
+    assert "busy @ 12.5 ms" in header and "images/s" in header
+    body = lines[lines.index(header) + 2 : lines.index(header) + 2 + 16]
+    assert len(body) == 16 and all(len(r) == len(header) for r in body)
+    shortened = [r.split()[0] for r in body if r.startswith("a-store-")]
+    assert len(shortened) == 4 and all("..." in n and n.endswith("fit.zarr") for n in shortened)  # both ends kept
+    assert any("would wait" in line for line in lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -416,3 +417,56 @@ def test_an_update_refuses_new_label_folders_and_keeps_those_a_store_already_hol
         assert sorted(ds[i]["source"] for i in range(len(ds))) == [
             "a/0.png", "a/2_mask.png", "b/1.png", "b/3.png", "masks/0.png"
         ]  # fmt: skip
+
+
+# ---------------------------------------------------------------- the store's size against the source's
+
+
+@pytest.mark.parametrize(
+    ("compression", "advice"),
+    [
+        ("none", "--compression lz4 stores them in less space (zstd in less still)"),
+        ("lz4", "--compression zstd stores them in less space"),
+        ("zstd", None),
+    ],
+)
+def test_the_summary_compares_the_store_with_its_source_and_names_compression(
+    compression: str, advice: str | None, make_tree: MakeTree, tmp_path: Path, capsys: Capsys
+) -> None:
+    src = make_tree({f"k/{i}.png": ("rgb", 24, 18) for i in range(8)})
+    source = sum(p.stat().st_size for p in src.rglob("*.png"))
+    out = tmp_path / "big.zarr"
+    json_file = tmp_path / "big.json"
+    # Stored at 4x the pixels: the store is far larger than the files it came from.
+    flags = ["--size", "96x72", "--allow-upscale", "--compression", compression, "--json-file", str(json_file)]
+    assert main(["build", str(src), str(out), "--jobs", "1", *flags]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(json_file.read_text())
+    ratio = doc["output_bytes"] / source
+    assert doc["input_bytes"] == source
+    assert f"{source / 1e3:.1f} kB of source files -> {doc['output_bytes'] / 1e3:.1f} kB on disk ({ratio:.2f}x)" in text
+    notes = [n for n in doc["notes"] if "its source files on disk" in n]
+    if advice is None:
+        assert notes == [] and "--compression" not in text
+        return
+    assert ratio > 1.5
+    assert notes == [
+        f"the store is {ratio:.2f}x its source files on disk: it holds decoded pixels, which image files hold "
+        f'compressed; {advice}, at a cost in read speed (docs/benchmarks.md, "Compression")'
+    ]
+    assert notes[0] in text
+
+
+def test_a_store_smaller_than_its_source_gets_no_compression_note(
+    make_tree: MakeTree, tmp_path: Path, capsys: Capsys
+) -> None:
+    src = make_tree({f"k/{i}.png": ("rgb", 160, 120) for i in range(6)})
+    base = ["build", str(src), str(tmp_path / "small.zarr"), "--jobs", "1"]
+    assert main([*base, "--size", "16x12"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"kB of source files -> [0-9.]+ kB on disk \(0\.\d\dx\)", text), text
+    assert "--compression" not in text
+    # An update decodes only what changed: its bytes in are no measure of the source.
+    assert main([*base, "--update"]) == 0
+    text = capsys.readouterr().out
+    assert "0.0 kB in -> " in text and "of source files" not in text

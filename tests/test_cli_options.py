@@ -240,3 +240,45 @@ def test_json_file_in_a_missing_folder_fails_before_the_work(src: Path, tmp_path
 def test_bench_hints_at_json_file_when_given_a_json_file_name(store: Path, tmp_path: Path, capsys: Capsys) -> None:
     assert main(["bench", "--json", str(tmp_path / "b.json"), str(store)]) == 2
     assert "--json-file FILE" in capsys.readouterr().err
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = make_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def _typo(flag: str) -> str:
+    """``flag`` with two neighbouring letters of its name swapped (``--size`` -> ``--szie``)."""
+    name = flag[2:]
+    k = next(i for i in range(1, len(name) - 1) if name[i] != name[i + 1] and "-" not in name[i : i + 2])
+    return "--" + name[:k] + name[k + 1] + name[k] + name[k + 2 :]
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_a_flag_typo_gets_the_commands_usage_and_the_flag_it_resembles(command: str, capsys: Capsys) -> None:
+    parser = _subcommands()[command]
+    parser.format_usage()  # adds a command's generated flags
+    argv = [command]
+    for action in parser._actions:  # what the command requires, so that the typo is the only problem
+        if not action.option_strings:
+            argv.append("X")
+        elif action.required:
+            argv += [action.option_strings[0], str(action.choices[0]) if action.choices else "1"]
+    flags = [f for a in parser._actions for f in a.option_strings if f.startswith("--") and f != "--help"]
+    flag = max(flags, key=lambda f: (f not in ("--debug", "--json", "--json-file"), len(f)))  # its own, if any
+    capsys.readouterr()
+    assert main([*argv, _typo(flag), "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: dlpack {command} "), err
+    assert f"dlpack {command}: error: unrecognized arguments: {_typo(flag)} 1; did you mean {flag}?" in err
+    assert "Traceback" not in err
+
+
+def test_size_typo_suggests_size_and_a_stray_argument_is_named(capsys: Capsys) -> None:
+    assert main(["build", "SRC", "OUT", "--szie", "300x300"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: dlpack build ") and "did you mean --size?" in err
+    assert main(["info", "S", "T"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: dlpack info ") and "unrecognized arguments: T" in err and "did you mean" not in err

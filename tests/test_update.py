@@ -248,6 +248,34 @@ def test_an_array_is_dropped_only_on_request(make_tree: MakeTree, tmp_path: Path
     assert not (out / "boxes_data").exists()
 
 
+def test_fill_and_drop_array_given_several_times_all_apply(
+    make_tree: MakeTree, tmp_path: Path, images: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = make_tree({f"k{k % 2}/{k:02d}.png": "rgb" for k in range(6)})
+    out = tmp_path / "rep.zarr"
+    dlpack.build(src, out, jobs=1, quiet=True)
+    n = len(dlpack.open(out))
+    dlpack.add_array(out, "score", np.zeros(n, dtype=np.float32), key="score")
+    dlpack.add_array(out, "points", [np.ones((2, 2), np.float32)] * n, key="points", ragged=True)
+    dlpack.add_array(out, "extra", np.zeros(n, dtype=np.int8))
+    (src / "k1" / "new.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=11)))
+    base = ["build", str(src), str(out), "--update", "--jobs", "1", "--quiet"]
+    # The same array in two flags is refused as such, naming it.
+    assert main([*base, "--fill", "score=1", "--fill", "points=,score=2", "--drop-array", "extra"]) == 2
+    assert "fill names array 'score' twice" in capsys.readouterr().err
+    assert main([*base, "--fill", "score=2.5", "--fill", "points=", "--drop-array", "extra"]) == 0
+    with dlpack.open(out) as ds:
+        new = next(i for i in range(len(ds)) if ds.reader.source(i) == "k1/new.png")
+        assert float(ds[new]["score"]) == 2.5 and len(ds[new]["points"]) == 0
+        assert "extra" not in ds.manifest.arrays
+    dlpack.add_array(out, "a1", np.zeros(n + 1, dtype=np.int8))
+    dlpack.add_array(out, "a2", np.zeros(n + 1, dtype=np.int8))
+    (src / "k0" / "new2.png").write_bytes(images.encode(".png", images.pixels("rgb", 40, 30, seed=12)))
+    fills = ["--fill", "score=0", "--fill", "points="]
+    assert main([*base, *fills, "--drop-array", "a1", "--drop-array", "a2"]) == 0
+    assert not {"a1", "a2"} & set(dlpack.open(out).manifest.arrays)
+
+
 def test_update_shares_unchanged_shards_of_added_arrays(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
     src = tree(make_tree)
     out = tmp_path / "out.zarr"
@@ -524,3 +552,69 @@ def test_an_update_repairs_labels_outside_the_stores_classes(make_tree: MakeTree
     assert result.update is not None and "nothing to do" not in result.update
     with dlpack.open(out) as ds:
         assert [ds[i]["label"] for i in range(len(ds))] == want and ds.verify() == []
+
+
+def _advice_an_update_refuses(message: str) -> list[str]:
+    """The flags ``message`` advises passing that ``build --update`` refuses to change (a rebuild
+    with ``--overwrite`` is advice for another command, and dropping an option is always possible)."""
+    import dataclasses
+    import re
+
+    from dlpack import BuildOptions
+    from dlpack.cli import option_flag
+    from dlpack.pack.changes import UPDATE_OPTIONS
+
+    fields = {f.name: option_flag(f) for f in dataclasses.fields(BuildOptions)}
+    refused = {flag for name, flag in fields.items() if UPDATE_OPTIONS[name] != "applied"} - {"--overwrite"}
+    flags = re.findall(r"\b(?:pass|with|use)\s+(--[a-z][a-z-]*)", message)
+    flags += [fields.get(k) or k for k in re.findall(r"\bpass\s+([a-z_]+)=", message)]
+    return [f for f in flags if f in refused]
+
+
+UPDATE_ADVICE_CASES = ["resize alone", "resize and max side", "augment", "augment seed", "symlink", "label folder"]
+
+
+@pytest.mark.parametrize("case", UPDATE_ADVICE_CASES)
+def test_every_error_of_an_update_gives_advice_an_update_can_follow(
+    case: str, make_tree: MakeTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = make_tree({f"p{k % 2}/{k:02d}.png": "rgb" for k in range(6)})
+    out = tmp_path / "adv.zarr"
+    dlpack.build(src, out, size=(24, 16), jobs=1, quiet=True)
+    flags: list[str] = []
+    if case == "resize alone":
+        flags = ["--resize", "fit"]
+    elif case == "resize and max side":
+        flags = ["--resize", "stretch", "--max-side", "20"]
+    elif case == "augment":
+        flags = ["--augment", "2"]
+    elif case == "augment seed":
+        flags = ["--augment-seed", "3"]
+    elif case == "symlink":
+        (src / "p0" / "link.png").symlink_to(src / "p1" / "01.png")
+    else:
+        (src / "labels").mkdir()
+        (src / "labels" / "new.png").write_bytes((src / "p1" / "01.png").read_bytes())
+    capsys.readouterr()
+    assert main(["build", str(src), str(out), "--update", "--jobs", "1", "--quiet", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dlpack: error:") and "Traceback" not in err
+    assert _advice_an_update_refuses(err) == [], err
+    # Following it: the options dropped, or the source fixed as the message says; the update then runs.
+    if case == "symlink":
+        assert "put the file itself there, or rebuild with --overwrite --follow-symlinks" in err
+        (src / "p0" / "link.png").unlink()
+        (src / "p0" / "link.png").write_bytes((src / "p1" / "01.png").read_bytes())
+    elif case == "label folder":
+        assert "move it out of the source folder, or rebuild with --overwrite --exclude 'labels'" in err
+        (src / "labels" / "new.png").rename(tmp_path / "new.png")
+    else:
+        assert "drop those options" in err or "update the store first (without them)" in err
+    assert main(["build", str(src), str(out), "--update", "--jobs", "1", "--quiet"]) == 0
+
+
+def test_the_advice_checker_finds_advice_an_update_refuses() -> None:
+    assert _advice_an_update_refuses("resize=fit needs a target: pass size=WxH or max_side=N") == ["--size"]
+    assert _advice_an_update_refuses("a link; pass --follow-symlinks to pack it") == ["--follow-symlinks"]
+    assert _advice_an_update_refuses("Leave it out with --exclude 'masks'") == ["--exclude"]
+    assert _advice_an_update_refuses("rebuild with --overwrite --exclude 'x'; or pass --on-error skip") == []

@@ -878,6 +878,10 @@ class StoreReader(ABC):
             return self.path.stat().st_size
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
 
+    def array_nbytes_on_disk(self, name: str) -> int:
+        """Bytes the per-sample array ``name`` takes on disk (its data and offsets, if ragged)."""
+        return sum(self._stored(stored).nbytes_on_disk() for stored in self.spec(name).stored_names())
+
     def warm(self, skip: Collection[str] = ()) -> None:
         """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads
         start), of every array but those named in ``skip``."""

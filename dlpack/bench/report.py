@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -119,52 +120,36 @@ class BenchReport:
         return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores{mem}{fs}{vm}; Python {m.get('python', '?')}"
 
     def table(self) -> str:
-        """An aligned text table: one row per cell, then ratios and notes."""
+        """An aligned text table that fits :data:`WIDTH` columns: one row per cell, then notes and
+        what the busy column means for training. The figures a terminal has no room for (MB/s
+        decoded, batch p50 and p99, vs seq, peak RSS, eviction) are in :meth:`to_dict` and the plot."""
         o = self.options
         step = any(c.busy_fraction is not None for c in self.cells)
-        head = [
-            "target",
-            "kind",
-            "order",
-            "cache",
-            "images/s",
-            "spread",
-            "MB/s decoded",
-            "MB/s disk",
-            "batch p50 ms",
-            "p99 ms",
-            "vs seq",
-            "vs folder",
-            "peak RSS MB",
-            "evicted",
-        ]
+        head = ["target", "order", "cache", "images/s", "spread", "disk MB/s", "vs folder"]
         if step:
             head += [f"busy @ {o.step_ms:g} ms"]
         rows = [head]
         for c in self.cells:
             row = [
                 c.target,
-                c.kind,
                 c.order,
-                c.cache,
+                _cache(c),
                 _num(c.images_per_s),
                 f"{c.spread:.0%}",
-                _num(c.decoded_mb_per_s),
                 _num(c.disk_mb_per_s),
-                _ms(c.latency_ms_p50),
-                _ms(c.latency_ms_p99),
-                format_ratio(c.vs_sequential),
                 format_ratio(c.vs_folder),
-                "-" if c.peak_rss_mb is None else f"{c.peak_rss_mb:,.0f}",
-                _eviction(c),
             ]
             if step:
                 row.append("-" if c.busy_fraction is None else f"{c.busy_fraction:.0%}")
             rows.append(row)
-        left = {0, 1, 2, 3, head.index("evicted")}
         widths = [max(len(r[k]) for r in rows) for k in range(len(head))]
+        # The target's name gives way (shortened in the middle) so that a row fits the terminal.
+        room = WIDTH - sum(widths[1:]) - 2 * (len(head) - 1)
+        widths[0] = max(len(head[0]), min(widths[0], room))
+        left = {0, 1, 2}
         lines = []
         for n, r in enumerate(rows):
+            r = [_shorten(r[0], widths[0]), *r[1:]]
             cells = [r[k].ljust(widths[k]) if k in left else r[k].rjust(widths[k]) for k in range(len(head))]
             lines.append("  ".join(cells))
             if n == 0:
@@ -173,24 +158,31 @@ class BenchReport:
             f"dlpack bench: batch {o.batch_size}, {o.workers} workers, prefetch {o.prefetch}, "
             f"median of {o.repeat} run(s); spread = (max-min)/median"
         )
-        out = [title, f"machine: {self.machine_line()}", ""] + lines
+        out = [*_wrap(title), *_wrap(f"machine: {self.machine_line()}"), ""] + lines
+        more = "MB/s decoded, batch p50 and p99 ms, vs seq, peak RSS and eviction per cell: --json, --json-file"
+        if any(_cache(c) == "cold*" for c in self.cells):
+            more = "cold* = eviction not verified (see the notes); " + more
+        out += _wrap(more)
         if self.notes:
             out.append("")
-            out += [f"note: {n}" for n in self.notes]
+            for note in self.notes:
+                out += _wrap(f"note: {note}")
         wait = self.wait_line()
         if wait is not None:
-            out += ["", wait]
+            out += ["", *_wrap(wait)]
         return "\n".join(out)
 
     def wait_line(self) -> str | None:
-        """What the busy column means for training, in one line: the share of the time a training
+        """What the busy column means for training, in one sentence: the share of the time a training
         step of ``step_ms`` would wait for data, from the folder and from each store.
 
-        From the first (order, cache) measured for a folder and a store with ``step_ms``; None
+        Quoted for the order shuffled training reads in (random, else block), whichever cache came
+        first; sequential only when no shuffled order was measured, and then it says so. None
         without ``step_ms``, a folder or a store. The wait is ``100 % - busy``, as in the table.
         """
         step = [c for c in self.cells if c.busy_fraction is not None]
-        for folder in (c for c in step if c.kind in DECODED_KINDS):
+        folders = sorted((c for c in step if c.kind in DECODED_KINDS), key=lambda c: _TRAINING_ORDERS.index(c.order))
+        for folder in folders:
             stores = [
                 c for c in step if c.kind not in DECODED_KINDS and (c.order, c.cache) == (folder.order, folder.cache)
             ]
@@ -201,9 +193,14 @@ class BenchReport:
                 return f"{1 - (c.busy_fraction or 0.0):.0%}".replace("%", " %")
 
             shown = ", ".join(f"{wait(c)} ({c.target})" for c in stores) if len(stores) > 1 else wait(stores[0])
+            caveat = (
+                "; shuffled training reads in random order, which this run did not measure"
+                if folder.order == "sequential"
+                else ""
+            )
             return (
                 f"training from the folder would wait {wait(folder)} of the time; from the store {shown} "
-                f"(a {self.options.step_ms:g} ms step per batch, {folder.order} order, {folder.cache} cache)"
+                f"(a {self.options.step_ms:g} ms step per batch, {folder.order} order, {folder.cache} cache{caveat})"
             )
         return None
 
@@ -212,6 +209,32 @@ class BenchReport:
         from .plot import plot_report
 
         plot_report(self, Path(path))
+
+
+#: The widest line :meth:`BenchReport.table` prints: a terminal's width, with room to spare.
+WIDTH = 100
+#: The orders the wait sentence prefers, most like shuffled training first.
+_TRAINING_ORDERS = ("random", "block", "sequential")
+
+
+def _wrap(text: str) -> list[str]:
+    """``text`` as lines of at most :data:`WIDTH` characters, the later ones indented; a percentage
+    stays on one line with its number."""
+    lines = textwrap.wrap(text.replace(" %", "\0%"), WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    return [line.replace("\0", " ") for line in lines] or [""]
+
+
+def _shorten(name: str, width: int) -> str:
+    """``name`` cut in the middle to ``width`` characters: both ends tell targets apart."""
+    if len(name) <= width:
+        return name
+    keep = width - 3
+    return name[: keep - keep // 2] + "..." + name[len(name) - keep // 2 :]
+
+
+def _cache(c: BenchCell) -> str:
+    """The cache of a cell; a cold cell whose eviction was not verified gets a star."""
+    return "cold*" if c.cache == "cold" and not c.eviction_verified else c.cache
 
 
 def _finite(x: Any) -> Any:
@@ -231,26 +254,6 @@ def _num(v: float) -> str:
     if v >= 10:
         return f"{v:.1f}"
     return f"{v:.2f}"
-
-
-def _ms(v: float) -> str:
-    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
-
-
-def _eviction(c: BenchCell) -> str:
-    if c.cache != "cold":
-        return (
-            "-"
-            if c.resident_at_start is None or c.resident_at_start >= WARM_MIN
-            else f"only {c.resident_at_start:.0%} cached"
-        )
-    if not c.evicted:
-        return "NO (advice refused)" if hasattr(os, "posix_fadvise") else "NO (no fadvise)"
-    if c.resident_at_start is None:
-        return "unverified"
-    if c.eviction_verified:
-        return "verified"
-    return f"NO: {c.resident_at_start:.0%} left"
 
 
 def report_notes(

@@ -40,6 +40,9 @@ class Target:
     rels: list[str] = field(default_factory=list)
     sizes: np.ndarray | None = None  # folders: bytes of each file
     root: Path | None = None  # a DLDataset's image folder (``path`` is its JSON file)
+    #: Stores: bytes on disk of the arrays a batch reads (not the checksums, source paths or
+    #: augmentation variants, which a plain read never touches); None: every byte counts.
+    read_bytes: int | None = None
 
     @property
     def is_folder(self) -> bool:
@@ -47,10 +50,17 @@ class Target:
         return self.kind in DECODED_KINDS
 
     def disk_bytes(self, indices: np.ndarray) -> float:
-        """Bytes on disk behind the samples ``indices``: their files, or a store's mean per image."""
+        """Bytes on disk behind the samples ``indices``: their files, or a store's mean per image
+        of the arrays a batch reads."""
         if self.sizes is not None:
             return float(self.sizes[indices].sum())
-        return len(indices) * self.bytes_on_disk / max(1, self.count)
+        return len(indices) * self.read_bytes_per_image
+
+    @property
+    def read_bytes_per_image(self) -> float:
+        """Bytes on disk a plain read fetches per image (a folder's mean file size)."""
+        read = self.bytes_on_disk if self.read_bytes is None else self.read_bytes
+        return read / max(1, self.count)
 
     def open(self, spec: FolderSpec | None) -> FolderReader | Dataset:
         """A fresh reader of the target; a folder needs the ``spec`` its images are decoded to."""
@@ -74,7 +84,8 @@ class Target:
             "count": self.count,
             "files": len(self.files),
             "bytes_on_disk": self.bytes_on_disk,
-            "disk_bytes_per_image": self.bytes_on_disk / max(1, self.count),
+            "disk_bytes_per_image": self.read_bytes_per_image,
+            "read_bytes_on_disk": self.bytes_on_disk if self.read_bytes is None else self.read_bytes,
             "image_shape": shape,
             "dtype": (spec.dtype if spec else None) if self.is_folder else self.dtype,
             "decoded_on_the_fly": self.is_folder,
@@ -143,6 +154,7 @@ def resolve_target(path: str | os.PathLike[str]) -> Target:
         m = ds.manifest
         # The store's own size on disk (shards, index, manifest), as the backend counts it.
         on_disk = ds.reader.nbytes_on_disk()
+        read = sum(ds.reader.array_nbytes_on_disk(name) for name in ds.batch_arrays())
         return Target(
             name=p.resolve().name or str(p),
             path=p.resolve(),
@@ -150,6 +162,7 @@ def resolve_target(path: str | os.PathLike[str]) -> Target:
             count=m.count,
             files=files_under(p),
             bytes_on_disk=on_disk,
+            read_bytes=read,
             shape=m.image.shape,
             dtype=m.image.dtype,
             resize_mode=str(m.resize.get("mode")) if m.resize else None,

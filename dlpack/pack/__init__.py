@@ -105,6 +105,7 @@ def _build_dldataset(src: Source | str | os.PathLike[str], out: Path, opts: Buil
         seconds=time.perf_counter() - t0,
         output_bytes=size,
         label_notes=(*result.label_notes, *exported.notes),
+        dldataset=True,
     )
 
 

@@ -20,7 +20,7 @@ from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.anomaly import AnomalyFolderSource
 from ..sources.base import Source, SourceScan
-from ..sources.folder import SPLIT_NAMES, FolderSource, label_path, label_paths_error
+from ..sources.folder import FOLLOW_ADVICE, SPLIT_NAMES, FolderSource, label_path, label_paths_error
 from ..sources.masks import MaskFolderSource
 from .inputs import Probe, split_names
 from .plan import BuildPlan
@@ -163,7 +163,7 @@ def new_label_paths(scan: SourceScan, added: Sequence[int], root: Path) -> None:
     """Refuse files an update would append from label folders or label images (``masks/``, ``*_mask.*``)."""
     found = sorted({p for k in added if (p := label_path(scan.items[k].rel)) is not None})
     if found:
-        raise label_paths_error(os.fspath(root), found)
+        raise label_paths_error(os.fspath(root), found, update=True)
 
 
 def check_folder_rules(m: Manifest, scan: SourceScan, out: Path, root: Path) -> None:
@@ -422,8 +422,14 @@ def carry_arrays(
 
 
 def update_reason(reason: str, plan: BuildPlan) -> str:
-    """A decode failure's reason with advice that works under ``--update`` (which keeps the store's geometry)."""
+    """A scan's or decode's reason for refusing a file, with advice that works under ``--update``
+    (which keeps the store's geometry and symlink rule)."""
     t, image = plan.target, plan.image
+    if reason.endswith(FOLLOW_ADVICE):
+        return (
+            f"{reason[: -len(FOLLOW_ADVICE)]}; the store was built without --follow-symlinks, which an update "
+            "keeps: put the file itself there, or rebuild with --overwrite --follow-symlinks"
+        )
     if "would upscale it" in reason:
         head = reason.split(" (pass --allow-upscale")[0]
         return f"{head}; pass --allow-upscale with --update to enlarge it (the store's --resize {t.mode} is kept)"

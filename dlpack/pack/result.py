@@ -15,6 +15,13 @@ from .workers import Sample
 
 #: Class names the summary lists before "... and N more".
 _SUMMARY_CLASSES = 20
+#: Above this many times its source files' bytes, the summary says what makes a store smaller.
+LARGER = 1.5
+#: What makes a store of each codec smaller (zstd is the smallest there is).
+_SMALLER = {
+    "none": "--compression lz4 stores them in less space (zstd in less still)",
+    "lz4": "--compression zstd stores them in less space",
+}
 
 
 @dataclass(frozen=True)
@@ -52,10 +59,20 @@ class BuildResult:
     label_notes: tuple[str, ...] = ()
     #: ``--augment``: the variants added to the store ("K augmentation variants per image: ..."), or "".
     augment: str = ""
+    #: Whether ``path`` is a HALCON DLDataset folder (``--format dldataset``) rather than a store.
+    dldataset: bool = False
 
     @property
     def images_per_s(self) -> float:
         return self.count / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def size_ratio(self) -> float | None:
+        """The store's bytes on disk over its source files' (a build's; None for an update, which
+        decodes only the files that changed, and where no source bytes were read)."""
+        if self.update or self.input_bytes <= 0:
+            return None
+        return self.output_bytes / self.input_bytes
 
     @property
     def notes(self) -> list[str]:
@@ -73,6 +90,12 @@ class BuildResult:
                 "(no area left after the resize)"
             )
         out.extend(self.label_notes)
+        ratio, codec = self.size_ratio, self.plan.compression if self.plan is not None else None
+        if ratio is not None and ratio > LARGER and not self.dldataset and codec in _SMALLER:
+            out.append(
+                f"the store is {ratio:.2f}x its source files on disk: it holds decoded pixels, which image files "
+                f'hold compressed; {_SMALLER[codec]}, at a cost in read speed (docs/benchmarks.md, "Compression")'
+            )
         if self.distinct_sizes > 1:
             out.append(
                 f"variable-size store ({self.distinct_sizes} distinct sizes): batches are lists; "
@@ -87,9 +110,14 @@ class BuildResult:
         The classes are printed so that a wrong guess of the folder rules is visible at once.
         """
         skipped = f", {len(self.skipped)} skipped" if self.skipped else ""
+        ratio = self.size_ratio
+        sizes = (
+            f"{_size(self.input_bytes)} in -> {_size(self.output_bytes)} out"
+            if ratio is None
+            else f"{_size(self.input_bytes)} of source files -> {_size(self.output_bytes)} on disk ({ratio:.2f}x)"
+        )
         lines = [
-            f"packed {self.count} images{skipped}: {self.input_bytes / 1e6:.1f} MB in -> "
-            f"{self.output_bytes / 1e6:.1f} MB out in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s) "
+            f"packed {self.count} images{skipped}: {sizes} in {self.seconds:.1f} s ({self.images_per_s:.0f} images/s) "
             f"-> {shown_name(self.path)}"
         ]
         lines[0] += "".join(f" ({note})" for note in (self.resume, self.update) if note)
@@ -111,6 +139,14 @@ class BuildResult:
             lines += [f"  excluded {shown_name(p)}" for p in self.excluded]
             lines += [f"  not an image: {shown_name(p)}" for p in self.ignored]
         return "\n".join(lines)
+
+
+def _size(nbytes: int) -> str:
+    """Bytes in the unit that shows them with a few digits (kB, MB, GB; powers of 1000)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes / 1e3:.1f} kB"
 
 
 def label_summary(plan: BuildPlan, scan: SourceScan, samples: Sequence[Sample]) -> dict[str, Any]:

@@ -136,7 +136,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         if replaced_bad:
             raise replaced_error(replaced_bad, len(errors) - len(replaced_bad), root, opts.on_error == "skip")
         if errors and opts.on_error == "fail":
-            raise bad_inputs(errors, root)
+            # The scan's reasons as the store records them, the advice in them one an update can follow.
+            advised = [InputFileError(e.path, update_reason(e.reason, plan0)) for e in scan.errors]
+            raise bad_inputs([*advised, *bad.values()], root)
         added = [k for k in ch.added if k not in bad]
         # Where each sample of the new generation comes from: an old index, or a scan position to
         # decode; and the old index it had (None for appended samples).

@@ -64,6 +64,7 @@ __all__ = [
     "LABEL_FILE_PATTERN",
     "label_path",
     "label_paths_error",
+    "FOLLOW_ADVICE",
     "CLASS_FOLDERS",
     "LABEL_SOURCES_HINT",
 ]
@@ -278,7 +279,7 @@ class _Walk:
             self.error(shown, f"symlink to {_shown(target)!r} leaves the source folder; copy the files in")
         elif not self.follow:
             what = "a folder" if is_dir else "a file"
-            self.error(shown, f"is a symlink to {what}; pass --follow-symlinks to pack what it links to")
+            self.error(shown, f"is a symlink to {what}{FOLLOW_ADVICE}")
         elif not is_dir:
             self.file(rel, target, stat.S_ISREG(mode))
         elif name.lower() in LABEL_FOLDER_NAMES and self.check_labels:
@@ -534,9 +535,15 @@ def label_path(rel: str) -> str | None:
     return rel if fnmatch.fnmatchcase(parts[-1].lower(), LABEL_FILE_PATTERN) else None
 
 
-def label_paths_error(root: str, paths: Sequence[str]) -> SourceError:
+#: How the reason for a symlink the scan does not follow ends (an update, which keeps the store's
+#: symlink rule, gives other advice in its place).
+FOLLOW_ADVICE = "; pass --follow-symlinks to pack what it links to"
+
+
+def label_paths_error(root: str, paths: Sequence[str], update: bool = False) -> SourceError:
     """Label folders and label images found in a source (they would become a class, or be packed as
-    photos): the error naming them and the ``--exclude`` patterns that leave them out."""
+    photos): the error naming them and the ``--exclude`` patterns that leave them out. An update
+    keeps the store's patterns and label source, so there those are advice for a rebuild."""
     folders = [p for p in paths if p.endswith("/")]
     files = [p for p in paths if not p.endswith("/")]
     found = []
@@ -557,10 +564,19 @@ def label_paths_error(root: str, paths: Sequence[str]) -> SourceError:
         case_ok = all(fnmatch.fnmatchcase(p.rsplit("/", 1)[-1], LABEL_FILE_PATTERN) for p in files)
         patterns.append(LABEL_FILE_PATTERN if case_ok else "*_[mM][aA][sS][kK].*")
     flags = " ".join(f"--exclude '{p}'" for p in patterns)
-    return SourceError(
+    head = (
         f"{root!r} holds label data, not images of a class: {'; '.join(found)}. Packed, it would become a "
-        "class of its own (and label images would be resized like photos). Leave it out with "
-        f"{flags}, or move it out of the source folder. To use it as labels: {LABEL_SOURCES_HINT}"
+        "class of its own (and label images would be resized like photos)."
+    )
+    if update:
+        return SourceError(
+            f"{head} An update keeps the store's --exclude patterns and labels: move it out of the source "
+            f"folder, or rebuild with --overwrite {flags}. To use it as labels, rebuild with --overwrite: "
+            f"{LABEL_SOURCES_HINT}"
+        )
+    return SourceError(
+        f"{head} Leave it out with {flags}, or move it out of the source folder. To use it as labels: "
+        f"{LABEL_SOURCES_HINT}"
     )
 
 
