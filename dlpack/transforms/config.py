@@ -170,7 +170,7 @@ class _DuplicateKey(ValueError):
 def _strict_yaml_loader(yaml: Any) -> Any:
     """PyYAML's safe loader, refusing a key given twice in one mapping, as the JSON reader does."""
 
-    class StrictLoader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+    class StrictLoader(yaml.SafeLoader):  # type: ignore[misc]
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: set[Any] = set()
             for key_node, _ in node.value:

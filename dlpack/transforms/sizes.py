@@ -25,9 +25,12 @@ _Outcome = tuple[tuple[int, int], str] | None  # (height, width) and the operati
 
 
 def _whole_size(value: Any) -> tuple[int, int] | None:
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in value):
-            return int(value[0]), int(value[1])
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in value)
+    ):
+        return int(value[0]), int(value[1])
     return None
 
 

@@ -275,12 +275,20 @@ def test_half_an_albumentations_document_says_what_it_lacks() -> None:
 @pytest.mark.parametrize(
     ("name", "text", "match"),
     [
-        ("bad.json", '{\n  "mirror": "rc",\n  "rotate": 90,,\n}\n', r"bad\.json is not valid JSON: .* at line 3, column 16"),
+        (
+            "bad.json",
+            '{\n  "mirror": "rc",\n  "rotate": 90,,\n}\n',
+            r"bad\.json is not valid JSON: .* at line 3, column 16",
+        ),
         ("bad.json", '{"mirror": "rc", "mirror": "c"}', r"bad\.json: the key 'mirror' appears twice"),
         ("bad.json", '["mirror"]', r"bad\.json: an augmentation config is an object"),
         ("bad.yaml", "mirror: rc\nrotate: [90\n", r"bad\.yaml: line 3, column 1: not valid YAML"),
         ("bad.yaml", "- mirror\n", r"bad\.yaml: an augmentation config is an object"),
-        ("bad.yaml", "mirror: rc\nrotate: 90\nmirror: c\n", r"bad\.yaml: line 3, column 1: the key 'mirror' appears twice"),
+        (
+            "bad.yaml",
+            "mirror: rc\nrotate: 90\nmirror: c\n",
+            r"bad\.yaml: line 3, column 1: the key 'mirror' appears twice",
+        ),
         ("bad.txt", "{}", r"bad\.txt: an augmentation config is a \.json, \.yaml or \.yml file"),
     ],
 )
