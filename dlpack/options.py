@@ -327,7 +327,7 @@ class BuildOptions:
             "metavar": "K",
         },
     )
-    augment_config: str | None = field(
+    augment_config: str | os.PathLike[str] | None = field(
         default=None,
         metadata={
             "help": "with --augment: the augmentation config, JSON or YAML: an albumentations to_dict document or "
@@ -439,6 +439,8 @@ class BuildOptions:
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise OptionError(f"augment_seed (--augment-seed) must be an integer >= 0, got {seed!r}")
         _choice("augment_engine", self.augment_engine, ("dlpack", "albumentations"))
+        if isinstance(self.augment_config, os.PathLike):  # a Path names the file as well as its str
+            object.__setattr__(self, "augment_config", os.fspath(self.augment_config))
         if self.augment_config is not None and (not isinstance(self.augment_config, str) or not self.augment_config):
             raise OptionError(f"augment_config (--augment-config) must be a file path, got {self.augment_config!r}")
         given = [
