@@ -177,7 +177,7 @@ class ShardedArray:
         # Filled as shards are mapped (a dict: its size follows the files found, not the metadata's claim).
         self._maps: dict[int, mmap.mmap | np.ndarray] = {}
         #: Per mapped shard: (device, inode, size) of the file mapped, to tell when it shrinks under the map.
-        self._mapped: dict[int, tuple[int, int, int]] = {}
+        self._mapped: dict[int, tuple[int, int, int, str]] = {}  # device, inode, size, path
         self._shrunk: StoreError | None = None
         self._index: np.ndarray | None = None  # [n_chunks, 2] uint64: (offset, nbytes) within its shard
         self._views: list[np.ndarray | None] | None = None
@@ -239,7 +239,7 @@ class ShardedArray:
                     os.close(fd)
                 raise StoreError(f"shard {self.shard_file(s)} changed while the store was being opened; open it again")
             st = os.fstat(fd)
-            self._mapped[s] = (st.st_dev, st.st_ino, sizes[s])
+            self._mapped[s] = (st.st_dev, st.st_ino, sizes[s], os.fspath(self.shard_file(s)))
             return fd
 
         # Each shard starts a whole number of rows after the first, so that one take gathers whole
@@ -280,7 +280,7 @@ class ShardedArray:
             if mapped is None:
                 continue
             try:
-                st = os.stat(self.shard_file(s))
+                st = os.stat(mapped[3])  # the path kept as text: building it per batch costs more than the stat
             except OSError:
                 continue  # moved away or removed: the map keeps the file it was made of
             if (st.st_dev, st.st_ino) == mapped[:2] and st.st_size < mapped[2]:
