@@ -9,6 +9,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import sys as _sys
+
+if _sys.argv[:1] == ["-m"]:  # ``python -m dlpack`` is loading: its Ctrl-C handling starts now
+    from ._interrupt import install as _install_interrupt
+
+    _install_interrupt()
+
 import importlib
 from typing import TYPE_CHECKING, Any
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ __all__ = [
     "progress",
     "quiet_resource_tracker",
     "start_watchdog",
+    "stop_workers",
     "warm_pool",
     "warming",
 ]
@@ -48,8 +50,36 @@ def parallel(n_jobs: int, calls: Iterable[Any], count: int | None = None) -> Ite
         for fn, args, kwargs in calls:
             yield fn(*args, **kwargs)
         return
+    if not pool_ready(n_jobs):
+        warm_pool(n_jobs)  # workers start in a thread that defers Ctrl-C (see warm_pool)
     wait_for_warm_pool()
-    yield from _runner(n_jobs)(calls)
+    try:
+        yield from _runner(n_jobs)(calls)
+    except KeyboardInterrupt:
+        stop_workers()
+        raise
+
+
+def stop_workers() -> None:
+    """Kill the pool's worker processes now and reap them (Ctrl-C).
+
+    Workers ignore Ctrl-C (the build process decides), so they are ended here: one blocked sending
+    a result that nobody reads any more would otherwise keep the build from exiting, and loky's own
+    kill of a process tree needs psutil, which dlpack does not depend on.
+    """
+    if "joblib" not in sys.modules:
+        return  # no pool was ever started
+    wait_for_warm_pool()  # its workers start ignoring Ctrl-C: bounded by their start-up
+    from joblib.externals.loky import reusable_executor
+
+    executor = getattr(reusable_executor, "_executor", None)
+    processes = list(getattr(executor, "_processes", {}).values())
+    for process in processes:
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(5)
 
 
 def _runner(n_jobs: int) -> Any:
@@ -87,6 +117,10 @@ def warm_pool(n_jobs: int, preload: Callable[[], Any] | None = None) -> None:
     from joblib import delayed
 
     def warm() -> None:
+        # Workers are started from this thread: they inherit its blocked Ctrl-C from their first
+        # instruction (through exec), so a Ctrl-C to the process group never interrupts one.
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         with contextlib.suppress(Exception):  # a pool that fails to start fails again, loudly, when used
             for _ in _runner(n_jobs)(delayed(_warm_worker)(preload) for _ in range(n_jobs)):
                 pass
@@ -154,6 +188,10 @@ def start_watchdog(parent: int) -> None:
     global _WATCHDOG_STARTED
     if _WATCHDOG_STARTED or os.getpid() == parent or sys.platform == "win32":
         return
+    # Ctrl-C reaches the whole process group; the build process ends its workers itself
+    # (stop_workers), so a worker neither dies midway through a result nor prints a traceback.
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WATCHDOG_STARTED = True
     child = os.getppid() == parent
 
