@@ -96,7 +96,9 @@ def test_ctrl_c_ends_a_build_every_time(make_tree: MakeTree, tmp_path: Path, job
             assert rc == 130, f"{where}: exit {rc}: {err}"
             assert "dlpack: interrupted" in err, f"{where}: {err}"
             kept = journal_path(out).is_file() and os.path.lexists(partial_path(out))
-            assert ("run the same command again to resume" in err) == kept, f"{where}: {err}"
+            # Never a promise of a resume without a partial store to resume (one stopped while it
+            # loads may say plain "interrupted" although an earlier run's partial is there).
+            assert kept or "run the same command again to resume" not in err, f"{where}: {err}"
         if rc == 0 or n % 5 == 0 or n == INTERRUPTS:
             # The same command resumes (or finds the store done) and the store verifies.
             if rc != 0:
