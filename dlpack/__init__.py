@@ -9,9 +9,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os as _os
 import sys as _sys
 
-if _sys.argv[:1] == ["-m"]:  # ``python -m dlpack`` is loading: its Ctrl-C handling starts now
+# The ``dlpack`` command is loading (``python -m dlpack``, while ``-m`` is still argv[0], or the
+# installed script): its Ctrl-C handling starts before the rest of the package loads.
+if getattr(_sys, "argv", None) and _os.path.basename(_sys.argv[0]) in (
+    "-m",
+    "dlpack",
+    "dlpack.exe",
+    "dlpack-script.py",
+):
     from ._interrupt import install as _install_interrupt
 
     _install_interrupt()
