@@ -9,6 +9,21 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os as _os
+import sys as _sys
+
+# The ``dlpack`` command is loading (``python -m dlpack``, while ``-m`` is still argv[0], or the
+# installed script): its Ctrl-C handling starts before the rest of the package loads.
+if getattr(_sys, "argv", None) and _os.path.basename(_sys.argv[0]) in (
+    "-m",
+    "dlpack",
+    "dlpack.exe",
+    "dlpack-script.py",
+):
+    from ._interrupt import install as _install_interrupt
+
+    _install_interrupt()
+
 import importlib
 from typing import TYPE_CHECKING, Any
 

@@ -1,3 +1,6 @@
-from .cli import main
+"""``python -m dlpack``: the command line, which Ctrl-C ends quietly at any moment."""
 
-raise SystemExit(main())
+from ._interrupt import run
+
+if __name__ == "__main__":
+    run()

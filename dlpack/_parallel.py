@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ __all__ = [
     "progress",
     "quiet_resource_tracker",
     "start_watchdog",
+    "stop_workers",
     "warm_pool",
     "warming",
 ]
@@ -49,7 +51,94 @@ def parallel(n_jobs: int, calls: Iterable[Any], count: int | None = None) -> Ite
             yield fn(*args, **kwargs)
         return
     wait_for_warm_pool()
-    yield from _runner(n_jobs)(calls)
+    if not _pool_whole(n_jobs):
+        # Workers (re)start in a thread that blocks Ctrl-C (see warm_pool), never from this one.
+        warm_pool(n_jobs)
+        wait_for_warm_pool()
+    try:
+        yield from _runner(n_jobs)(calls)
+    except KeyboardInterrupt:
+        stop_workers()
+        raise
+
+
+def stop_workers() -> None:
+    """Kill the pool's worker processes now and reap them (Ctrl-C).
+
+    Workers ignore Ctrl-C (the build process decides), so they are ended here: one blocked sending
+    a result that nobody reads any more would otherwise keep the build from exiting, and loky's own
+    kill of a process tree needs psutil, which dlpack does not depend on.
+    """
+    if "joblib" not in sys.modules:
+        return  # no pool was ever started
+    # Workers being started ignore Ctrl-C: let them start, so that all of them are known here.
+    wait_for_warm_pool(_STOP_WAIT)
+    processes = list(getattr(_executor(), "_processes", {}).values())
+    for process in processes:
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(5)
+
+
+#: Seconds :func:`stop_workers` waits for the pool being started: far longer than a start takes.
+_STOP_WAIT = 60.0
+
+
+def _executor() -> Any:
+    """joblib's reusable loky executor, the one the pool runs in (None before the first pool)."""
+    from joblib.externals.loky import reusable_executor
+
+    return getattr(reusable_executor, "_executor", None)
+
+
+def _pool_whole(n_jobs: int) -> bool:
+    """Whether the pool has ``n_jobs`` live workers, so that using it starts none.
+
+    joblib starts missing workers (a new pool, one that replaced an aborted one, workers gone
+    after their idle timeout) from the thread that submits the first call; here that must be the
+    pool-start thread, which blocks Ctrl-C. Read from loky's executor: what it does not tell
+    counts as not whole, and the pool is started again (a few calls that return at once).
+    """
+    if "joblib" not in sys.modules:
+        return False
+    executor = _executor()
+    flags = getattr(executor, "_flags", None)
+    manager = getattr(executor, "_executor_manager_thread", None)
+    processes = list(getattr(executor, "_processes", {}).values())
+    return (
+        flags is not None
+        and not flags.shutdown
+        and flags.broken is None
+        and getattr(executor, "_max_workers", None) == n_jobs
+        and manager is not None
+        and manager.is_alive()
+        and len(processes) == n_jobs
+        and all(p.is_alive() for p in processes)
+    )
+
+
+def _block_interrupts() -> None:
+    """In the thread about to start workers: block Ctrl-C, so that they start with it blocked.
+
+    A process inherits the signal mask of the thread that forks it and keeps it through exec, so
+    a worker is deaf to Ctrl-C from its first instruction until :func:`start_watchdog` ignores it
+    (a Ctrl-C meanwhile would print its start-up's traceback). Threads this one starts inherit the
+    mask too: loky's manager thread, which starts replacement workers. Both resource trackers are
+    started first, because starting Python's own (multiprocessing) tracker *unblocks* Ctrl-C in
+    the calling thread afterwards instead of restoring its mask; once running they are reused.
+    """
+    quiet_resource_tracker()  # before the trackers start: they take this process's -W options
+    with contextlib.suppress(Exception):  # a tracker that cannot start fails again, loudly, in the pool
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        from joblib.externals.loky.backend import resource_tracker as loky_tracker
+
+        loky_tracker.ensure_running()
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # no signal masks (Windows)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 def _runner(n_jobs: int) -> Any:
@@ -87,6 +176,7 @@ def warm_pool(n_jobs: int, preload: Callable[[], Any] | None = None) -> None:
     from joblib import delayed
 
     def warm() -> None:
+        _block_interrupts()  # workers are started from this thread: Ctrl-C blocked from their start
         with contextlib.suppress(Exception):  # a pool that fails to start fails again, loudly, when used
             for _ in _runner(n_jobs)(delayed(_warm_worker)(preload) for _ in range(n_jobs)):
                 pass
@@ -113,11 +203,10 @@ def warming() -> bool:
     return _WARMING is not None and _WARMING[0].is_alive()
 
 
-def wait_for_warm_pool() -> None:
+def wait_for_warm_pool(timeout: float | None = None) -> None:
     """Let the pool being started finish first: two threads never drive the pool at once."""
-    global _WARMING
     if _WARMING is not None and _WARMING[0] is not threading.current_thread():
-        _WARMING[0].join()
+        _WARMING[0].join(timeout)
 
 
 #: How loky's resource tracker is told not to print its own clean-up (a ``-W`` option it inherits).
@@ -154,6 +243,10 @@ def start_watchdog(parent: int) -> None:
     global _WATCHDOG_STARTED
     if _WATCHDOG_STARTED or os.getpid() == parent or sys.platform == "win32":
         return
+    # Ctrl-C reaches the whole process group; the build process ends its workers itself
+    # (stop_workers), so a worker neither dies midway through a result nor prints a traceback.
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WATCHDOG_STARTED = True
     child = os.getppid() == parent
 

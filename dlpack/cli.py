@@ -870,6 +870,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (_PipeClosed, BrokenPipeError):
         _stdout_to_devnull()
         return EXIT_PIPE
+    except KeyboardInterrupt:  # before the command ran (while its options were read): nothing to resume
+        _say("dlpack: interrupted", err=True)
+        return EXIT_INTERRUPTED
     return code
 
 
@@ -899,6 +902,9 @@ def _main(argv: list[str]) -> int:
     try:
         return int(args.run(args))
     except KeyboardInterrupt as exc:
+        from ._parallel import stop_workers
+
+        stop_workers()  # they ignore Ctrl-C: ended here, before anything waits for them at exit
         published = getattr(exc, "published", None)
         if published is not None:
             # The new store was in place before the interrupt: the command did what it was asked.

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,34 @@ def _json(text: str, where: Path) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise StoreError(f"{where} is not valid JSON: {exc}") from exc
+
+
+#: Seconds :func:`_settle_io` waits for zarr's unfinished IO: far longer than a metadata write takes.
+_SETTLE_WAIT = 60.0
+
+
+def _settle_io() -> None:
+    """Let the IO of zarr calls cut short by Ctrl-C finish before their store is removed.
+
+    zarr runs every read and write as a task in its own event-loop thread; the call that waits for
+    it raises KeyboardInterrupt at once while the task goes on. An interrupted build that then
+    removes its partial store would otherwise have that task write into the folder after the
+    removal (an array's zarr.json in a folder without dlpack's marker, which the next build
+    refuses). Runs a task in that loop that waits for every other one.
+    """
+    module = sys.modules.get("zarr.core.sync")
+    loop = getattr(module, "loop", [None])[0] if module is not None else None
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+    import asyncio
+
+    async def others_done() -> None:
+        pending = asyncio.all_tasks() - {asyncio.current_task()}
+        if pending:
+            await asyncio.wait(pending, timeout=_SETTLE_WAIT)
+
+    with contextlib.suppress(Exception):  # zarr's loop gone or changed: nothing of it to wait for
+        asyncio.run_coroutine_threadsafe(others_done(), loop).result(_SETTLE_WAIT + 1)
 
 
 def _marker(group_meta: Any) -> dict[str, Any] | None:
@@ -769,6 +798,7 @@ class ZarrBackend(Backend):
         if not path.is_dir() or path.is_symlink():
             super().remove(path)
             return
+        _settle_io()
         with contextlib.suppress(OSError):
             (path / MANIFEST).unlink()
         for child in sorted(path.iterdir()):

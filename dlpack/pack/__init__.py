@@ -27,7 +27,7 @@ from typing import Any
 from .. import _parallel
 from .._lock import BuildLock, journal_path, partial_path
 from .._spill import give_back_freed, spilling_to
-from ..backends import Backend, backend_for_path, remove_store
+from ..backends import Backend, backend_for_path, owned_store, remove_store
 from ..errors import DlpackError, OptionError, SourceError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
@@ -51,6 +51,7 @@ from .plan import BuildPlan, plan_stage
 from .publish import (
     PublishedInterrupt,
     UnfinishedInterrupt,
+    built_by_plan,
     check_replaceable,
     clear_leftovers,
     publish,
@@ -117,6 +118,7 @@ def _existing_result(
     sel: Selection,
     probes: Sequence[Probe],
     t0: float,
+    resume: str = "published already: the stopped build had finished it",
 ) -> BuildResult:
     """The result of a build whose store a killed run of the same build had already published."""
     with backend.open_reader(out) as reader:
@@ -131,7 +133,7 @@ def _existing_result(
         output_bytes=nbytes,
         conversions=dict(m.conversions),
         plan=plan,
-        resume="published already: the stopped build had finished it",
+        resume=resume,
         classes=m.classes,
         splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
     )
@@ -153,9 +155,15 @@ def _variant_config(opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> An
     return resolve_config(opts.augment_config, opts.augment_engine, task)
 
 
-def _with_variants(result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float) -> BuildResult:
+def _with_variants(
+    result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
+) -> BuildResult:
     """``result`` once the published store ``out`` has its variants (``--augment``). The store is
-    complete without them; a stopped or failed variant run says how to add them (it resumes)."""
+    complete without them; a stopped or failed variant run says how to add them (it resumes).
+
+    ``finish``: ``out`` was there before this run (a stopped run of this build published it), so
+    variants of this very request already there are the result, and other variants are refused.
+    """
     if config is None:
         return result
     from dataclasses import replace
@@ -171,20 +179,24 @@ def _with_variants(result: BuildResult, out: Path, opts: BuildOptions, config: A
     try:
         done = augment_locked(
             out, opts.augment, config, opts.augment_seed, opts.jobs, opts.augment_engine, False, opts.quiet,
-            opts.no_resume,
+            opts.no_resume, finish,
         )  # fmt: skip
     except PublishedInterrupt:
         raise
     except KeyboardInterrupt:
         raise UnfinishedInterrupt(hint) from None
     except DlpackError as exc:
+        if finish and isinstance(exc, StoreExistsError):  # other variants: not this build's store to finish
+            raise
         text = f"{hint}; the variants failed: {exc}"
         try:
             wrapped = type(exc)(text)
         except TypeError:  # an error class with its own arguments
             wrapped = DlpackError(text)
         raise wrapped from exc
-    note = f"{done.k} augmentation variants per image: {done.variants} variants ({done.variants_per_s:.0f} variants/s)"
+    note = f"{done.k} augmentation variants per image: {done.variants} variants"
+    if done.written:  # none computed: a stopped run had finished them all (the resume note says so)
+        note += f" ({done.variants_per_s:.0f} variants/s)"
     if done.resume:
         note += f" ({done.resume})"
     return replace(result, seconds=time.perf_counter() - t0, augment=note)
@@ -251,12 +263,16 @@ def build(
             return update_stage(source, out_path, backend, opts, t0)
         # The CLI names its flag instead (dlpack.cli): the keyword is the library's word for it.
         exists = f"{out_path} already exists; pass overwrite=True to replace it"
+        # A store of this very build without (all) its variants: a run stopped while computing them.
+        finishing = False
         if out_path.exists() or out_path.is_symlink():
             if opts.overwrite:
                 check_replaceable(out_path)
                 published = None
             elif published is None:
-                raise StoreExistsError(exists)
+                if not (opts.augment and not out_path.is_symlink() and owned_store(out_path) is backend):
+                    raise StoreExistsError(exists)
+                finishing = True  # once the plan is known: the same plan, or refused as existing
         root = source.root
         scan = scan_stage(source)
         if _parallel.pooled(opts.n_jobs, -(-len(scan.items) // PROBE_STEP)):
@@ -276,6 +292,13 @@ def build(
             return _with_variants(
                 _existing_result(backend, out_path, plan, scan, sel, probes, t0), out_path, opts, variants, t0
             )
+        if finishing:
+            # Its images are built: only the variants are left (resumed from their journal, if any).
+            if not built_by_plan(backend, out_path, plan):
+                raise StoreExistsError(exists)
+            built = "built already: a stopped run of this build had published it"
+            existing = _existing_result(backend, out_path, plan, scan, sel, probes, t0, built)
+            return _with_variants(existing, out_path, opts, variants, t0, finish=True)
         if sel.errors and opts.on_error == "fail":
             pairs = jobs_of(scan.items, probes, sel.keep)
             found = validate_stage(os.fspath(root), plan, pairs, opts)

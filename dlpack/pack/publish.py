@@ -120,12 +120,16 @@ def clear_leftovers(out: Path) -> str | None:
 def published_by_killed_build(backend: type[Backend], out: Path, plan: BuildPlan, published: str | None) -> bool:
     """Whether ``out`` is the store a killed build of this very ``plan`` committed and published
     (``published``: its journal's fingerprint, from :func:`clear_leftovers`)."""
-    if published != plan.fingerprint():
-        return False
+    return published == plan.fingerprint() and built_by_plan(backend, out, plan)
+
+
+def built_by_plan(backend: type[Backend], out: Path, plan: BuildPlan) -> bool:
+    """Whether the complete store ``out`` records ``plan`` as the plan it was built by: the same
+    source listing, geometry and layout, so building it again would write the same store."""
     try:
         with backend.open_reader(out) as reader:
             recorded = reader.manifest.plan
-        return bool(recorded) and BuildPlan.from_dict(recorded).fingerprint() == published
+        return bool(recorded) and BuildPlan.from_dict(recorded).fingerprint() == plan.fingerprint()
     except StoreError:
         return False
 

@@ -263,9 +263,14 @@ def augment_locked(
     replace: bool,
     quiet: bool,
     no_resume: bool,
+    finish: bool = False,
 ) -> AugmentResult:
     """Compute and switch in K variants of every image of the complete store ``out``; call only
-    while holding its build lock (``dlpack build --augment`` calls it right after publishing)."""
+    while holding its build lock (``dlpack build --augment`` calls it right after publishing).
+
+    ``finish``: the caller finishes a stopped ``build --augment`` of ``out``, so a store that
+    already holds these very variants is done, and one with other variants is not its to change.
+    """
     t0 = time.perf_counter()
     check_arguments(k, seed, jobs, engine)
     # Absolute: the pool's worker processes outlive a call, in the working folder they started in.
@@ -310,6 +315,14 @@ def augment_locked(
             blocks = len(range(0, m.count, block_len)) * k
             return result(
                 written=0, blocks=blocks, blocks_written=0, resume="published already: the stopped run had finished it"
+            )
+        if finish and same_variants(m.augment, record):
+            blocks = len(range(0, m.count, block_len)) * k
+            return result(written=0, blocks=blocks, blocks_written=0, resume="complete already")
+        if finish:
+            raise StoreExistsError(
+                f"{out} already exists with other augmentation variants ({m.variants} per image); pass "
+                "overwrite=True to replace the store"
             )
         if not replace:
             raise StoreExistsError(

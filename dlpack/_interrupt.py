@@ -1,0 +1,78 @@
+"""Ctrl-C in the command line: a KeyboardInterrupt where the program can act on it, never a
+traceback from the interpreter's own machinery.
+
+Python raises KeyboardInterrupt at the next instruction of the main thread, which after a long
+call into C (loading an extension module, say) is often a finaliser or import's lock clean-up:
+raised there, it is printed as "Exception ignored" and lost, and the program runs on. The handler
+here waits for the next instruction outside such code. Installed only for the ``dlpack`` command
+(``python -m dlpack`` and the installed script both run :func:`run`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import NoReturn
+
+__all__ = ["install", "run"]
+
+#: Seconds before an interrupt that arrived inside a finaliser is raised again.
+_RETRY = 0.005
+
+
+def _inside_finaliser(frame: FrameType | None) -> bool:
+    code = frame.f_code if frame is not None else None
+    return code is not None and (code.co_filename.startswith("<frozen importlib") or code.co_name == "__del__")
+
+
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    if _inside_finaliser(frame):
+        timer = threading.Timer(_RETRY, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
+    raise KeyboardInterrupt
+
+
+def _excepthook(kind: type[BaseException], value: BaseException, tb: object) -> None:
+    if issubclass(kind, KeyboardInterrupt):  # before the command's own handling began: nothing started
+        sys.stderr.write("dlpack: interrupted\n")
+        sys.stderr.flush()
+        os._exit(130)
+    sys.__excepthook__(kind, value, tb)  # type: ignore[arg-type]
+
+
+def install() -> None:
+    """Handle Ctrl-C as above in this process (the main thread of the ``dlpack`` command)."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # ignored, or handled by whoever embeds dlpack
+    signal.signal(signal.SIGINT, _on_interrupt)
+    sys.excepthook = _excepthook
+
+
+def run() -> NoReturn:
+    """The ``dlpack`` command: ``python -m dlpack`` and the installed ``dlpack`` script alike."""
+    install()
+    try:
+        from .cli import main
+    except KeyboardInterrupt:  # while the command line loads: nothing started yet
+        sys.stderr.write("dlpack: interrupted\n")
+        raise SystemExit(130) from None
+
+    code = main()
+    # Done: a Ctrl-C now would only cut the interpreter's own clean-up short (a traceback, or its
+    # workers left to their watchdogs), so it is ignored for the few moments left.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if code == 130:
+        # Interrupted: what it wrote is on disk and its workers are ended; nothing is left to wait for.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more can be said there
+                pass
+        os._exit(code)
+    raise SystemExit(code)

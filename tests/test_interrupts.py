@@ -1,0 +1,147 @@
+"""Ctrl-C ends a build every time: SIGINT to the build's whole process group (what a terminal and
+``timeout`` send) at a random moment, from its start-up to its end, on both pool paths.
+
+Each interruption: exit 130 (0 when the build had finished), "dlpack: interrupted" with the resume
+hint whenever a partial store was kept, no traceback, and no process of its group left once it has
+exited. The next interruption is the same command again, so it resumes what the last one kept; every
+few, a rerun is left to finish and its store verified. ``DLPACK_INTERRUPTS`` sets the count per path.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import dlpack
+from dlpack._lock import journal_path, partial_path
+
+MakeTree = Callable[..., Path]
+
+INTERRUPTS = int(os.environ.get("DLPACK_INTERRUPTS", "10"))
+#: Seconds an interrupted build may take to exit: a hang guard, not a speed check.
+HANG = 60
+
+
+def _group(pgid: int) -> list[str]:
+    """The processes (pid and command) of process group ``pgid`` still there.
+
+    Left out: zombies, and processes past releasing their memory (an empty command line), whose
+    exit is under way: the pool's resource trackers, say, which exit when the build's end closes
+    the pipe they read, just as the stderr pipe this test reads to its end.
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in "ZX" and cmd:
+            found.append(f"{entry} {cmd}")
+    return found
+
+
+def _run(command: list[str], env: dict[str, str], delay: float | None) -> tuple[int, str, list[str]]:
+    """Run ``command`` in a new session (its own process group); SIGINT the group after ``delay``."""
+    proc = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        if delay is not None:
+            try:
+                proc.wait(delay)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=HANG)
+    except subprocess.TimeoutExpired:
+        left = _group(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the build did not exit within {HANG} s of its interrupt; its group: {left}")
+    return proc.returncode, err, _group(proc.pid)
+
+
+def _interrupt_builds(command: list[str], out: Path, jobs: int, count: int, seed: int) -> None:
+    """Time one whole build of ``command``, then interrupt it ``count`` times at random moments."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(dlpack.__file__).parents[1]), *sys.path])}
+    t0 = time.monotonic()
+    rc, err, _ = _run(command, env, None)
+    whole = time.monotonic() - t0  # the build's duration, start-up and exit included
+    assert rc == 0, err
+    shutil.rmtree(out)
+    rng = random.Random(seed)
+    interrupted = finished = 0
+    for n in range(1, count + 1):
+        delay = rng.uniform(0, whole)
+        rc, err, left = _run(command, env, delay)
+        where = f"interruption {n} at {delay:.2f} s of {whole:.2f} s (--jobs {jobs})"
+        assert left == [], f"{where}: processes of its group outlived it: {left}"
+        assert "Traceback" not in err and "Exception ignored" not in err, f"{where}: {err}"
+        if rc == 0:  # it finished before the interrupt
+            finished += 1
+        elif rc == -signal.SIGINT and not err:
+            # Before the interpreter took Ctrl-C over (its first milliseconds): ended by the
+            # signal's default action, as a shell reports it 130, with nothing written.
+            interrupted += 1
+        else:
+            interrupted += 1
+            assert rc == 130, f"{where}: exit {rc}: {err}"
+            assert "dlpack: interrupted" in err, f"{where}: {err}"
+            kept = journal_path(out).is_file() and os.path.lexists(partial_path(out))
+            # Never a promise of a resume without a partial store to resume (one stopped while it
+            # loads may say plain "interrupted" although an earlier run's partial is there).
+            assert kept or "run the same command again to resume" not in err, f"{where}: {err}"
+        if rc == 0 or n % 5 == 0 or n == count:
+            # The same command resumes (or finds the store done) and the store verifies.
+            if rc != 0:
+                rc, err, left = _run(command, env, None)
+                assert rc == 0 and left == [], f"{where}: the rerun: exit {rc}, left {left}: {err}"
+            with dlpack.open(out) as ds:
+                assert len(ds) == 150 and ds.verify() == [], where
+            shutil.rmtree(out)
+    assert interrupted >= count // 3, (interrupted, finished)  # resumed runs are shorter: some finish
+
+
+def _build_args(src: Path, out: Path, jobs: int) -> list[str]:
+    return ["build", str(src), str(out), "--size", "96x64", "--shard-bytes", "65536", "--jobs", str(jobs)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process groups from /proc")
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_ends_a_build_every_time(make_tree: MakeTree, tmp_path: Path, jobs: int) -> None:
+    src = make_tree({f"c{k % 3}/{k:03d}.png": ("rgb", 160, 120) for k in range(150)})
+    out = tmp_path / "out.zarr"
+    command = [sys.executable, "-m", "dlpack", *_build_args(src, out, jobs)]
+    _interrupt_builds(command, out, jobs, INTERRUPTS, seed=23 + jobs)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process groups from /proc")
+def test_ctrl_c_ends_the_installed_dlpack_command_too(make_tree: MakeTree, tmp_path: Path) -> None:
+    """The installed ``dlpack`` script, written here as pip writes it from the project's entry
+    point, gets the same handling as ``python -m dlpack``, from its first import on."""
+    import tomllib
+
+    pyproject = Path(dlpack.__file__).parents[1] / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("needs the project's pyproject.toml (a source checkout)")
+    entry = tomllib.loads(pyproject.read_text())["project"]["scripts"]["dlpack"]
+    module, _, func = entry.partition(":")
+    script = tmp_path / "bin" / "dlpack"
+    script.parent.mkdir()
+    script.write_text(f"import sys\nfrom {module} import {func}\nif __name__ == '__main__':\n    sys.exit({func}())\n")
+    src = make_tree({f"c{k % 3}/{k:03d}.png": ("rgb", 160, 120) for k in range(150)})
+    out = tmp_path / "out.zarr"
+    command = [sys.executable, str(script), *_build_args(src, out, 2)]
+    _interrupt_builds(command, out, 2, max(5, INTERRUPTS // 2), seed=7)
