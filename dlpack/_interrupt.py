@@ -5,7 +5,7 @@ Python raises KeyboardInterrupt at the next instruction of the main thread, whic
 call into C (loading an extension module, say) is often a finaliser or import's lock clean-up:
 raised there, it is printed as "Exception ignored" and lost, and the program runs on. The handler
 here waits for the next instruction outside such code. Installed only for the ``dlpack`` command
-(``python -m dlpack`` and the installed script both run :func:`run`).
+(``python -m dlpack`` and the installed script both run ``dlpack.__main__.run``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import NoReturn
 
-__all__ = ["install", "run"]
+__all__ = ["install"]
 
 #: Seconds before an interrupt that arrived inside a finaliser is raised again.
 _RETRY = 0.005
@@ -52,27 +51,3 @@ def install() -> None:
         return  # ignored, or handled by whoever embeds dlpack
     signal.signal(signal.SIGINT, _on_interrupt)
     sys.excepthook = _excepthook
-
-
-def run() -> NoReturn:
-    """The ``dlpack`` command: ``python -m dlpack`` and the installed ``dlpack`` script alike."""
-    install()
-    try:
-        from .cli import main
-    except KeyboardInterrupt:  # while the command line loads: nothing started yet
-        sys.stderr.write("dlpack: interrupted\n")
-        raise SystemExit(130) from None
-
-    code = main()
-    # Done: a Ctrl-C now would only cut the interpreter's own clean-up short (a traceback, or its
-    # workers left to their watchdogs), so it is ignored for the few moments left.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if code == 130:
-        # Interrupted: what it wrote is on disk and its workers are ended; nothing is left to wait for.
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed pipe: nothing more can be said there
-                pass
-        os._exit(code)
-    raise SystemExit(code)
