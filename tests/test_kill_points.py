@@ -288,3 +288,35 @@ def test_a_labelled_build_killed_at_every_durable_step_reruns_to_the_same_store(
         assert ds.task == "detection" and ds.class_ids == (3, 4)
         assert np.allclose(ds[2]["boxes"], [[3.0, 3.0, 18.0, 13.0]])  # (6, 6, 36, 26) halved
         assert int(ds[2]["mask"][5, 5]) == 3 and int(ds[1]["mask"].max()) == 0
+
+
+def test_a_dldataset_build_killed_at_every_durable_step_reruns_to_the_same_folder(
+    make_tree: MakeTree, tmp_path: Path
+) -> None:
+    """``build --format dldataset`` packs into a hidden staging store, exports it to OUT, removes the
+    store. Killed anywhere, the same command run again leaves OUT the complete DLDataset, byte for
+    byte the uninterrupted build's, and nothing beside it: it resumes the staging store, or finds
+    the export of its own plan in place and says so."""
+    template = tmp_path / "template"
+    make_tree(SPEC, "template/src")
+    # Without --quiet: the rerun's summary says what it found.
+    args = [a.replace("OUT", "out") for a in BUILD if a != "--quiet"] + ["--size", "48x32", "--format", "dldataset"]
+    result = drive(tmp_path, template, "out", args)
+    ref, points = result["ref"], result["points"]
+    assert ref["rc"] == 0 and "dataset.json" in ref["files"] and len(ref["files"]) > 12, ref
+    assert ref["siblings"] == ["out", "src"], ref
+    assert [p["n"] for p in points] == list(range(1, ref["calls"] + 1))
+    out = ref["out"]
+    exported = 1 + next(i for i, step in enumerate(ref["steps"]) if step[0] == "rename" and step[2] == out)
+    assert exported == ref["calls"], ref["steps"][exported - 1 :]  # the export into OUT is the last step
+    for p in points:
+        where = f"KILL after durable step {p['n']} of {ref['calls']}"
+        assert p["killed"], f"{where}: the run was not killed there ({p['kill']})"
+        assert p["rerun"].get("rc") == 0, f"{where}: the rerun failed: {p['rerun_log']}"
+        assert p["siblings"] == ref["siblings"], f"{where}: leftovers {p['siblings']}"
+        assert p["files"] == ref["files"], f"{where}: not byte-identical"
+        if p["n"] >= exported:
+            assert "exported already" in p["rerun_log"], f"{where}: {p['rerun_log']}"
+        else:
+            assert "exported already" not in p["rerun_log"], f"{where}: {p['rerun_log']}"
+    assert any("resumed" in p["rerun_log"] for p in points)  # the staging store's blocks were kept
