@@ -288,3 +288,100 @@ def test_a_labelled_build_killed_at_every_durable_step_reruns_to_the_same_store(
         assert ds.task == "detection" and ds.class_ids == (3, 4)
         assert np.allclose(ds[2]["boxes"], [[3.0, 3.0, 18.0, 13.0]])  # (6, 6, 36, 26) halved
         assert int(ds[2]["mask"][5, 5]) == 3 and int(ds[1]["mask"].max()) == 0
+
+
+def test_a_dldataset_build_killed_at_every_durable_step_reruns_to_the_same_folder(
+    make_tree: MakeTree, tmp_path: Path
+) -> None:
+    """``build --format dldataset`` packs into a hidden staging store, exports it to OUT, removes the
+    store. Killed anywhere, the same command run again leaves OUT the complete DLDataset, byte for
+    byte the uninterrupted build's, and nothing beside it: it resumes the staging store, or finds
+    the export of its own plan in place and says so."""
+    template = tmp_path / "template"
+    make_tree(SPEC, "template/src")
+    # Without --quiet: the rerun's summary says what it found.
+    args = [a.replace("OUT", "out") for a in BUILD if a != "--quiet"] + ["--size", "48x32", "--format", "dldataset"]
+    result = drive(tmp_path, template, "out", args)
+    ref, points = result["ref"], result["points"]
+    assert ref["rc"] == 0 and "dataset.json" in ref["files"] and len(ref["files"]) > 12, ref
+    assert ref["siblings"] == ["out", "src"], ref
+    assert [p["n"] for p in points] == list(range(1, ref["calls"] + 1))
+    out = ref["out"]
+    exported = 1 + next(i for i, step in enumerate(ref["steps"]) if step[0] == "rename" and step[2] == out)
+    assert exported == ref["calls"], ref["steps"][exported - 1 :]  # the export into OUT is the last step
+    for p in points:
+        where = f"KILL after durable step {p['n']} of {ref['calls']}"
+        assert p["killed"], f"{where}: the run was not killed there ({p['kill']})"
+        assert p["rerun"].get("rc") == 0, f"{where}: the rerun failed: {p['rerun_log']}"
+        assert p["siblings"] == ref["siblings"], f"{where}: leftovers {p['siblings']}"
+        assert p["files"] == ref["files"], f"{where}: not byte-identical"
+        if p["n"] >= exported:
+            assert "exported already" in p["rerun_log"], f"{where}: {p['rerun_log']}"
+        else:
+            assert "exported already" not in p["rerun_log"], f"{where}: {p['rerun_log']}"
+    assert any("resumed" in p["rerun_log"] for p in points)  # the staging store's blocks were kept
+
+
+KILL_AT_EXPORT = r"""
+import os, signal, sys
+import dlpack.cli
+out = sys.argv[1]
+rename = os.rename
+def renamed(src, dst, *a, **k):
+    rename(src, dst, *a, **k)
+    if os.fspath(dst) == out:  # the export is in place; the staging store is not removed yet
+        os.kill(os.getpid(), signal.SIGKILL)
+os.rename = renamed
+sys.exit(dlpack.cli.main(sys.argv[2:]))
+"""
+
+
+def _dlpack(*args: str, kill_at_export: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(dlpack.__file__).parents[1]), *sys.path])}
+    head = ["-m", "dlpack"] if kill_at_export is None else ["-c", KILL_AT_EXPORT, str(kill_at_export)]
+    return subprocess.run([sys.executable, *head, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_dldataset_builds_staging_store_left_by_a_kill_is_removed_by_any_later_build_into_its_folder(
+    make_tree: MakeTree, tmp_path: Path
+) -> None:
+    """Another plan into the same OUT is refused as "already exists" and, with --overwrite, replaces
+    the export; either way the killed build's staging store (and its lock) is gone."""
+    src = make_tree({f"c{k % 2}/{k}.png": ("rgb", 32, 24) for k in range(6)})
+    for k, (other, rc) in enumerate(((["--size", "16x12"], 2), (["--size", "16x12", "--overwrite"], 0))):
+        work = tmp_path / str(k)
+        out, stage = work / "out", work / ".out.dlpack-stage.zarr"
+        build = ["build", str(src), str(out), "--jobs", "1", "--format", "dldataset"]
+        killed = _dlpack(*build, kill_at_export=out)
+        assert killed.returncode == -9 and (out / "dataset.json").is_file() and stage.is_dir(), killed.stderr
+        before = (out / "dataset.json").read_bytes()
+        again = _dlpack(*build, *other)
+        assert again.returncode == rc, again.stderr
+        if rc == 2:
+            assert "already exists" in again.stderr
+            assert (out / "dataset.json").read_bytes() == before  # the export is kept as it was
+        else:
+            with dlpack.open(out) as ds:  # the new export, at the new size
+                assert len(ds) == 6 and ds[0]["image"].shape[:2] == (12, 16)
+        assert sorted(os.listdir(work)) == ["out"]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_dldataset_build_refuses_and_keeps_a_folder_of_someone_elses_at_its_staging_name(
+    make_tree: MakeTree, tmp_path: Path, overwrite: bool
+) -> None:
+    src = make_tree({f"c{k % 2}/{k}.png": ("rgb", 32, 24) for k in range(4)})
+    out = tmp_path / "out"
+    build = ["build", str(src), str(out), "--jobs", "1", "--format", "dldataset"]
+    if overwrite:
+        assert _dlpack(*build).returncode == 0
+    before = (out / "dataset.json").read_bytes() if overwrite else None
+    stage = tmp_path / ".out.dlpack-stage.zarr"
+    stage.mkdir()
+    (stage / "notes.txt").write_text("mine")
+    done = _dlpack(*build, *(["--overwrite"] if overwrite else []))
+    assert done.returncode == 2, done.stderr
+    assert str(stage) in done.stderr and "not a dlpack store" in done.stderr
+    assert (stage / "notes.txt").read_text() == "mine"
+    assert (out / "dataset.json").read_bytes() == before if overwrite else not out.exists()
+    assert sorted(os.listdir(tmp_path)) == [".out.dlpack-stage.zarr", *(["out"] if overwrite else []), "src"]

@@ -83,9 +83,13 @@ def export_from(
     overwrite: bool = False,
     include_variants: bool = False,
     built_from: str | None = None,
+    plan: str | None = None,
+    locked: bool = False,
 ) -> ExportResult:
     """:func:`export`; with ``built_from`` (a build's source, for ``build --format dldataset``), the
-    marker names that source instead of ``store``, a staging store removed once exported."""
+    marker names that source instead of ``store``, a staging store removed once exported, and
+    ``plan``, the fingerprint of the plan that store was built by (so that the same build run
+    again knows this export for its own); ``locked``: the caller holds the lock on ``out``."""
     if to not in FORMATS:
         raise OptionError(f"export format must be one of {', '.join(FORMATS)}, got {to!r}")
     if include_variants and to != "dldataset":
@@ -105,8 +109,10 @@ def export_from(
         notes = Notes()
         final = Path(os.path.abspath(out))
         origin = {"store": os.path.abspath(store)} if built_from is None else {"built_from": built_from}
+        if plan is not None:
+            origin["plan"] = plan
         marker = {"to": to, "task": view.task, **origin, "dlpack_version": __version__}
-        with staged_output(final, Path(store), overwrite, marker) as stage:
+        with staged_output(final, Path(store), overwrite, marker, locked) as stage:
             note_classes(view, notes)
             counts = _write(ds, view, to, stage, final, notes, include_variants)
     return ExportResult(

@@ -308,22 +308,51 @@ def halcon_split(view: StoreView, s: Sample) -> str | None:
 
 
 def _is_export(path: Path) -> bool:
-    try:
-        doc = json.loads((path / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("dlpack_export") == 1
+    return export_marker(path) is not None
 
 
 def _sibling(out: Path, kind: str) -> Path:
     return out.parent / f".{out.name}.dlpack-export-{kind}"
 
 
+def clear_export_leftovers(out: Path) -> tuple[Path, Path]:
+    """Undo what a killed export to ``out`` left beside it (call only while holding the lock on
+    ``out``: nobody writes them then): a previous export moved aside goes back to a missing ``out``,
+    a half-written or replaced export is removed; anything else at those names is refused and kept.
+    Returns the two names, (partial, old)."""
+    stage, old = _sibling(out, "partial"), _sibling(out, "old")
+    if not os.path.lexists(out) and old.is_dir() and not old.is_symlink() and _is_export(old):
+        os.rename(old, out)  # a kill in the middle of a replacement: the previous export goes back
+    for leftover in (stage, old):
+        if leftover.is_dir() and not leftover.is_symlink():
+            if (leftover / PARTIAL_MARKER).exists() or _is_export(leftover) or not any(leftover.iterdir()):
+                shutil.rmtree(leftover)
+            else:
+                raise StoreExistsError(f"{leftover} is in the way and is not a dlpack export; move it away")
+        elif os.path.lexists(leftover):
+            raise StoreExistsError(f"{leftover} is in the way and is not a dlpack export; move it away")
+    return stage, old
+
+
+def export_marker(path: Path) -> dict[str, Any] | None:
+    """The marker of the dlpack export at ``path``, or None when it is not one."""
+    try:
+        doc = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("dlpack_export") == 1 else None
+
+
 @contextlib.contextmanager
-def staged_output(out: Path, store: Path, overwrite: bool, marker: dict[str, Any]) -> Iterator[Path]:
+def staged_output(
+    out: Path, store: Path, overwrite: bool, marker: dict[str, Any], locked: bool = False
+) -> Iterator[Path]:
     """Yield an empty folder beside ``out`` to write the export into; on success write the marker
     and rename the folder to ``out`` (replacing a previous export only with ``overwrite``); on
-    failure remove it, so nothing that looks complete is left."""
+    failure remove it, so nothing that looks complete is left.
+
+    ``locked``: the caller already holds the lock on ``out`` (``build --format dldataset``, which
+    holds it from before its staging store is built until that store is removed)."""
     from .._lock import BuildLock
 
     out = Path(os.path.abspath(out))
@@ -334,13 +363,12 @@ def staged_output(out: Path, store: Path, overwrite: bool, marker: dict[str, Any
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = BuildLock(out)
     try:
-        lock.acquire()
+        if not locked:
+            lock.acquire()
     except StoreLockedError as exc:
         raise StoreLockedError(f"another dlpack process is writing {out}: {exc}") from None
     try:
-        stage, old = _sibling(out, "partial"), _sibling(out, "old")
-        if not os.path.lexists(out) and old.is_dir() and not old.is_symlink() and _is_export(old):
-            os.rename(old, out)  # a kill in the middle of a replacement: the previous export goes back
+        stage, old = clear_export_leftovers(out)
         replace = False
         if out.is_symlink() or (out.exists() and not out.is_dir()):
             raise StoreExistsError(f"{out} exists and is not a folder; choose another export folder")
@@ -355,14 +383,6 @@ def staged_output(out: Path, store: Path, overwrite: bool, marker: dict[str, Any
                     f"{out} holds a previous dlpack export; pass --overwrite (overwrite=True) to replace it"
                 )
             replace = True
-        for leftover in (stage, old):  # left by a killed export (we hold the lock: nobody writes them)
-            if leftover.is_dir() and not leftover.is_symlink():
-                if (leftover / PARTIAL_MARKER).exists() or _is_export(leftover) or not any(leftover.iterdir()):
-                    shutil.rmtree(leftover)
-                else:
-                    raise StoreExistsError(f"{leftover} is in the way and is not a dlpack export; move it away")
-            elif os.path.lexists(leftover):
-                raise StoreExistsError(f"{leftover} is in the way and is not a dlpack export; move it away")
         stage.mkdir()
         (stage / PARTIAL_MARKER).write_text("a dlpack export being written\n", encoding="utf-8")
         try:
