@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -349,6 +350,25 @@ def _check_augment_accuracy(out: str, work: Path) -> None:
     assert "accuracy on 24 test images after 1 epochs" in out
 
 
+def _check_augment_views(out: str, work: Path) -> None:
+    doc = json.loads((work / "views.json").read_text())
+    assert (doc["images"], doc["variants"]) == (8, 16)
+    # Every variant is a real view: none equals its original or the other variant of its image.
+    assert (doc["same_as_original"], doc["duplicate_pairs"]) == (0, 0)
+    assert "16 variants of 8 gray 32x32 images: 0 equal to their original" in out
+
+
+def _check_map_check(out: str, work: Path) -> None:
+    rows = json.loads((work / "map_check.json").read_text())
+    assert [(r["backend"], r["shard_mib"]) for r in rows] == [("hdf5", None), ("zarr", 1)]
+    assert all(r["gather_us"] > 0 and r["check_us"] > 0 for r in rows)
+    assert "gather us" in out
+
+
+def _check_strict_json(out: str) -> None:
+    assert re.search(r"MB COCO: json\.loads [\d.]+ s, strict reader [\d.]+ s \([\d.]+x\)", out), out
+
+
 RUNS: dict[str, list[Run]] = {
     "benchmarks/augment.py": [
         Run(("speed", "--quick", "--work", "work", "--json", "speed.json"), _check_augment_speed),
@@ -389,6 +409,24 @@ RUNS: dict[str, list[Run]] = {
             ("raw", "--size", "32x32", "--repeat", "1", "--work", "work", "--json", "compression.json"),
             _check_compression,
         )
+    ],
+    "benchmarks/augment_views.py": [
+        Run(
+            ("--count", "8", "--size", "32", "--k", "2", "--jobs", "1", "--config", "examples_config.json")
+            + ("--json", "views.json"),
+            _check_augment_views,
+            setup=lambda work: shutil.copy(ROOT / "examples" / "augment_halcon.json", work / "examples_config.json"),
+        )
+    ],
+    "benchmarks/map_check.py": [
+        Run(
+            ("--count", "64", "--size", "16", "--batch", "8", "--shard-mib", "1", "--repeat", "1", "--inner", "2")
+            + ("--json", "map_check.json"),
+            _check_map_check,
+        )
+    ],
+    "benchmarks/strict_json.py": [
+        Run(("--images", "40", "--boxes", "2", "--repeat", "1"), lambda out, _: _check_strict_json(out)),
     ],
     "benchmarks/import_time.py": [Run(("--runs", "1", "--json", "import.json"), _check_import_time)],
     "benchmarks/labels.py": [Run(("--quick", "--work", "work", "--json", "labels.json"), _check_labels)],
