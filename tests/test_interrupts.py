@@ -26,7 +26,7 @@ from dlpack._lock import journal_path, partial_path
 
 MakeTree = Callable[..., Path]
 
-INTERRUPTS = int(os.environ.get("DLPACK_INTERRUPTS", "10"))
+INTERRUPTS = int(os.environ.get("DLPACK_INTERRUPTS", "20"))
 #: Seconds an interrupted build may take to exit: a hang guard, not a speed check.
 HANG = 60
 
