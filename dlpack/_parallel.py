@@ -92,12 +92,19 @@ def stop_workers() -> None:
             with contextlib.suppress(Exception):
                 known[pid].join(5)
         else:
-            with contextlib.suppress(OSError):
-                os.waitpid(pid, 0)
+            _reap(pid, 5)
     with contextlib.suppress(Exception):  # the next pool is a new one, not this one without its workers
         from joblib.externals.loky import reusable_executor
 
         reusable_executor._executor = None
+
+
+def _reap(pid: int, timeout: float) -> None:
+    """Reap the killed child ``pid``, waiting at most ``timeout`` seconds for it to die."""
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(OSError):  # reaped meanwhile by whoever started it
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 #: The joblib runs :func:`parallel` has started that are not collected yet.
@@ -110,8 +117,9 @@ def _started_workers() -> list[Any]:
 
     found = list(getattr(_executor(), "_processes", {}).values())
     # multiprocessing keeps every process started from here until it is joined, whichever thread
-    # started it and whatever pool dropped it since.
-    found += [p for p in multiprocessing.process._children if "Loky" in type(p).__name__]  # type: ignore[attr-defined]
+    # started it and whatever pool dropped it since (copied in one step: other threads add to it).
+    started = list(multiprocessing.process._children)  # type: ignore[attr-defined]
+    found += [p for p in started if "Loky" in type(p).__name__]
     return found
 
 
