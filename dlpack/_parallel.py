@@ -225,7 +225,8 @@ def _warm_worker(preload: Callable[[], Any] | None) -> int:
 
 
 #: The thread starting the worker pool ahead of its first use (:func:`warm_pool`), with its job count.
-_WARMING: tuple[threading.Thread, int] | None = None
+#: The event is set when it has finished (see :func:`wait_for_warm_pool` for why not the thread's).
+_WARMING: tuple[threading.Thread, int, threading.Event] | None = None
 
 
 def warm_pool(n_jobs: int, preload: Callable[[], Any] | None = None) -> None:
@@ -241,11 +242,16 @@ def warm_pool(n_jobs: int, preload: Callable[[], Any] | None = None) -> None:
         return
     from joblib import delayed
 
+    done = threading.Event()
+
     def warm() -> None:
-        _block_interrupts()  # workers are started from this thread: Ctrl-C blocked from their start
-        with contextlib.suppress(Exception):  # a pool that fails to start fails again, loudly, when used
-            for _ in _runner(n_jobs)(delayed(_warm_worker)(preload) for _ in range(n_jobs)):
-                pass
+        try:
+            _block_interrupts()  # workers are started from this thread: Ctrl-C blocked from their start
+            with contextlib.suppress(Exception):  # a pool that fails to start fails again, loudly, when used
+                for _ in _runner(n_jobs)(delayed(_warm_worker)(preload) for _ in range(n_jobs)):
+                    pass
+        finally:
+            done.set()
 
     thread = threading.Thread(target=warm, name="dlpack-pool-start", daemon=True)
     if _WARMING is None:
@@ -254,25 +260,30 @@ def warm_pool(n_jobs: int, preload: Callable[[], Any] | None = None) -> None:
         # A build that fails before it packs exits with the pool still starting: let it finish
         # first, so joblib shuts down a pool that is whole (registered after joblib's, run before).
         atexit.register(wait_for_warm_pool)
-    _WARMING = (thread, n_jobs)
+    _WARMING = (thread, n_jobs, done)
     thread.start()
 
 
 def pool_ready(n_jobs: int) -> bool:
     """Whether a pool of ``n_jobs`` workers is started (its :func:`warm_pool` finished), so a call
     runs there without waiting; False while it is still starting, or when none was asked for."""
-    return _WARMING is not None and _WARMING[1] == n_jobs and not _WARMING[0].is_alive()
+    return _WARMING is not None and _WARMING[1] == n_jobs and _WARMING[2].is_set()
 
 
 def warming() -> bool:
     """Whether a pool is being started in the background (:func:`warm_pool`) right now."""
-    return _WARMING is not None and _WARMING[0].is_alive()
+    return _WARMING is not None and not _WARMING[2].is_set()
 
 
 def wait_for_warm_pool(timeout: float | None = None) -> None:
-    """Let the pool being started finish first: two threads never drive the pool at once."""
+    """Let the pool being started finish first: two threads never drive the pool at once.
+
+    Waits for the start's own event, not ``Thread.join``: a Ctrl-C that interrupts a join marks
+    the thread finished on Python 3.11 although it runs on, and the next join (:func:`stop_workers`'s)
+    would return at once, before the workers being started are known.
+    """
     if _WARMING is not None and _WARMING[0] is not threading.current_thread():
-        _WARMING[0].join(timeout)
+        _WARMING[2].wait(timeout)
 
 
 #: How loky's resource tracker is told not to print its own clean-up (a ``-W`` option it inherits).
