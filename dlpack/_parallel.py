@@ -13,7 +13,6 @@ import signal
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
@@ -57,12 +56,14 @@ def parallel(n_jobs: int, calls: Iterable[Any], count: int | None = None) -> Ite
         warm_pool(n_jobs)
         wait_for_warm_pool()
     runner = _runner(n_jobs)
-    _RUNNING.add(runner)
+    _RUNNING.append(runner)
     try:
         yield from runner(calls)
     except KeyboardInterrupt:
         stop_workers()
         raise
+    finally:
+        _RUNNING.remove(runner)
 
 
 def stop_workers() -> None:
@@ -107,8 +108,9 @@ def _reap(pid: int, timeout: float) -> None:
             time.sleep(0.01)
 
 
-#: The joblib runs :func:`parallel` has started that are not collected yet.
-_RUNNING: weakref.WeakSet[Any] = weakref.WeakSet()
+#: The joblib runs of :func:`parallel` under way (a list, not a weak set, whose clean-up callbacks
+#: would be one more place for a Ctrl-C to land outside the program's reach).
+_RUNNING: list[Any] = []
 
 
 def _started_workers() -> list[Any]:
