@@ -22,9 +22,17 @@ __all__ = ["install"]
 _RETRY = 0.005
 
 
+#: Where Python runs the callbacks of collected weak references (a weak set's, a finalizer's).
+_WEAKREF_FILES = ("_weakrefset.py", "weakref.py")
+
+
 def _inside_finaliser(frame: FrameType | None) -> bool:
     code = frame.f_code if frame is not None else None
-    return code is not None and (code.co_filename.startswith("<frozen importlib") or code.co_name == "__del__")
+    return code is not None and (
+        code.co_filename.startswith("<frozen importlib")
+        or code.co_name == "__del__"
+        or os.path.basename(code.co_filename) in _WEAKREF_FILES
+    )
 
 
 def _on_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -55,11 +55,15 @@ def parallel(n_jobs: int, calls: Iterable[Any], count: int | None = None) -> Ite
         # Workers (re)start in a thread that blocks Ctrl-C (see warm_pool), never from this one.
         warm_pool(n_jobs)
         wait_for_warm_pool()
+    runner = _runner(n_jobs)
+    _RUNNING.append(runner)
     try:
-        yield from _runner(n_jobs)(calls)
+        yield from runner(calls)
     except KeyboardInterrupt:
         stop_workers()
         raise
+    finally:
+        _RUNNING.remove(runner)
 
 
 def stop_workers() -> None:
@@ -67,19 +71,83 @@ def stop_workers() -> None:
 
     Workers ignore Ctrl-C (the build process decides), so they are ended here: one blocked sending
     a result that nobody reads any more would otherwise keep the build from exiting, and loky's own
-    kill of a process tree needs psutil, which dlpack does not depend on.
+    kill of a process tree needs psutil, which dlpack does not depend on. Every worker this process
+    started is ended, not only those its pool lists: loky takes a worker off that list before it
+    kills it (a pool it aborts or finds broken), and a worker just started is on no list yet.
     """
     if "joblib" not in sys.modules:
         return  # no pool was ever started
     # Workers being started ignore Ctrl-C: let them start, so that all of them are known here.
     wait_for_warm_pool(_STOP_WAIT)
-    processes = list(getattr(_executor(), "_processes", {}).values())
-    for process in processes:
+    # Their runs are over: once a worker is killed (maybe midway through sending a result), joblib
+    # must not wait for the pool to shut down in order (it would wait for the rest of that result).
+    for runner in list(_RUNNING):
+        runner._aborted = True
+    known = {p.pid: p for p in _started_workers() if p.pid is not None}
+    pids = set(known) | _worker_children()
+    for pid in pids:
         with contextlib.suppress(OSError):
-            os.kill(process.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
-    for process in processes:
-        with contextlib.suppress(Exception):
-            process.join(5)
+            os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+    for pid in pids:
+        if pid in known:
+            with contextlib.suppress(Exception):
+                known[pid].join(5)
+        else:
+            _reap(pid, 5)
+    with contextlib.suppress(Exception):  # the next pool is a new one, not this one without its workers
+        from joblib.externals.loky import reusable_executor
+
+        reusable_executor._executor = None
+
+
+def _reap(pid: int, timeout: float) -> None:
+    """Reap the killed child ``pid``, waiting at most ``timeout`` seconds for it to die."""
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(OSError):  # reaped meanwhile by whoever started it
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+#: The joblib runs of :func:`parallel` under way (a list, not a weak set, whose clean-up callbacks
+#: would be one more place for a Ctrl-C to land outside the program's reach).
+_RUNNING: list[Any] = []
+
+
+def _started_workers() -> list[Any]:
+    """The worker processes this process started that are not reaped yet, as process objects."""
+    import multiprocessing
+
+    found = list(getattr(_executor(), "_processes", {}).values())
+    # multiprocessing keeps every process started from here until it is joined, whichever thread
+    # started it and whatever pool dropped it since (copied in one step: other threads add to it).
+    started = list(multiprocessing.process._children)  # type: ignore[attr-defined]
+    found += [p for p in started if "Loky" in type(p).__name__]
+    return found
+
+
+#: How a loky worker's command line starts it: the module that reads its start-up from the pool.
+_WORKER_MODULE = "joblib.externals.loky.backend.popen_loky_posix"
+
+
+def _worker_children() -> set[int]:
+    """The pids of this process's worker children (read from /proc where there is one): those
+    being started too, which no process object lists before their start returns."""
+    me, found = os.getpid(), set()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read()
+                if int(stat[stat.rindex(b")") + 2 :].split()[1]) != me:
+                    continue
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if _WORKER_MODULE.encode() in f.read().split(b"\0"):
+                        found.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile, or not a process
+    return found
 
 
 #: Seconds :func:`stop_workers` waits for the pool being started: far longer than a start takes.
@@ -159,7 +227,8 @@ def _warm_worker(preload: Callable[[], Any] | None) -> int:
 
 
 #: The thread starting the worker pool ahead of its first use (:func:`warm_pool`), with its job count.
-_WARMING: tuple[threading.Thread, int] | None = None
+#: The event is set when it has finished (see :func:`wait_for_warm_pool` for why not the thread's).
+_WARMING: tuple[threading.Thread, int, threading.Event] | None = None
 
 
 def warm_pool(n_jobs: int, preload: Callable[[], Any] | None = None) -> None:
@@ -175,11 +244,16 @@ def warm_pool(n_jobs: int, preload: Callable[[], Any] | None = None) -> None:
         return
     from joblib import delayed
 
+    done = threading.Event()
+
     def warm() -> None:
-        _block_interrupts()  # workers are started from this thread: Ctrl-C blocked from their start
-        with contextlib.suppress(Exception):  # a pool that fails to start fails again, loudly, when used
-            for _ in _runner(n_jobs)(delayed(_warm_worker)(preload) for _ in range(n_jobs)):
-                pass
+        try:
+            _block_interrupts()  # workers are started from this thread: Ctrl-C blocked from their start
+            with contextlib.suppress(Exception):  # a pool that fails to start fails again, loudly, when used
+                for _ in _runner(n_jobs)(delayed(_warm_worker)(preload) for _ in range(n_jobs)):
+                    pass
+        finally:
+            done.set()
 
     thread = threading.Thread(target=warm, name="dlpack-pool-start", daemon=True)
     if _WARMING is None:
@@ -188,25 +262,30 @@ def warm_pool(n_jobs: int, preload: Callable[[], Any] | None = None) -> None:
         # A build that fails before it packs exits with the pool still starting: let it finish
         # first, so joblib shuts down a pool that is whole (registered after joblib's, run before).
         atexit.register(wait_for_warm_pool)
-    _WARMING = (thread, n_jobs)
+    _WARMING = (thread, n_jobs, done)
     thread.start()
 
 
 def pool_ready(n_jobs: int) -> bool:
     """Whether a pool of ``n_jobs`` workers is started (its :func:`warm_pool` finished), so a call
     runs there without waiting; False while it is still starting, or when none was asked for."""
-    return _WARMING is not None and _WARMING[1] == n_jobs and not _WARMING[0].is_alive()
+    return _WARMING is not None and _WARMING[1] == n_jobs and _WARMING[2].is_set()
 
 
 def warming() -> bool:
     """Whether a pool is being started in the background (:func:`warm_pool`) right now."""
-    return _WARMING is not None and _WARMING[0].is_alive()
+    return _WARMING is not None and not _WARMING[2].is_set()
 
 
 def wait_for_warm_pool(timeout: float | None = None) -> None:
-    """Let the pool being started finish first: two threads never drive the pool at once."""
+    """Let the pool being started finish first: two threads never drive the pool at once.
+
+    Waits for the start's own event, not ``Thread.join``: a Ctrl-C that interrupts a join marks
+    the thread finished on Python 3.11 although it runs on, and the next join (:func:`stop_workers`'s)
+    would return at once, before the workers being started are known.
+    """
     if _WARMING is not None and _WARMING[0] is not threading.current_thread():
-        _WARMING[0].join(timeout)
+        _WARMING[2].wait(timeout)
 
 
 #: How loky's resource tracker is told not to print its own clean-up (a ``-W`` option it inherits).
@@ -236,33 +315,25 @@ def start_watchdog(parent: int) -> None:
     """In a worker process of the build process ``parent``: exit as soon as that process is gone.
 
     Idle pool workers otherwise outlive a killed build for minutes (until the pool's idle timeout).
-    A dead parent's children are re-parented, so a changed parent pid is the signal; a worker that
-    was not started by ``parent`` itself checks that ``parent`` still exists. Nothing is started in
-    ``parent`` itself, whose own parent (a shell, a scheduler) may come and go.
+    A worker is always a child of the process that started its pool, and a dead parent's children
+    are re-parented: a parent pid other than ``parent`` means the build is gone, already when the
+    worker got here (it ended while this worker was starting). Asking whether ``parent``'s pid still
+    exists would not do: an exited process that its own parent has not reaped yet still answers.
+    Nothing is started in ``parent`` itself, whose own parent (a shell, a scheduler) may come and go.
     """
     global _WATCHDOG_STARTED
     if _WATCHDOG_STARTED or os.getpid() == parent or sys.platform == "win32":
         return
+    if os.getppid() != parent:
+        os._exit(1)
     # Ctrl-C reaches the whole process group; the build process ends its workers itself
     # (stop_workers), so a worker neither dies midway through a result nor prints a traceback.
     with contextlib.suppress(ValueError, OSError):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WATCHDOG_STARTED = True
-    child = os.getppid() == parent
-
-    def gone() -> bool:
-        if child:
-            return os.getppid() != parent
-        try:
-            os.kill(parent, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
-        return False
 
     def watch() -> None:
-        while not gone():
+        while os.getppid() == parent:
             time.sleep(_WATCHDOG_INTERVAL)
         os._exit(1)
 

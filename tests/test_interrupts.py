@@ -26,7 +26,7 @@ from dlpack._lock import journal_path, partial_path
 
 MakeTree = Callable[..., Path]
 
-INTERRUPTS = int(os.environ.get("DLPACK_INTERRUPTS", "10"))
+INTERRUPTS = int(os.environ.get("DLPACK_INTERRUPTS", "20"))
 #: Seconds an interrupted build may take to exit: a hang guard, not a speed check.
 HANG = 60
 
@@ -53,8 +53,24 @@ def _group(pgid: int) -> list[str]:
     return found
 
 
+def _workers_at_exit(proc: subprocess.Popen[str], timeout: float) -> list[str] | None:
+    """The pool workers of ``proc``'s group still there the moment ``proc`` exits (None: it did not
+    exit within ``timeout``). ``proc`` is left unreaped meanwhile, as a caller reading its output to
+    the end leaves it: an exited process then still answers a check that its pid exists."""
+    deadline = time.monotonic() + timeout
+    while proc.returncode is None and time.monotonic() < deadline:
+        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return [p for p in _group(proc.pid) if "loky.backend.popen_loky_posix" in p]
+        time.sleep(0.01)
+    return [] if proc.returncode is not None else None
+
+
 def _run(command: list[str], env: dict[str, str], delay: float | None) -> tuple[int, str, list[str]]:
-    """Run ``command`` in a new session (its own process group); SIGINT the group after ``delay``."""
+    """Run ``command`` in a new session (its own process group); SIGINT the group after ``delay``.
+
+    Returns its exit code, its stderr, and the processes of its group left once it exited: the
+    pool workers still there the moment it exited, else those left once its stderr was closed.
+    """
     proc = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
@@ -64,13 +80,16 @@ def _run(command: list[str], env: dict[str, str], delay: float | None) -> tuple[
                 proc.wait(delay)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGINT)
+        workers = _workers_at_exit(proc, HANG)
+        if workers is None:
+            raise subprocess.TimeoutExpired(command, HANG)
         _, err = proc.communicate(timeout=HANG)
     except subprocess.TimeoutExpired:
         left = _group(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         pytest.fail(f"the build did not exit within {HANG} s of its interrupt; its group: {left}")
-    return proc.returncode, err, _group(proc.pid)
+    return proc.returncode, err, workers or _group(proc.pid)
 
 
 def _interrupt_builds(command: list[str], out: Path, jobs: int, count: int, seed: int) -> None:
