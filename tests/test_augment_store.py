@@ -456,9 +456,7 @@ def test_build_with_augment_builds_the_store_then_its_variants(
     aug.install_loader(monkeypatch.setitem)
     config = aug.write_config(tmp_path / "c.json", flip=1.0, brightness=0.0)
     src = make_tree({f"c{k % 2}/{k}.png": ("rgb", 24, 16) for k in range(10)})
-    result = dlpack.build(
-        src, tmp_path / backend, augment=2, augment_config=config, augment_seed=2, jobs=1, quiet=True
-    )
+    result = dlpack.build(src, tmp_path / backend, augment=2, augment_config=config, augment_seed=2, jobs=1, quiet=True)
     assert result.augment.startswith("2 augmentation variants per image: 20 variants")
     assert result.augment in result.summary()
     with dlpack.open(tmp_path / backend) as ds:

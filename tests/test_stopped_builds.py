@@ -9,9 +9,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 import _augment as aug
+
 import dlpack
 
 MakeTree = Callable[..., Path]
