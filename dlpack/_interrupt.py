@@ -16,7 +16,7 @@ import sys
 import threading
 from types import FrameType
 
-__all__ = ["install"]
+__all__ = ["install", "quiet_cleanup"]
 
 #: Seconds before an interrupt that arrived inside a finaliser is raised again.
 _RETRY = 0.005
@@ -26,12 +26,18 @@ _RETRY = 0.005
 _WEAKREF_FILES = ("_weakrefset.py", "weakref.py")
 
 
+#: Standard-library packages whose objects, interrupted half-built, fail again when collected (an
+#: asyncio event loop cut off in its constructor, as zarr makes one on first use, raises in ``__del__``).
+_HALF_BUILT_PACKAGES = (f"{os.sep}asyncio{os.sep}",)
+
+
 def _inside_finaliser(frame: FrameType | None) -> bool:
     code = frame.f_code if frame is not None else None
     return code is not None and (
         code.co_filename.startswith("<frozen importlib")
         or code.co_name == "__del__"
         or os.path.basename(code.co_filename) in _WEAKREF_FILES
+        or any(part in code.co_filename for part in _HALF_BUILT_PACKAGES)
     )
 
 
@@ -59,3 +65,20 @@ def install() -> None:
         return  # ignored, or handled by whoever embeds dlpack
     signal.signal(signal.SIGINT, _on_interrupt)
     sys.excepthook = _excepthook
+
+
+def _quiet_unraisable(unraisable: object) -> None:
+    """After an interrupt: errors of objects collected half-built are not the user's to read."""
+
+
+def quiet_cleanup() -> None:
+    """Once an interrupt is being handled, keep the clean-up of what it cut short off the terminal.
+
+    An object whose constructor the interrupt cut off can fail again when it is collected
+    ("Exception ignored in ... __del__"), and a coroutine created but never run warns; both are
+    consequences of the interrupt the command already reports, not something to act on.
+    """
+    import warnings
+
+    sys.unraisablehook = _quiet_unraisable
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)

@@ -902,8 +902,10 @@ def _main(argv: list[str]) -> int:
     try:
         return int(args.run(args))
     except KeyboardInterrupt as exc:
+        from ._interrupt import quiet_cleanup
         from ._parallel import stop_workers
 
+        quiet_cleanup()
         stop_workers()  # they ignore Ctrl-C: ended here, before anything waits for them at exit
         published = getattr(exc, "published", None)
         if published is not None:
