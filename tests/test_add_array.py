@@ -250,6 +250,7 @@ dlpack.add_array(store, name, np.full(10, len(name), np.float32))
 """
 
 
+@pytest.mark.slow
 def test_two_add_arrays_at_once_keep_both_arrays(store: Path, tmp_path: Path) -> None:
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -473,6 +473,7 @@ def test_disk_bytes_count_only_the_arrays_a_read_touches(data: dict[str, Path], 
     assert rep.targets[0]["bytes_on_disk"] == after.bytes_on_disk
 
 
+@pytest.mark.slow
 def test_cli_table_fits_100_columns_for_several_targets(data: dict[str, Path], tmp_path: Path, capsys: Capsys) -> None:
     long = tmp_path / "a-store-with-a-rather-long-descriptive-name-lz4-fit.zarr"
     dlpack.build(data["src"], long, size=SIZE, jobs=1, quiet=True)

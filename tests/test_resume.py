@@ -24,6 +24,9 @@ from conftest import interrupt_build
 
 import dlpack
 
+# Real builds killed and resumed, each a subprocess. `make test-fast` leaves them out.
+pytestmark = pytest.mark.slow
+
 MakeTree = Callable[..., Path]
 
 #: Runs ``python -m dlpack ...`` with the build paused for good at one point, for the test to kill it there.

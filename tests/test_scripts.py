@@ -25,6 +25,9 @@ import pytest
 import dlpack
 from dlpack.sample import make_sample
 
+# Each script of examples/ and benchmarks/ runs as its own process. `make test-fast` leaves them out.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 #: A hang guard, not a speed check: each run takes a few seconds.
 TIMEOUT_S = 300

@@ -17,7 +17,8 @@ import pytest
 import dlpack
 from dlpack.errors import StoreError
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+# Each command is run against a named pipe in its own process, with a hang guard.
+pytestmark = [pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes"), pytest.mark.slow]
 
 TREE = {f"a/{k}.png": ("rgb", 12, 10) for k in range(3)} | {f"b/{k}.png": ("rgb", 12, 10) for k in range(3, 5)}
 #: Where a named pipe replaces a file of a Zarr store (relative to the store).
