@@ -193,7 +193,9 @@ def test_python_blocks_compile(block: Block) -> None:
 
 
 def _measures(block: Block) -> bool:
-    """A shell example that benchmarks or tunes runs for seconds: `make test-fast` leaves it out."""
+    """An example that benchmarks or tunes runs for seconds: `make test-fast` leaves it out."""
+    if block.lang == "python":
+        return "dlpack.run_bench(" in block.text or "dlpack.tune(" in block.text
     return any(c.startswith(("dlpack bench ", "dlpack tune ")) for c in block.commands())
 
 
