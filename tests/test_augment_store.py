@@ -579,6 +579,7 @@ def test_cli_augment_exit_codes_and_messages(
     assert doc["variants_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_compressed_stores_get_compressed_variants_written_the_same_for_any_jobs(
     make_tree: MakeTree, tmp_path: Path, backend: str
 ) -> None:

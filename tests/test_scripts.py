@@ -25,9 +25,6 @@ import pytest
 import dlpack
 from dlpack.sample import make_sample
 
-# Each script of examples/ and benchmarks/ runs as its own process. `make test-fast` leaves them out.
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
 #: A hang guard, not a speed check: each run takes a few seconds.
 TIMEOUT_S = 300
@@ -534,6 +531,7 @@ def work(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "run"), [pytest.param(s, r, id=f"{s}-{i}") for s, runs in RUNS.items() for i, r in enumerate(runs)]
 )
