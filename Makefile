@@ -1,5 +1,6 @@
 # Quick start targets. `make demo` packs the built-in sample, and a labelled one that it also exports as a
 # HALCON DLDataset, gives cached augmentation variants and previews; `make test` runs the test suite.
+# `make test-fast` runs it without the tests marked slow (kills, interrupts, fuzzing, whole-script runs).
 # `make test-min` runs the tests against the lowest supported dependency versions in a separate venv.
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +11,7 @@ MIN_CONSTRAINTS ?= .ci/constraints-min.txt
 # Extra pytest arguments, e.g. PYTEST_ARGS="-k cli".
 PYTEST_ARGS ?=
 
-.PHONY: venv install demo test test-min lint bench clean
+.PHONY: venv install demo test test-fast test-min lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +49,11 @@ demo: install
 # (a renamed folder or a bad -k must not pass CI silently).
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
+
+# The edit-and-rerun loop: the same suite less the tests marked `slow` (pyproject.toml, [tool.pytest.ini_options]),
+# a few minutes on two cores. `make test` and CI still run everything.
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
 
 # A fresh venv with every core dependency at its declared lower bound (no torch or matplotlib:
 # the tests that need them skip). The package is installed from this tree, as `make test` does.

@@ -250,6 +250,7 @@ dlpack.add_array(store, name, np.full(10, len(name), np.float32))
 """
 
 
+@pytest.mark.slow
 def test_two_add_arrays_at_once_keep_both_arrays(store: Path, tmp_path: Path) -> None:
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -267,6 +268,7 @@ def test_two_add_arrays_at_once_keep_both_arrays(store: Path, tmp_path: Path) ->
         assert (ds[0]["aaa"], ds[0]["bbbb"]) == (3, 4) and ds.verify() == []
 
 
+@pytest.mark.slow
 def test_add_array_waits_for_the_lock_then_refuses_naming_the_holder(store: Path) -> None:
     from dlpack._lock import BuildLock
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import dlpack
 
 ROOT = Path(dlpack.__file__).parent
@@ -114,6 +116,7 @@ def test_lower_layers_do_not_import_higher_ones() -> None:
     assert not (reach("dlpack._parallel") & high)
 
 
+@pytest.mark.slow
 def test_the_schema_imports_nothing_of_dlpack() -> None:
     """Every layer asks dlpack.schema what the store's arrays are, so it sits below them all."""
     assert _graph()["dlpack.schema"] == set()

@@ -117,6 +117,7 @@ def test_a_config_becomes_variants_a_loader_epoch_and_a_preview(
     assert img.shape == (P.HEADER + 4 * (64 + P.CAPTION + 2 * P.MARGIN), (K + 1) * (64 + 2 * P.MARGIN), 3)
 
 
+@pytest.mark.slow
 def test_the_albumentations_engine_gives_the_same_bytes_for_any_jobs(labelled: Path, tmp_path: Path) -> None:
     pytest.importorskip("albumentations")
     stores = []

@@ -400,6 +400,7 @@ def _cli(args: list[str]) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_killed_run_leaves_the_old_variants_and_resumes_to_the_same_bytes(
     store: Path, tmp_path: Path, snapshot: Any, jobs: int
@@ -432,6 +433,7 @@ def test_a_killed_run_leaves_the_old_variants_and_resumes_to_the_same_bytes(
     assert aug.content(store) == aug.content(ref) and leftovers(store) == []
 
 
+@pytest.mark.slow
 def test_a_stopped_run_with_other_variants_starts_over(store: Path, tmp_path: Path) -> None:
     config = aug.write_config(tmp_path / "flip.json")
     args = ["augment", str(store), "--augment", "2", "--augment-config", str(config), "--jobs", "1", "--quiet"]
@@ -577,6 +579,7 @@ def test_cli_augment_exit_codes_and_messages(
     assert doc["variants_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_compressed_stores_get_compressed_variants_written_the_same_for_any_jobs(
     make_tree: MakeTree, tmp_path: Path, backend: str
 ) -> None:
@@ -617,6 +620,7 @@ def test_ctrl_c_during_the_variants_of_a_build_says_how_to_add_them(
         assert len(ds) == 4 and ds.variants == 0
 
 
+@pytest.mark.slow
 def test_dlpack_augment_killed_at_every_durable_step_reruns_to_the_same_store(
     make_tree: MakeTree, tmp_path: Path, backend: str
 ) -> None:

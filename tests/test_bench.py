@@ -402,6 +402,7 @@ def test_output_folder_must_exist(tmp_path: Path) -> None:
         check_outputs(json_path=tmp_path / "no" / "such" / "b.json")
 
 
+@pytest.mark.slow
 def test_with_a_step_the_table_ends_with_what_the_busy_column_means(data: dict[str, Path]) -> None:
     targets = [data["src"], data["s.zarr"], data["s.h5"]]
     rep = run_bench(targets, samples=32, batch_size=4, repeat=1, caches="warm", orders="random", step_ms=5, quiet=True)
@@ -431,6 +432,7 @@ def test_without_a_step_or_a_folder_there_is_no_wait_line(report: BenchReport, d
     assert stores.wait_line() is None
 
 
+@pytest.mark.slow
 def test_the_wait_line_quotes_the_order_shuffled_training_reads(data: dict[str, Path]) -> None:
     targets = [data["src"], data["s.zarr"]]
     both = run_bench(
@@ -473,6 +475,7 @@ def test_disk_bytes_count_only_the_arrays_a_read_touches(data: dict[str, Path], 
     assert rep.targets[0]["bytes_on_disk"] == after.bytes_on_disk
 
 
+@pytest.mark.slow
 def test_cli_table_fits_100_columns_for_several_targets(data: dict[str, Path], tmp_path: Path, capsys: Capsys) -> None:
     long = tmp_path / "a-store-with-a-rather-long-descriptive-name-lz4-fit.zarr"
     dlpack.build(data["src"], long, size=SIZE, jobs=1, quiet=True)

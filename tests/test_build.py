@@ -465,6 +465,7 @@ def test_jobs_do_not_change_store_bytes(
     assert [name for name in a if a[name] != b[name]] == []
 
 
+@pytest.mark.slow
 def test_rebuild_a_second_later_writes_same_bytes(
     make_tree: MakeTree, tmp_path: Path, backend: str, snapshot: Any
 ) -> None:

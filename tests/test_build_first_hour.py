@@ -332,6 +332,7 @@ def _bars(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
     return log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_the_packing_bar_moves_within_a_block_of_many_small_images(
     jobs: str, make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -125,6 +125,7 @@ def test_a_killed_builds_records_are_cleared_and_anyone_elses_folder_is_refused(
     assert (foreign / "transform.col").is_dir()
 
 
+@pytest.mark.slow
 def test_a_spilled_table_is_file_backed_and_reads_as_the_in_memory_one(tmp_path: Path) -> None:
     n = 2 * RECORD_PART + 5  # three read-back parts, the last a short one
     samples = [_sample(k) for k in range(n)]

@@ -192,7 +192,18 @@ def test_python_blocks_compile(block: Block) -> None:
     compile(block.text, block.id, "exec")
 
 
-@pytest.mark.parametrize("block", [b for b in RUNNABLE if b.not_run is None], ids=lambda b: b.id)
+def _measures(block: Block) -> bool:
+    """An example that benchmarks or tunes runs for seconds: `make test-fast` leaves it out."""
+    if block.lang == "python":
+        return "dlpack.run_bench(" in block.text or "dlpack.tune(" in block.text
+    return any(c.startswith(("dlpack bench ", "dlpack tune ")) for c in block.commands())
+
+
+@pytest.mark.parametrize(
+    "block",
+    [pytest.param(b, marks=pytest.mark.slow) if _measures(b) else b for b in RUNNABLE if b.not_run is None],
+    ids=lambda b: b.id,
+)
 def test_example_runs(
     block: Block, prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_bench: None
 ) -> None:

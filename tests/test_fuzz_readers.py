@@ -28,6 +28,9 @@ from dlpack import StoreError
 from dlpack.backends._shard import ShardedArray
 from dlpack.manifest import ArraySpec, ImageSpec, Manifest
 
+# Fuzzing: hundreds of generated inputs per target. `make test-fast` leaves them out.
+pytestmark = pytest.mark.slow
+
 EXAMPLES = int(os.environ.get("DLPACK_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(
     max_examples=EXAMPLES,

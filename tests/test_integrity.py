@@ -81,6 +81,7 @@ def test_reader_opened_before_a_rebuild_sees_the_old_store_or_an_error(
     assert expected(out) == new
 
 
+@pytest.mark.slow
 def test_threaded_opens_during_rebuilds_never_mix(two_sources: tuple[Path, Path], tmp_path: Path, backend: str) -> None:
     a, b = two_sources
     out = tmp_path / backend

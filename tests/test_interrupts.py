@@ -24,6 +24,9 @@ import pytest
 import dlpack
 from dlpack._lock import journal_path, partial_path
 
+# Many real Ctrl-Cs at random moments, each a fresh build process. `make test-fast` leaves them out.
+pytestmark = pytest.mark.slow
+
 MakeTree = Callable[..., Path]
 
 INTERRUPTS = int(os.environ.get("DLPACK_INTERRUPTS", "20"))

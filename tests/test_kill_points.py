@@ -23,6 +23,10 @@ import pytest
 
 import dlpack
 
+# Every durable step of a command killed and rerun, a subprocess pair per step: minutes in all.
+# `make test-fast` leaves them out.
+pytestmark = pytest.mark.slow
+
 MakeTree = Callable[..., Path]
 
 DRIVER = r"""

@@ -235,6 +235,7 @@ def test_a_label_file_over_the_size_limit_is_refused_before_it_is_read(
     assert "big.json" in done.stderr and "too large to read" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for <(command)")
 def test_a_label_file_from_process_substitution_is_read(make_tree: MakeTree, tmp_path: Path) -> None:
     src = make_tree(TREE)

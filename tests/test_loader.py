@@ -916,6 +916,7 @@ def _digest_worker(path: str, barrier: Any, results: Any) -> None:
     results.put((total, h.hexdigest()))
 
 
+@pytest.mark.slow
 def test_two_processes_read_one_store_at_once(store_path: Path, all_images: np.ndarray) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)

@@ -126,6 +126,7 @@ def runs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(runs())
 def test_a_resized_run_covers_the_rest_of_the_epoch_once_and_then_runs_as_if_it_began_so(run: dict[str, Any]) -> None:

@@ -151,6 +151,7 @@ def test_a_held_batch_keeps_its_pixels_while_the_pool_reads_on(labelled: Path) -
             assert np.array_equal(batch["mask"], ds.get_batch(batch["index"])["mask"])
 
 
+@pytest.mark.slow
 def test_a_group_no_thread_started_is_read_on_the_callers_thread(labelled: Path) -> None:
     with dlpack.open(labelled) as ds:
         src = Recording(ds, grouped=True)

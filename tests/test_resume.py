@@ -143,6 +143,7 @@ def leftovers(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.glob(f".{out.name}.dlpack-*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_killed_build_resumes_from_its_blocks_and_ends_byte_identical(
     make_tree: MakeTree, tmp_path: Path, backend: str, snapshot: Any, jobs: int
@@ -174,6 +175,7 @@ def test_killed_build_resumes_from_its_blocks_and_ends_byte_identical(
     assert leftovers(out) == []
 
 
+@pytest.mark.slow
 def test_temp_files_of_killed_writes_are_removed_at_resume(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
     src = tree(make_tree)
     out = tmp_path / "out.zarr"
@@ -209,6 +211,7 @@ def test_shard_temp_names_are_recognised_exactly(name: str, temp: bool) -> None:
     assert is_shard_temp_name(name) is temp
 
 
+@pytest.mark.slow
 def test_block_whose_file_changed_is_written_again(make_tree: MakeTree, tmp_path: Path, snapshot: Any) -> None:
     src = tree(make_tree)
     out = tmp_path / "out.zarr"
@@ -228,6 +231,7 @@ def test_block_whose_file_changed_is_written_again(make_tree: MakeTree, tmp_path
     assert snapshot(out) == snapshot(ref)
 
 
+@pytest.mark.slow
 def test_build_killed_while_committing_ends_byte_identical(
     make_tree: MakeTree, tmp_path: Path, backend: str, snapshot: Any
 ) -> None:
@@ -246,6 +250,7 @@ def test_build_killed_while_committing_ends_byte_identical(
     assert leftovers(out) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change, reason",
     [
@@ -312,6 +317,7 @@ def test_journal_that_is_not_dlpacks_is_refused_and_kept(make_tree: MakeTree, tm
     assert journal_of(out).read_text(encoding="utf-8") == "someone's notes\n"
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_process_group_prints_no_resource_tracker_warnings(make_tree: MakeTree, tmp_path: Path) -> None:
     src = tree(make_tree)
     out = tmp_path / "out.zarr"

@@ -531,6 +531,7 @@ def work(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "run"), [pytest.param(s, r, id=f"{s}-{i}") for s, runs in RUNS.items() for i, r in enumerate(runs)]
 )

@@ -10,8 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import _augment as aug
+import pytest
 
 import dlpack
+
+# Builds killed at every durable step, each a subprocess. `make test-fast` leaves them out.
+pytestmark = pytest.mark.slow
 
 MakeTree = Callable[..., Path]
 

@@ -94,6 +94,7 @@ COMMANDS: dict[str, Callable[[Path, Path], list[str]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("place", ZARR_PLACES)
 def test_a_named_pipe_in_a_zarr_store_never_hangs_a_command(
@@ -127,6 +128,7 @@ def test_a_named_pipe_in_a_zarr_store_never_hangs_a_command(
     assert fifo.exists() and not fifo.is_file()  # refused, and left as it was
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_named_pipe_at_an_hdf5_store_path_never_hangs_a_command(
     built: dict[str, Path], tmp_path: Path, command: str
@@ -225,6 +227,7 @@ def test_a_named_pipe_in_a_leftover_partial_is_refused_and_kept(
     assert (partial / "zarr.json").exists() and not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lock", "journal", "partial"])
 def test_a_named_pipe_at_a_build_path_is_refused_and_kept(built: dict[str, Path], tmp_path: Path, kind: str) -> None:
     """The lock, journal and partial beside OUT are dlpack's names; a named pipe there never blocks a build."""

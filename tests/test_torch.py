@@ -78,6 +78,7 @@ def _tag_worker(sample: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- TorchDataset
 
 
+@pytest.mark.slow
 def test_torch_dataset_in_a_multiprocess_dataloader(store_path: Path, all_images: np.ndarray) -> None:
     tds = TorchDataset(store_path, transform=_tag_worker)
     assert len(tds) == N_IMAGES

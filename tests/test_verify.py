@@ -133,6 +133,7 @@ def test_an_hdf5_object_header_that_h5py_cannot_open_is_exit_4(
     assert "internal error" not in err and "exponent range" in err and str(out) in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["s.h5", "s.zarr"])
 def test_verify_of_a_store_with_flipped_bits_exits_0_2_or_4_never_3(
     make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys, fmt: str
