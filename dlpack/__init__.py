@@ -9,17 +9,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-import os as _os
-import sys as _sys
+# When this process is the ``dlpack`` command, its Ctrl-C handling starts before the rest of the
+# package loads (a no-op for any other program that imports dlpack).
+from ._interrupt import is_the_command as _is_the_command
 
-# The ``dlpack`` command is loading (``python -m dlpack``, while ``-m`` is still argv[0], or the
-# installed script): its Ctrl-C handling starts before the rest of the package loads.
-if getattr(_sys, "argv", None) and _os.path.basename(_sys.argv[0]) in (
-    "-m",
-    "dlpack",
-    "dlpack.exe",
-    "dlpack-script.py",
-):
+if _is_the_command():
     from ._interrupt import install as _install_interrupt
 
     _install_interrupt()

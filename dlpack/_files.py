@@ -13,7 +13,15 @@ import errno
 import os
 import stat
 
-__all__ = ["FileTooLargeError", "NotRegularFileError", "file_kind", "irregular_entries", "open_regular", "read_regular"]
+__all__ = [
+    "FileTooLargeError",
+    "NotRegularFileError",
+    "file_kind",
+    "fsync_dir",
+    "irregular_entries",
+    "open_regular",
+    "read_regular",
+]
 
 _KINDS = {
     stat.S_IFIFO: "a named pipe",
@@ -143,3 +151,13 @@ def irregular_entries(path: str | os.PathLike[str], limit: int = 3) -> list[str]
                 if len(found) == limit:
                     break
     return sorted(found)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a new directory entry durable (no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -16,7 +16,7 @@ import sys
 import threading
 from types import FrameType
 
-__all__ = ["install", "quiet_cleanup"]
+__all__ = ["install", "is_the_command", "quiet_cleanup"]
 
 #: Seconds before an interrupt that arrived inside a finaliser is raised again.
 _RETRY = 0.005
@@ -56,6 +56,18 @@ def _excepthook(kind: type[BaseException], value: BaseException, tb: object) -> 
         sys.stderr.flush()
         os._exit(130)
     sys.__excepthook__(kind, value, tb)  # type: ignore[arg-type]
+
+
+def is_the_command() -> bool:
+    """Whether this process is the ``dlpack`` command: the installed script, or ``python -m dlpack``
+    (``-m`` is argv[0] while any ``python -m PKG`` imports its package, so the module run is checked)."""
+    argv = getattr(sys, "argv", None) or [""]
+    if os.path.basename(argv[0]) in ("dlpack", "dlpack.exe", "dlpack-script.py"):
+        return True
+    if argv[0] != "-m":
+        return False
+    orig = list(getattr(sys, "orig_argv", ()))
+    return "-mdlpack" in orig or any(a == "-m" and b == "dlpack" for a, b in zip(orig, orig[1:], strict=False))
 
 
 def install() -> None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ._files import NotRegularFileError, read_regular
 
-__all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "parse_json", "read_text_file", "load_json_file"]
+__all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "parse_json", "read_text_file"]
 
 #: The deepest nesting of arrays and objects a file may have (label files need about 6).
 MAX_DEPTH = 100
@@ -168,8 +168,3 @@ def read_text_file(path: str | os.PathLike[str], name: str, error: type[Exceptio
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{name} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-
-
-def load_json_file(path: str | os.PathLike[str], name: str, error: type[Exception], *, pipes: bool = False) -> Any:
-    """:func:`read_text_file` then :func:`parse_json`."""
-    return parse_json(read_text_file(path, name, error, pipes=pipes), name, error)

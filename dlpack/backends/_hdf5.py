@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .._files import open_regular
+from .._files import fsync_dir, open_regular
 from ..errors import (
     DlpackError,
     IncompleteStoreError,
@@ -746,6 +746,18 @@ def compact_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.dlpack-compact")
 
 
+def clear_compact_copy(path: Path) -> bool:
+    """Remove the compact copy of ``path`` that a killed :func:`compact` left (only one carrying
+    dlpack's marker); False when something else holds that name, which is left alone."""
+    tmp = compact_path(path)
+    if not (tmp.exists() or tmp.is_symlink()):
+        return True
+    if not _has_marker(tmp):
+        return False
+    tmp.unlink()
+    return True
+
+
 def compact(path: Path) -> bool:
     """Rewrite the HDF5 store ``path`` without the space of deleted arrays, when that space is a
     large share of the file; returns whether it did.
@@ -762,11 +774,9 @@ def compact(path: Path) -> bool:
 
     if path.is_symlink():
         return False  # the rename would replace the link, not the file it names
+    if not clear_compact_copy(path):
+        return False  # something not dlpack's holds the copy's name: left alone
     tmp = compact_path(path)
-    if tmp.exists() or tmp.is_symlink():
-        if not _has_marker(tmp):
-            return False  # not a copy of dlpack's: left alone
-        tmp.unlink()  # a compaction killed before its rename
     _load_plugins()
     try:
         with h5py.File(path, "r") as src:
@@ -789,10 +799,5 @@ def compact(path: Path) -> bool:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    with contextlib.suppress(OSError):
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    fsync_dir(path.parent)
     return True

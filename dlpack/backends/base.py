@@ -646,9 +646,9 @@ class StoreReader(ABC):
                 rows = np.flatnonzero(src == u)
                 self.read_into(names[u], idx[rows], out, rows=rows.tolist())
             return out
-        flat, first, per = plan
+        flat, first, per, checks = plan
         for u in np.flatnonzero(np.bincount(src, minlength=len(names))).tolist():
-            self._map_check(names[u])(idx[src == u])
+            checks[u](idx[src == u])
         step = per[src]
         at, within = (first[src] + idx // step).tolist(), (idx % step).tolist()
         for k in np.argsort(src * (len(self) + 1) + idx, kind="stable").tolist():
@@ -671,7 +671,7 @@ class StoreReader(ABC):
             for u, (views, rows_per_view) in enumerate(sources):  # type: ignore[misc]
                 first[u], per[u] = len(flat), rows_per_view
                 flat.extend(views)
-            plan = (flat, first, per)
+            plan = (flat, first, per, [self._map_check(n) for n in names])
         self._mixes[tuple(names)] = plan
         return plan
 

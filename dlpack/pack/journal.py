@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from .._files import NotRegularFileError, open_regular, read_regular
+from .._files import NotRegularFileError, fsync_dir, open_regular, read_regular
 from ..backends.base import writing
 
 __all__ = [
@@ -48,16 +48,6 @@ R = TypeVar("R", bound=Record)
 
 class Restart(Exception):
     """An earlier partial store cannot be continued; the message says why (for the summary)."""
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a new directory entry durable (no-op where directories cannot be opened)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _line(record: Mapping[str, Any]) -> bytes:

@@ -46,16 +46,6 @@ def unmarked(path: Path) -> str:
     return f"{kind} without dlpack's marker"
 
 
-def _clear_compact_copy(out: Path) -> None:
-    """Remove the compact copy of an HDF5 store that a killed rewrite left (only when it carries
-    dlpack's marker; anything else of that name is left alone)."""
-    from ..backends._hdf5 import _has_marker, compact_path
-
-    copy = compact_path(out)
-    if copy.is_file() and not copy.is_symlink() and _has_marker(copy):
-        copy.unlink()
-
-
 def clear_leftovers(out: Path) -> str | None:
     """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
 
@@ -81,7 +71,9 @@ def clear_leftovers(out: Path) -> str | None:
             os.replace(old, out)  # killed after OUT was moved aside: the old store comes back
     # A killed build's spilled records: never continued (a resume rebuilds them from its journal).
     remove_records(records_path(out))
-    _clear_compact_copy(out)
+    from ..backends._hdf5 import clear_compact_copy
+
+    clear_compact_copy(out)  # a compact copy an HDF5 rewrite killed before its rename left
     tmp, journal = partial_path(out), journal_path(out)
     for path in (journal, journal.with_name(journal.name + ".tmp")):
         if (path.exists() or path.is_symlink()) and not is_journal(path):

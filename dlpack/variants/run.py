@@ -216,7 +216,7 @@ def _distinct_views(
     copies = 0
     for s in range(0, plan.count, plan.block_len):
         n = plan.rows(s)
-        recs = {v: done[plan.unit(v, s)] for v in range(1, plan.k + 1)}
+        recs = {v: list(done[plan.unit(v, s)]) for v in range(1, plan.k + 1)}
         redo = [k for k in range(n) if len({recs[v][k].key() for v in recs}) < plan.k]
         if redo:
             originals = writer.read_block(schema.IMAGES, s, s + n)
@@ -232,7 +232,7 @@ def _distinct_views(
                         img, m, rec = distinct_variant(
                             plan, s + k, v, originals[k], mask, labels[k], avoid, first=rec.attempt + 1
                         )
-                        recs[v] = [*recs[v][:k], rec, *recs[v][k + 1 :]]
+                        recs[v][k] = rec
                         changed.setdefault(v, {})[k] = (img, m)
                     avoid.add(rec.key())
             for v, patched in changed.items():
