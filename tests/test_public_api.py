@@ -203,3 +203,19 @@ def test_augment_stays_the_function_whichever_module_is_imported_first() -> None
         "dlpack.augment is augment, dlpack.AugmentResult is AugmentResult, list(inspect.signature(dlpack.augment).parameters)[:3])"
     )
     assert _fresh_python(code).split() == ["True", "True", "True", "['store',", "'k',", "'config']"]
+
+
+def test_importing_dlpack_from_another_python_m_program_keeps_its_ctrl_c(tmp_path: Path) -> None:
+    """Only the ``dlpack`` command installs dlpack's Ctrl-C handler; ``python -m mytrainer`` importing
+    dlpack (argv[0] is ``-m`` while its package loads) keeps Python's own."""
+    pkg = tmp_path / "mytrainer"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import signal\nimport dlpack\nHANDLER = signal.getsignal(signal.SIGINT)\n")
+    (pkg / "__main__.py").write_text(
+        "import signal\nfrom mytrainer import HANDLER\nprint(HANDLER is signal.default_int_handler)\n"
+    )
+    root = str(Path(dlpack.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
+    out = subprocess.run([sys.executable, "-m", "mytrainer"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
