@@ -35,7 +35,7 @@ def _inside_finaliser(frame: FrameType | None) -> bool:
     code = frame.f_code if frame is not None else None
     return code is not None and (
         code.co_filename.startswith("<frozen importlib")
-        or code.co_name == "__del__"
+        or code.co_name in ("__del__", "__set_name__")  # Python turns an error in __set_name__ into a RuntimeError
         or os.path.basename(code.co_filename) in _WEAKREF_FILES
         or any(part in code.co_filename for part in _HALF_BUILT_PACKAGES)
     )
@@ -51,7 +51,12 @@ def _on_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _excepthook(kind: type[BaseException], value: BaseException, tb: object) -> None:
-    if issubclass(kind, KeyboardInterrupt):  # before the command's own handling began: nothing started
+    cause: BaseException | None = value
+    for _ in range(64):  # the chain an interrupt Python wrapped (a RuntimeError, say) hangs from
+        if cause is None or isinstance(cause, KeyboardInterrupt):
+            break
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, KeyboardInterrupt):  # before the command's own handling began: nothing started
         sys.stderr.write("dlpack: interrupted\n")
         sys.stderr.flush()
         os._exit(130)
