@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-#: The loader's pooled batches start this far into a memory page (dlpack/loader.py says why).
+#: The loader's pooled batches start this far into a memory page (dlpack/read/loader.py says why).
 PAGE, PAGE_OFFSET = 4096, 2048
 
 

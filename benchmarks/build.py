@@ -481,7 +481,7 @@ def say(stage):
 say("start")
 opts = BuildOptions(size=(side, side), jobs=1, quiet=True)
 try:  # as the build does: freed memory handed back after the scan and the probe
-    from dlpack._spill import give_back_freed
+    from dlpack.storage.spill import give_back_freed
 except ImportError:  # a checkout from before it
     def give_back_freed(): pass
 scan = scan_stage(FolderSource(src)); say("scan")

@@ -28,11 +28,11 @@ from .options import BuildOptions
 
 if TYPE_CHECKING:
     from .bench import BenchOptions, BenchReport, run_bench
-    from .dataset import Dataset, add_array, open
     from .exports import ExportResult, export
-    from .loader import BatchSource, Loader, LoaderOptions
     from .pack import BuildResult, build
     from .ragged import RaggedBatch
+    from .read.dataset import Dataset, add_array, open
+    from .read.loader import BatchSource, Loader, LoaderOptions
     from .timing import EpochStats
     from .tuning import TuneResult, tune
     from .variants import AugmentResult, augment
@@ -44,14 +44,14 @@ _LAZY: dict[str, str] = {
     "run_bench": "bench",
     "BenchOptions": "bench",
     "BenchReport": "bench",
-    "open": "dataset",
-    "Dataset": "dataset",
-    "add_array": "dataset",
+    "open": "read.dataset",
+    "Dataset": "read.dataset",
+    "add_array": "read.dataset",
     "export": "exports",
     "ExportResult": "exports",
-    "BatchSource": "loader",
-    "Loader": "loader",
-    "LoaderOptions": "loader",
+    "BatchSource": "read.loader",
+    "Loader": "read.loader",
+    "LoaderOptions": "read.loader",
     "RaggedBatch": "ragged",
     "EpochStats": "timing",
     "tune": "tuning",

@@ -12,6 +12,9 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
+
+from .errors import StoreError
 
 __all__ = [
     "FileTooLargeError",
@@ -21,6 +24,7 @@ __all__ = [
     "irregular_entries",
     "open_regular",
     "read_regular",
+    "writing",
 ]
 
 _KINDS = {
@@ -161,3 +165,25 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+#: errno values that mean the file system has no room left for a write.
+NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a full disk while writing ``path`` into a :class:`~dlpack.errors.StoreError` naming it.
+
+    The OS error of a full disk names no file ("[Errno 28] No space left on device"): which store
+    could not be written, and what to do, is said here.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NO_SPACE or isinstance(exc, StoreError):
+            raise
+        raise StoreError(
+            f"cannot write {os.fspath(path)}: the disk is full (no space left on device); "
+            "free some space and run the command again"
+        ) from exc

@@ -102,8 +102,7 @@ def check_outputs(
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
     """Write ``data`` to ``path`` all at once: a temporary file beside it, flushed to disk, then renamed
     over it. A link at ``path`` keeps pointing where it did: the file it names is the one replaced."""
-    from ._files import fsync_dir
-    from .backends.base import writing
+    from ._files import fsync_dir, writing
 
     target = Path(os.path.realpath(path))
     raw = data.encode("utf-8") if isinstance(data, str) else data

@@ -467,7 +467,7 @@ def _add_info(sub: Any) -> None:
 def _run_info(a: argparse.Namespace) -> int:
     import numpy as np
 
-    from . import dataset
+    from .read import dataset
 
     _check_json_file(a, ("the store", a.store))
     opened = dataset.open(a.store)
@@ -611,8 +611,8 @@ def _add_verify(sub: Any) -> None:
 
 
 def _run_verify(a: argparse.Namespace) -> int:
-    from .dataset import verify_store
     from .errors import StoreError
+    from .read.dataset import verify_store
 
     _check_json_file(a, ("the store", a.store))
     report = verify_store(a.store)
@@ -963,14 +963,14 @@ def _stdout_closed() -> bool:
 
 def _resume_kept(out: str) -> bool:
     """Whether the interrupted build of ``out`` left a partial store and its journal to resume from."""
-    from ._lock import journal_path, partial_path
+    from .storage.lock import journal_path, partial_path
 
     return journal_path(out).is_file() and os.path.lexists(partial_path(out))
 
 
 def _augment_kept(store: str) -> bool:
     """Whether the interrupted ``dlpack augment`` of ``store`` left its journal to resume from."""
-    from ._lock import augment_journal_path
+    from .storage.lock import augment_journal_path
 
     return augment_journal_path(store).is_file()
 

@@ -1,7 +1,7 @@
 """The store's schema in one place: the arrays a dlpack store may hold, their sample keys, which
 of them are codes into a manifest list, and which ``add_array`` never writes.
 
-Readers (:mod:`dlpack.backends.base`, :mod:`dlpack.dataset`, :mod:`dlpack.torch`) and
+Readers (:mod:`dlpack.backends.base`, :mod:`dlpack.read.dataset`, :mod:`dlpack.torch`) and
 ``add_array`` ask here instead of spelling array names themselves, so a new array of the format
 is added in one table (docs/format.md, "Arrays a build writes"). Imports nothing of dlpack: every
 layer may use it.

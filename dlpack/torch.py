@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from . import schema
-from .dataset import Dataset
 from .errors import MissingExtraError, OptionError, SampleIndexError
-from .loader import BatchSource, Loader, LoaderOptions, _BufferPool, check_selection
 from .ragged import RaggedBatch
+from .read.dataset import Dataset
+from .read.loader import BatchSource, Loader, LoaderOptions, _BufferPool, check_selection
 
 try:
     import torch

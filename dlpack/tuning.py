@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OptionError
-from .loader import BatchSource, Loader, LoaderOptions
+from .read.loader import BatchSource, Loader, LoaderOptions
 
 __all__ = [
     "Budget",
@@ -496,7 +496,7 @@ def tune(
 def _open(store: Any) -> Any:
     if hasattr(store, "loader") and isinstance(store, BatchSource):
         return store
-    from .dataset import open as open_store
+    from .read.dataset import open as open_store
 
     return open_store(store)
 
@@ -610,9 +610,9 @@ def rebuild_trials(
     ``options``: once untimed (a fresh store opens its shards and codecs), then ``repeat`` times,
     interleaved over the trials, with no step (the read rate) and under the step (the busy share);
     the medians count."""
-    from .dataset import Dataset
     from .errors import DlpackError
     from .pack import build
+    from .read.dataset import Dataset
 
     if not isinstance(sample, int) or isinstance(sample, bool) or sample < 1:
         raise OptionError(f"sample must be an integer >= 1, got {sample!r}")

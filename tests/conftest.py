@@ -156,7 +156,7 @@ def interrupt_build(monkeypatch: pytest.MonkeyPatch, blocks: int, build: Callabl
     journal are kept, as after a real interrupt); the journal works normally again afterwards."""
     import importlib
 
-    journal = importlib.import_module("dlpack.pack.journal")
+    journal = importlib.import_module("dlpack.storage.journal")
     append = journal.Journal.append_block
 
     def interrupted(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -212,11 +212,11 @@ def backend(request: pytest.FixtureRequest) -> str:
 def spill_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every spill column of a build in a file from its first row, read back 5 rows at a time, and
     a folder scan sorted in runs of 7 paths merged 3 at a time: what a build of millions of images
-    does, on a handful of images (dlpack._spill, dlpack.sources.folder)."""
+    does, on a handful of images (dlpack.storage.spill, dlpack.sources.folder)."""
     import sys
 
-    from dlpack import _spill
     from dlpack.sources import folder
+    from dlpack.storage import spill as _spill
 
     part = _spill.PART
     for module in list(sys.modules.values()):

@@ -270,7 +270,7 @@ def test_two_add_arrays_at_once_keep_both_arrays(store: Path, tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_add_array_waits_for_the_lock_then_refuses_naming_the_holder(store: Path) -> None:
-    from dlpack._lock import BuildLock
+    from dlpack.storage.lock import BuildLock
 
     lock = BuildLock(store)
     lock.acquire()
@@ -339,7 +339,7 @@ def _killed_after(k: int, backend: str, action: Callable[[], Any]) -> bool:
 
             import dlpack.backends._hdf5 as h5
 
-            publish = importlib.import_module("dlpack.pack.publish")
+            publish = importlib.import_module("dlpack.storage.publish")
 
             calls = [0]
 
@@ -386,8 +386,8 @@ def test_a_kill_at_any_step_leaves_the_old_or_the_new_store_and_the_rerun_succee
         if _without_generation(got) == _without_generation(old) or action == "replace":
             ACTIONS[action](store)  # the rerun of the killed call
         else:  # killed after its switch: the next build or add_array clears what is left
-            from dlpack._lock import BuildLock
-            from dlpack.pack.publish import clear_leftovers
+            from dlpack.storage.lock import BuildLock
+            from dlpack.storage.publish import clear_leftovers
 
             with BuildLock(store):
                 clear_leftovers(store)
@@ -423,7 +423,7 @@ def _full_disk_at(monkeypatch: pytest.MonkeyPatch, backend: str, k: int) -> None
         return wrapped
 
     if backend.endswith(".zarr"):
-        publish = importlib.import_module("dlpack.pack.publish")
+        publish = importlib.import_module("dlpack.storage.publish")
         for owner, attr in [(os, "replace"), (os, "rename"), (os, "link"), (os, "mkdir"), (shutil, "copyfile"),
                             (Path, "write_text"), (publish, "_renameat2")]:  # fmt: skip
             monkeypatch.setattr(owner, attr, failing(getattr(owner, attr)))

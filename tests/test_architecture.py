@@ -1,4 +1,5 @@
-"""The package's shape: data flows one way (no import cycle between dlpack's modules)."""
+"""The package's shape: data flows one way, between modules and between the parts (layers) of the
+package, and the read side never loads the write side."""
 
 from __future__ import annotations
 
@@ -83,22 +84,110 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+#: The parts of the package, bottom to top: a module may import its own part and the parts below it.
+#: Parts are folders, except the HALCON folder: it is one home for the reader of the code, and each of
+#: its modules serves one layer (a DLDataset source is a source, its view is read side, ...).
+PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "ground",
+        (
+            "dlpack.errors",
+            "dlpack.schema",
+            "dlpack.manifest",
+            "dlpack.ragged",
+            "dlpack.timing",
+            "dlpack.options",
+            "dlpack._*",
+        ),
+    ),
+    ("transforms", ("dlpack.transforms",)),
+    ("backends", ("dlpack.backends",)),
+    ("storage", ("dlpack.storage",)),
+    ("sources", ("dlpack.sources", "dlpack.halcon.source")),
+    ("read", ("dlpack.read", "dlpack.halcon.view")),
+    ("pack", ("dlpack.pack",)),
+    ("variants", ("dlpack.variants",)),
+    ("exports", ("dlpack.exports", "dlpack.halcon.export", "dlpack.halcon.hdict")),
+    ("adapters", ("dlpack.torch", "dlpack.halcon", "dlpack.halcon.feeder")),
+    ("tools", ("dlpack.bench", "dlpack.tuning")),
+    ("face", ("dlpack", "dlpack.cli", "dlpack.__main__", "dlpack.sample", "dlpack.testing", "dlpack.build")),
+)
+RANK = {name: i for i, (name, _) in enumerate(PARTS)}
+#: The write side: the build pipeline and the augmentation cache's build stage.
+WRITE = {"pack", "variants"}
+#: The read side: what a training process loads (the store, the loader, the views, the adapters).
+READ = {"read", "adapters"}
+
+
+def _part(module: str) -> str:
+    """The part ``module`` belongs to: the longest prefix named in PARTS."""
+    best, length = None, -1
+    for part, prefixes in PARTS:
+        for prefix in prefixes:
+            if prefix.endswith("*"):
+                hit = module.startswith(prefix[:-1]) and module.count(".") == 1
+            else:
+                hit = module == prefix or module.startswith(prefix + ".")
+            if hit and len(prefix) > length:
+                best, length = part, len(prefix)
+    assert best is not None, f"{module} belongs to no part: add it to PARTS"
+    return best
+
+
+def _part_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    parts: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        parts.setdefault(_part(module), set()).update(_part(d) for d in deps if d != "dlpack")
+    for part, deps in parts.items():
+        deps.discard(part)
+    return parts
+
+
 def test_import_graph_has_no_cycle() -> None:
     graph = _graph()
     # A package's __init__ re-exports its modules; edges into a package mean "one of its modules".
     for name in list(graph):
         if name != "dlpack":
             graph[name].discard("dlpack")
-    assert "dlpack.loader" in graph and "dlpack.backends.base" in graph
+    assert "dlpack.read.loader" in graph and "dlpack.backends.base" in graph
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_no_cycle_between_parts() -> None:
+    parts = _part_graph(_graph())
+    assert set(parts) == set(RANK), sorted(set(RANK) - set(parts))
+    assert _cycle(parts) is None, " -> ".join(_cycle(parts) or [])
+
+
+def test_parts_import_only_parts_below_them() -> None:
+    graph = _graph()
+    wrong = sorted(
+        f"{module} -> {dep}"
+        for module, deps in graph.items()
+        for dep in deps
+        if dep != "dlpack" and RANK[_part(dep)] > RANK[_part(module)]
+    )
+    assert not wrong, "imports that climb a layer: " + "; ".join(wrong)
+
+
+def test_the_read_side_never_imports_the_write_side() -> None:
+    """A training process that reads a store never loads the build pipeline or the variants' build."""
+    graph = _graph()
+    wrong = sorted(
+        f"{module} -> {dep}"
+        for module, deps in graph.items()
+        for dep in deps
+        if _part(module) in READ and dep != "dlpack" and _part(dep) in WRITE
+    )
+    assert not wrong, "; ".join(wrong)
 
 
 def test_lower_layers_do_not_import_higher_ones() -> None:
     graph = _graph()
-    low = {"dlpack.errors", "dlpack.schema", "dlpack.manifest", "dlpack.transforms.functional", "dlpack.loader"}
+    low = {"dlpack.errors", "dlpack.schema", "dlpack.manifest", "dlpack.transforms.functional", "dlpack.read.loader"}
     pack = {name for name in graph if name == "dlpack.pack" or name.startswith("dlpack.pack.")}
-    assert {"dlpack.pack", "dlpack.pack.write", "dlpack.pack.publish"} <= pack
-    high = {"dlpack.dataset", "dlpack.cli", "dlpack.bench", "dlpack.torch"} | pack
+    assert {"dlpack.pack", "dlpack.pack.write"} <= pack
+    high = {"dlpack.read.dataset", "dlpack.cli", "dlpack.bench", "dlpack.torch"} | pack
 
     def reach(start: str) -> set[str]:
         seen, todo = set(), [start]
@@ -111,7 +200,7 @@ def test_lower_layers_do_not_import_higher_ones() -> None:
 
     for module in low:
         assert not (reach(module) & high), f"{module} reaches {sorted(reach(module) & high)}"
-    assert not (reach("dlpack.backends") & (pack | {"dlpack.dataset", "dlpack.loader"}))
+    assert not (reach("dlpack.backends") & (pack | {"dlpack.read.dataset", "dlpack.read.loader"}))
     # The worker pool and progress helpers serve every stage, and know nothing of the build.
     assert not (reach("dlpack._parallel") & high)
 
@@ -120,5 +209,5 @@ def test_lower_layers_do_not_import_higher_ones() -> None:
 def test_the_schema_imports_nothing_of_dlpack() -> None:
     """Every layer asks dlpack.schema what the store's arrays are, so it sits below them all."""
     assert _graph()["dlpack.schema"] == set()
-    for module in ("dlpack.manifest", "dlpack.backends.base", "dlpack.dataset"):
+    for module in ("dlpack.manifest", "dlpack.backends.base", "dlpack.read.dataset"):
         assert "dlpack.schema" in _graph()[module], module

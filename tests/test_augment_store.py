@@ -229,7 +229,7 @@ def test_verify_names_a_damaged_variant(store: Path) -> None:
 
         with h5py.File(store, "r+") as f:
             f["images_v2"][5, 3, 4, 0] = (int(pixel) + 1) % 256
-    report = dlpack.dataset.verify_store(store)
+    report = dlpack.read.dataset.verify_store(store)
     assert report.mismatched == []  # every original is intact
     named = [(name, why) for name, why in report.damaged if name == "images_v2"]
     assert named and any("variant 2" in why and "5 (img/005.png)" in why for _, why in named), report.damaged
@@ -307,7 +307,7 @@ def test_add_array_refuses_the_names_of_variant_arrays(store: Path) -> None:
 
 
 def test_a_second_process_holding_the_lock_is_named(store: Path) -> None:
-    from dlpack._lock import BuildLock
+    from dlpack.storage.lock import BuildLock
 
     with BuildLock(store), pytest.raises(StoreLockedError):
         dlpack.augment(store, 2, aug.config(), jobs=1, quiet=True)
@@ -343,7 +343,7 @@ import importlib, sys, threading
 sys.path.insert(0, sys.argv[1])
 import _augment
 _augment.install_loader()
-journal = importlib.import_module("dlpack.pack.journal")
+journal = importlib.import_module("dlpack.storage.journal")
 k = int(sys.argv[2])
 append = journal.Journal.append_block
 def paused(self, *args, **kwargs):
@@ -654,7 +654,7 @@ def test_dlpack_augment_killed_at_every_durable_step_reruns_to_the_same_store(
 def test_ctrl_c_keeps_the_written_blocks_and_the_same_command_resumes(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import dlpack.pack.journal as journal
+    import dlpack.storage.journal as journal
     from dlpack.cli import main
 
     aug.install_loader(monkeypatch.setitem)

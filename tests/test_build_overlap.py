@@ -15,7 +15,7 @@ import dlpack
 from dlpack.backends.base import StoreWriter
 
 _parallel = importlib.import_module("dlpack._parallel")
-journal_module = importlib.import_module("dlpack.pack.journal")
+journal_module = importlib.import_module("dlpack.storage.journal")
 write_module = importlib.import_module("dlpack.pack.write")
 
 MakeTree = Callable[..., Path]

@@ -21,7 +21,6 @@ import pytest
 from conftest import interrupt_build
 
 import dlpack
-from dlpack._lock import partial_path, records_path
 from dlpack.backends import ArraySpec, backend_for_path
 from dlpack.errors import InputFileError, StoreError
 from dlpack.manifest import ImageSpec, Manifest
@@ -29,6 +28,7 @@ from dlpack.pack import columns
 from dlpack.pack.columns import RECORD_PART, SampleTable, SpilledColumn, remove_records
 from dlpack.pack.workers import Sample
 from dlpack.pack.write import Partial, commit_store
+from dlpack.storage.lock import partial_path, records_path
 
 MakeTree = Callable[..., Path]
 

@@ -146,7 +146,7 @@ def test_damaged_box_labels_are_refused_by_the_reader_and_named_by_verify(store:
             ds[0]
         report = ds.check()
     assert [name for name, _ in report.damaged] == ["box_labels"]
-    assert [name for name, _ in dlpack.dataset.verify_store(store).damaged] == ["box_labels"]
+    assert [name for name, _ in dlpack.read.dataset.verify_store(store).damaged] == ["box_labels"]
 
 
 def test_defect_codes_index_the_manifest_defects(store: Path) -> None:

@@ -14,11 +14,11 @@ import pytest
 import dlpack
 from dlpack.bench import run_bench
 from dlpack.cli import main
-from dlpack.dldataset import DLDatasetView, is_dldataset
 from dlpack.errors import BadInputsError, OptionError, SourceError, StoreError
+from dlpack.halcon.source import DLDatasetSource, read_dldataset
+from dlpack.halcon.view import DLDatasetView, is_dldataset
 from dlpack.sources import Source
 from dlpack.sources.decode import TargetSpec
-from dlpack.sources.dldataset import DLDatasetSource, read_dldataset
 
 Capsys = pytest.CaptureFixture[str]
 

@@ -136,7 +136,7 @@ def test_exit_141_or_0_when_stdout_is_closed_early(store: Path) -> None:
 #: the main thread (the one Ctrl-C reaches) pauses after that decode, once the writer has journalled K.
 PAUSED = r"""
 import importlib, runpy, sys, threading
-b = importlib.import_module("dlpack.pack.journal")
+b = importlib.import_module("dlpack.storage.journal")
 w = importlib.import_module("dlpack.pack.write")
 k = int(sys.argv[1])
 del sys.argv[1:2]
@@ -250,7 +250,7 @@ def test_a_broken_pipe_elsewhere_is_still_an_error(capsys: Capsys, monkeypatch: 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(importlib.import_module("dlpack.dataset"), "open", broken)
+    monkeypatch.setattr(importlib.import_module("dlpack.read.dataset"), "open", broken)
     assert main(["info", "x.zarr"]) == 2
     assert "Broken pipe" in dlpack_message(capsys.readouterr().err)
 
@@ -270,7 +270,7 @@ def test_ctrl_c_without_anything_to_resume_says_interrupted(
         )
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(importlib.import_module("dlpack.dataset"), "open", interrupted)
+    monkeypatch.setattr(importlib.import_module("dlpack.read.dataset"), "open", interrupted)
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
         assert main(["info", str(store), *json_flag]) == 130

@@ -18,8 +18,9 @@ from _dldataset_schema import problems
 import dlpack
 import dlpack.cli
 from dlpack.errors import OptionError, StoreExistsError, StoreNotFoundError
-from dlpack.exports import _common, _hdict
+from dlpack.exports import _common
 from dlpack.exports._geometry import corners_to_coco, corners_to_halcon, degenerate_boxes, halcon_to_corners
+from dlpack.halcon import hdict as _hdict
 
 # pycocotools' own decoder (annToMask) warns under NumPy 2; the warning is about pycocotools, not dlpack.
 pytestmark = pytest.mark.filterwarnings(
@@ -477,7 +478,7 @@ def test_a_failed_export_leaves_nothing_that_looks_complete(
             raise OSError(28, "No space left on device", str(path))
         real(path, pixels)
 
-    monkeypatch.setattr(importlib.import_module("dlpack.exports.dldataset"), "write_png", failing)
+    monkeypatch.setattr(importlib.import_module("dlpack.halcon.export"), "write_png", failing)
     with pytest.raises(OSError, match="No space"):
         dlpack.export(cls_store, "dldataset", out, overwrite=True)
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before  # the old export, whole

@@ -16,6 +16,7 @@ import pytest
 
 import dlpack
 import dlpack.halcon
+import dlpack.halcon.feeder
 from dlpack.halcon import sample_batches, store_class_ids, store_task, to_dlsample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +179,7 @@ def test_the_mapping_runs_on_the_reader_threads(tmp_path: Path, monkeypatch: pyt
         threads.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(dlpack.halcon, "to_dlsample", recording)
+    monkeypatch.setattr(dlpack.halcon.feeder, "to_dlsample", recording)
     got = list(sample_batches(str(tmp_path / "s.zarr"), 2, workers=2, prefetch=2, halcon=standin))  # a path works too
     assert [len(b) for b in got] == [2, 2] and len(threads) == 4
     assert all(name.startswith("dlpack") for name in threads)  # the loader's workers, not the caller
@@ -267,7 +268,7 @@ def test_without_halcon_the_error_names_the_extra_and_the_native_install(
 
 def test_a_task_whose_array_is_missing_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ds = _store(tmp_path, {"a": 1})
-    monkeypatch.setattr("dlpack.halcon.store_task", lambda manifest: "detection")  # as a manifest's task would say
+    monkeypatch.setattr("dlpack.halcon.feeder.store_task", lambda manifest: "detection")  # as a manifest's task would say
     with pytest.raises(dlpack.StoreError, match="is a detection store but has no boxes, box_labels array"):
         sample_batches(ds, 1, halcon=standin)
 

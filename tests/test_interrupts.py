@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import dlpack
-from dlpack._lock import journal_path, partial_path
+from dlpack.storage.lock import journal_path, partial_path
 
 # Many real Ctrl-Cs at random moments, each a fresh build process. `make test-fast` leaves them out.
 pytestmark = pytest.mark.slow

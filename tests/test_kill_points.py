@@ -33,7 +33,7 @@ DRIVER = r"""
 import hashlib, importlib, json, os, shutil, signal, sys
 import cv2, h5py, numpy, zarr  # noqa: F401 - imported once, before any fork
 import dlpack, dlpack.cli
-b = importlib.import_module("dlpack.pack.publish")
+b = importlib.import_module("dlpack.storage.publish")
 
 cfg = json.loads(sys.argv[1])
 template, work, out, args = cfg["template"], cfg["work"], cfg["out"], cfg["args"]

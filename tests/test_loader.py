@@ -2,7 +2,7 @@
 
 Every loader test runs against both backends: the module fixture ``store_path`` builds one small
 store per backend (50 noise PNGs in 3 class folders, packed at 16x12). Order properties that need
-no store call :func:`dlpack.loader.epoch_order` and :func:`dlpack.loader.rank_indices` directly.
+no store call :func:`dlpack.read.loader.epoch_order` and :func:`dlpack.read.loader.rank_indices` directly.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dlpack import (
     StateError,
     StoreError,
 )
-from dlpack.loader import BatchSource, epoch_order, rank_indices, sample_rng
+from dlpack.read.loader import BatchSource, epoch_order, rank_indices, sample_rng
 
 N_IMAGES = 50
 SIZE = (16, 12)  # width, height

@@ -28,9 +28,9 @@ from _variants import expected_variant, store_with_variants
 import dlpack
 import dlpack.halcon
 from dlpack import LoaderOptions, OptionError, StateError
-from dlpack.loader import sample_rng
-from dlpack.variants.schedule import view_schedule
-from dlpack.variants.views import CachedViews
+from dlpack.read.loader import sample_rng
+from dlpack.read.schedule import view_schedule
+from dlpack.read.views import CachedViews
 
 K = 3
 N = 24

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import dlpack
 from dlpack import LoaderOptions, StateError
-from dlpack.loader import STATE_VERSION, Loader, epoch_order, rank_indices, remaining_order
+from dlpack.read.loader import STATE_VERSION, Loader, epoch_order, rank_indices, remaining_order
 
 ORDERS = ("random", "sequential", "block")
 

@@ -20,8 +20,8 @@ from _variants import store_with_variants
 
 import dlpack
 from dlpack.backends.base import SourceList
-from dlpack.loader import Loader, LoaderOptions, split_batch
 from dlpack.ragged import RaggedBatch
+from dlpack.read.loader import Loader, LoaderOptions, split_batch
 
 N = 60
 SIDE = 8
@@ -297,7 +297,7 @@ def test_large_batches_on_the_calling_thread_are_read_one_by_one_into_the_same_b
     """With ``workers=0``, batches of at least ``_ALONE_BYTES`` are read one ``get_batch`` each, and
     a caller that drops each batch before the next gets the same two blocks again and again (they
     stay in the CPU cache); smaller batches are still read in groups."""
-    from dlpack import loader as loader_module
+    from dlpack.read import loader as loader_module
 
     rng = np.random.default_rng(4)
     for i in range(24):

@@ -13,7 +13,7 @@ import pytest
 import dlpack
 from dlpack.backends.base import SourceList, gather_rows
 from dlpack.errors import OptionError, SampleIndexError
-from dlpack.loader import Loader, LoaderOptions, auto_workers
+from dlpack.read.loader import Loader, LoaderOptions, auto_workers
 
 N = 40  # 48x48x3 images: 9 per 64 KiB shard, so 5 shards, the last one partial
 

@@ -20,7 +20,7 @@ import pytest
 
 import dlpack
 from dlpack import OptionError
-from dlpack.loader import Loader, LoaderOptions
+from dlpack.read.loader import Loader, LoaderOptions
 
 N = 40
 B = 4

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 
 import dlpack
-from dlpack._lock import BuildLock, lock_path, old_path, partial_path
 from dlpack.errors import StoreError, StoreExistsError, StoreLockedError
+from dlpack.storage.lock import BuildLock, lock_path, old_path, partial_path
 
 MakeTree = Callable[..., Path]
 
 # Takes the lock on argv[1], says so on stdout, then holds it until killed.
 HOLDER = """
 import sys
-from dlpack._lock import BuildLock
+from dlpack.storage.lock import BuildLock
 lock = BuildLock(sys.argv[1])
 lock.acquire()
 print("locked", flush=True)
@@ -114,7 +114,7 @@ def test_lock_conflicts_within_one_process_and_is_removed_on_release(tmp_path: P
 def test_lock_retries_when_the_file_was_replaced_before_it_was_locked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dlpack._lock as lock_module
+    import dlpack.storage.lock as lock_module
 
     out = tmp_path / "o.zarr"
     real_try_lock = lock_module._try_lock
@@ -236,7 +236,7 @@ def test_store_overwritten_by_a_killed_build_comes_back(
 def test_a_link_at_a_build_path_is_refused_and_its_target_untouched(
     make_tree: MakeTree, tmp_path: Path, link: str, where: str
 ) -> None:
-    from dlpack._lock import journal_path
+    from dlpack.storage.lock import journal_path
 
     src = make_tree({"a/0.png": "rgb"})
     out = tmp_path / "o.zarr"

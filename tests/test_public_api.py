@@ -148,7 +148,9 @@ def test_import_loads_no_heavy_or_posix_only_module() -> None:
 
 
 def test_first_use_loads_the_module_behind_a_name() -> None:
-    code = "import sys, dlpack; dlpack.Dataset; print('dlpack.dataset' in sys.modules, 'dlpack.bench' in sys.modules)"
+    code = (
+        "import sys, dlpack; dlpack.Dataset; print('dlpack.read.dataset' in sys.modules, 'dlpack.bench' in sys.modules)"
+    )
     assert _fresh_python(code).split() == ["True", "False"]
 
 
@@ -198,7 +200,7 @@ def test_tune_is_the_function_after_the_cli_imports_it() -> None:
 def test_augment_stays_the_function_whichever_module_is_imported_first() -> None:
     # The variants live in dlpack.variants, so importing its modules never rebinds dlpack.augment.
     code = (
-        "import inspect, types, dlpack.variants.workers, dlpack.variants.views, dlpack; "
+        "import inspect, types, dlpack.variants.workers, dlpack.read.views, dlpack; "
         "from dlpack.variants import AugmentResult, augment; print(isinstance(dlpack.augment, types.FunctionType), "
         "dlpack.augment is augment, dlpack.AugmentResult is AugmentResult, list(inspect.signature(dlpack.augment).parameters)[:3])"
     )

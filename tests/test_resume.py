@@ -29,7 +29,7 @@ MakeTree = Callable[..., Path]
 #: Runs ``python -m dlpack ...`` with the build paused for good at one point, for the test to kill it there.
 PAUSED = r"""
 import importlib, runpy, sys, threading
-b = importlib.import_module("dlpack.pack.journal")
+b = importlib.import_module("dlpack.storage.journal")
 from dlpack.backends.base import StoreWriter
 where, k = sys.argv[1], int(sys.argv[2])
 del sys.argv[1:3]

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 
 import dlpack
-from dlpack._lock import old_path
 from dlpack.cli import main
 from dlpack.errors import BadInputsError, OptionError, SourceError, StoreError, StoreExistsError
 from dlpack.options import BuildOptions
+from dlpack.storage.lock import old_path
 
 MakeTree = Callable[..., Path]
 Capsys = pytest.CaptureFixture[str]
 build_module = importlib.import_module("dlpack.pack")
-publish_module = importlib.import_module("dlpack.pack.publish")
+publish_module = importlib.import_module("dlpack.storage.publish")
 
 
 def files_of(root: Path) -> dict[str, bytes]:
@@ -184,7 +184,7 @@ def test_unexpected_exceptions_in_info_exit_3(tmp_path: Path, capsys: Capsys, mo
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("reader blew up")
 
-    monkeypatch.setattr(importlib.import_module("dlpack.dataset"), "open", broken)
+    monkeypatch.setattr(importlib.import_module("dlpack.read.dataset"), "open", broken)
     assert main(["info", str(tmp_path / "x.zarr")]) == 3
     assert "reader blew up" in capsys.readouterr().err
 

@@ -545,7 +545,7 @@ def test_label_source_builds_each_kind(tmp_path: Path) -> None:
 
 def test_label_source_dldataset(tmp_path: Path) -> None:
     try:
-        import dlpack.sources.dldataset  # noqa: F401
+        import dlpack.halcon.source  # noqa: F401
     except ImportError:
         with pytest.raises(OptionError, match="--labels dldataset is not available"):
             label_source(tmp_path, BuildOptions(labels="dldataset:d.json"))

@@ -1,4 +1,4 @@
-"""A large build keeps its scan's and probe's per-image records in files (dlpack._spill).
+"""A large build keeps its scan's and probe's per-image records in files (dlpack.storage.spill).
 
 The columns move to an anonymous file beside OUT past a few MiB and are read back a part at a time;
 the folder scan sorts its paths by an external merge sort. With ``spill_everything`` every column
@@ -21,8 +21,6 @@ from conftest import interrupt_build
 from test_build_columns import BAD, SPEC, TupleSource, source_tree, store_files
 
 import dlpack
-from dlpack import _spill
-from dlpack._spill import Column, spilling_to
 from dlpack.backends import ArraySpec, backend_for_path
 from dlpack.errors import InputFileError, SourceError, StoreError
 from dlpack.manifest import ImageSpec, Manifest
@@ -32,6 +30,8 @@ from dlpack.sources import FolderSource
 from dlpack.sources._items import ItemTable
 from dlpack.sources.folder import _Runs
 from dlpack.sources.probe import ImageHeader
+from dlpack.storage import spill as _spill
+from dlpack.storage.spill import Column, spilling_to
 
 MakeTree = Callable[..., Path]
 OPTS: dict[str, Any] = {"shard_bytes": 2**16, "jobs": 1, "quiet": True, "on_error": "skip"}

@@ -216,7 +216,7 @@ def test_zarr_python_is_never_handed_a_named_pipe(built: dict[str, Path], tmp_pa
 def test_a_named_pipe_in_a_leftover_partial_is_refused_and_kept(
     built: dict[str, Path], tmp_path: Path, no_hang: None
 ) -> None:
-    from dlpack._lock import partial_path
+    from dlpack.storage.lock import partial_path
 
     out = tmp_path / "new.zarr"
     partial = partial_path(out)

@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import dlpack  # noqa: E402
-from dlpack.loader import epoch_order  # noqa: E402
+from dlpack.read.loader import epoch_order  # noqa: E402
 from dlpack.torch import TorchDataset, TorchLoader, to_tensor, torch_loader  # noqa: E402
 
 N_IMAGES = 50

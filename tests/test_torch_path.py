@@ -19,9 +19,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import dlpack  # noqa: E402
-from dlpack.loader import Loader, LoaderOptions, _BufferPool  # noqa: E402
 from dlpack.manifest import Manifest  # noqa: E402
 from dlpack.pack.stats import pixel_stats  # noqa: E402
+from dlpack.read.loader import Loader, LoaderOptions, _BufferPool  # noqa: E402
 from dlpack.torch import TorchLoader, to_tensor, torch_loader  # noqa: E402
 
 N = 20
@@ -631,7 +631,7 @@ def test_a_torch_batch_a_caller_holds_is_never_overwritten(
     uint8 batch: the dict, the image, a view, ``.numpy()``, its storage, a DLPack capsule, a graph
     that saved it, shared memory, the labels or indices. After the loader read every block again
     (three epochs, one batch per block), what is kept reads the values it had."""
-    monkeypatch.setattr("dlpack.loader._GROUP_BYTES", 1)  # one batch per block, as batches of 1 MiB or more
+    monkeypatch.setattr("dlpack.read.loader._GROUP_BYTES", 1)  # one batch per block, as batches of 1 MiB or more
     tl = torch_loader(ds, batch_size=4, seed=3, pin_memory=False, workers=workers, prefetch=2 if workers else 0)
     assert tl.loader._group == 1
     it = iter(tl)

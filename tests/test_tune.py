@@ -15,7 +15,7 @@ import pytest
 import dlpack
 import dlpack.tuning as tune_module
 from dlpack.cli import main
-from dlpack.loader import Loader, LoaderOptions
+from dlpack.read.loader import Loader, LoaderOptions
 from dlpack.tuning import Budget, Measurement, TuneCell, choose, grid, simulated_step, tune
 
 Capsys = pytest.CaptureFixture[str]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .._files import fsync_dir, open_regular
+from .._files import fsync_dir, open_regular, writing
 from ..errors import (
     DlpackError,
     IncompleteStoreError,
@@ -39,7 +39,6 @@ from .base import (
     StoreReader,
     StoreWriter,
     check_mode,
-    writing,
 )
 
 __all__ = ["Hdf5Backend", "Hdf5Reader", "Hdf5Writer"]

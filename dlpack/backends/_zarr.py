@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._files import NotRegularFileError, file_kind, irregular_entries, open_regular, read_regular
+from .._files import NotRegularFileError, file_kind, irregular_entries, open_regular, read_regular, writing
 from ..errors import IncompleteStoreError, StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import ArraySpec, Manifest, sha256_hex
 from ._shard import ShardedArray, crc32c
@@ -35,7 +35,6 @@ from .base import (
     StoreWriter,
     changed_error,
     check_mode,
-    writing,
 )
 
 __all__ = ["ZarrBackend", "ZarrReader", "ZarrWriter"]

@@ -18,7 +18,6 @@ name and suffix and checks capability flags in one place.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import math
 import os
@@ -275,28 +274,6 @@ def checked_positions(idx: np.ndarray, n: int, where: object) -> None:
 def stored_dtype(spec: ArraySpec, stored: str) -> str:
     """The dtype of stored array ``stored`` of ``spec`` (offsets are int64)."""
     return "<i8" if spec.ragged and stored.endswith("_offsets") else spec.dtype
-
-
-#: errno values that mean the file system has no room left for a write.
-NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
-
-
-@contextlib.contextmanager
-def writing(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Turn a full disk while writing ``path`` into a :class:`~dlpack.errors.StoreError` naming it.
-
-    The OS error of a full disk names no file ("[Errno 28] No space left on device"): which store
-    could not be written, and what to do, is said here.
-    """
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno not in NO_SPACE or isinstance(exc, StoreError):
-            raise
-        raise StoreError(
-            f"cannot write {os.fspath(path)}: the disk is full (no space left on device); "
-            "free some space and run the command again"
-        ) from exc
 
 
 def changed_error(path: Path, detail: str) -> StoreError:

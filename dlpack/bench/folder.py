@@ -54,7 +54,7 @@ def _load_image(path: Path, target: TargetSpec) -> np.ndarray:
 
 
 class FolderReader:
-    """The images ``rels`` below ``root``, decoded to ``spec``; implements ``dlpack.loader.BatchSource``.
+    """The images ``rels`` below ``root``, decoded to ``spec``; implements ``dlpack.read.loader.BatchSource``.
 
     Parameters
     ----------

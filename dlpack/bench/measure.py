@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..loader import Loader, LoaderOptions
+from ..read.loader import Loader, LoaderOptions
 from .folder import FolderReader, FolderSpec
 from .options import BenchOptions
 from .pagecache import evict, prime, resident_fraction
@@ -23,7 +23,7 @@ from .results import BenchCell, BenchRun, summarise_cell
 from .targets import Target
 
 if TYPE_CHECKING:
-    from ..dataset import Dataset
+    from ..read.dataset import Dataset
 
 __all__ = ["measure_cell", "reset_peak_rss"]
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import OptionError
-from ..loader import LoaderOptions, Order
 from ..options import parse_size
+from ..read.loader import LoaderOptions, Order
 
 __all__ = ["BenchOptions", "ORDERS", "CACHES"]
 

@@ -16,7 +16,7 @@ from .options import BenchOptions
 from .pagecache import files_under
 
 if TYPE_CHECKING:
-    from ..dataset import Dataset
+    from ..read.dataset import Dataset
 
 __all__ = ["Target", "resolve_target", "reference_spec", "unique_names", "DECODED_KINDS"]
 
@@ -65,7 +65,7 @@ class Target:
     def open(self, spec: FolderSpec | None) -> FolderReader | Dataset:
         """A fresh reader of the target; a folder needs the ``spec`` its images are decoded to."""
         if not self.is_folder:
-            from ..dataset import Dataset
+            from ..read.dataset import Dataset
 
             return Dataset(self.path)
         if spec is None:
@@ -94,7 +94,7 @@ class Target:
 
 def _dldataset_target(p: Path) -> Target:
     """A HALCON DLDataset: its image files, read as a folder's are (every sample must be usable)."""
-    from ..dldataset import DLDatasetView
+    from ..halcon.view import DLDatasetView
 
     view = DLDatasetView(p)
     rels = [it.rel for it in view.items]
@@ -115,8 +115,8 @@ def _dldataset_target(p: Path) -> Target:
 def resolve_target(path: str | os.PathLike[str]) -> Target:
     """Classify ``path`` as a dlpack store, a HALCON DLDataset or a folder of images and list its files."""
     from ..backends import detect_backend
-    from ..dataset import Dataset
-    from ..dldataset import is_dldataset
+    from ..halcon.view import is_dldataset
+    from ..read.dataset import Dataset
 
     p = Path(path)
     if not p.exists():

@@ -97,7 +97,7 @@ def export_from(
             f"--include-variants (include_variants=True) applies to --to dldataset only, not {to}: a {to} "
             "export has no key to point a variant back at its original"
         )
-    from ..dataset import open as open_store
+    from ..read.dataset import open as open_store
 
     with open_store(store) as ds:
         if include_variants and not getattr(ds, "variants", 0):
@@ -130,7 +130,7 @@ def _write(
     ds: Any, view: Any, to: str, stage: Path, final: Path, notes: Notes, include_variants: bool
 ) -> dict[str, Any]:
     if to == "dldataset":
-        from .dldataset import export_dldataset
+        from ..halcon.export import export_dldataset
 
         return export_dldataset(ds, view, stage, final, notes, include_variants)
     if to == "coco":

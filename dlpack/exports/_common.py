@@ -353,7 +353,7 @@ def staged_output(
 
     ``locked``: the caller already holds the lock on ``out`` (``build --format dldataset``, which
     holds it from before its staging store is built until that store is removed)."""
-    from .._lock import BuildLock
+    from ..storage.lock import BuildLock
 
     out = Path(os.path.abspath(out))
     real_store = Path(os.path.realpath(store))

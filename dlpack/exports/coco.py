@@ -42,7 +42,7 @@ def _bbox_of(binary: np.ndarray) -> list[float]:
 def export_coco(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict[str, Any]:
     """Write ``annotations.json`` (every sample) and, in a store with splits, ``annotations_<split>.json``
     for each split, plus the images under ``images/``; returns counts."""
-    from .dldataset import box_rows
+    from ..halcon.export import box_rows
 
     items = list(samples(ds))
     names = png_names(view, [(s.index, checked_source(view, s)) for s in items])

@@ -16,6 +16,7 @@ from typing import Any
 
 from .._names import shown
 from ..errors import OptionError
+from ..halcon.export import anomaly_label, defect_pixels
 from ._common import (
     HALCON_SPLITS,
     Notes,
@@ -29,7 +30,6 @@ from ._common import (
     write_json,
     write_png,
 )
-from .dldataset import anomaly_label, defect_pixels
 
 
 def export_folders(ds: Any, view: StoreView, stage: Path, notes: Notes) -> dict[str, Any]:

@@ -5,7 +5,7 @@ between stages but what one returns and the next takes. The plan is a frozen :cl
 recorded in the manifest. Workers receive paths, indices and frozen plans, never open handles; they
 open what they need themselves. Every call into the store writer lives in the write stage.
 
-A build holds the lock on its output path (:mod:`dlpack._lock`) from before it looks at any earlier
+A build holds the lock on its output path (:mod:`dlpack.storage.lock`) from before it looks at any earlier
 partial until the store is published, so two builds never write the same partial, and a partial
 found while holding the lock is a dead build's.
 
@@ -25,12 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from .. import _parallel
-from .._lock import BuildLock, journal_path, lock_path, old_path, partial_path, records_path
-from .._spill import give_back_freed, spilling_to
 from ..backends import Backend, backend_for_path, owned_store, remove_store
 from ..errors import DlpackError, OptionError, SourceError, StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
+from ..storage.lock import BuildLock, journal_path, lock_path, old_path, partial_path, records_path
+from ..storage.publish import (
+    PublishedInterrupt,
+    UnfinishedInterrupt,
+    _not_ours,
+    built_by_plan,
+    check_replaceable,
+    clear_leftovers,
+    publish,
+    published_by_killed_build,
+)
+from ..storage.spill import give_back_freed, spilling_to
 from .arrays import manifest_stage
 from .columns import SampleTable
 from .inputs import (
@@ -48,16 +58,6 @@ from .inputs import (
     split_stage,
 )
 from .plan import BuildPlan, plan_stage
-from .publish import (
-    PublishedInterrupt,
-    UnfinishedInterrupt,
-    _not_ours,
-    built_by_plan,
-    check_replaceable,
-    clear_leftovers,
-    publish,
-    published_by_killed_build,
-)
 from .result import BuildResult, label_summary
 from .update import recorded_label_options, update_stage
 from .workers import jobs_of, preload, validate_stage
@@ -351,7 +351,7 @@ def build(
         opts = source_options(source, opts)
     check_paths(source, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    # The per-image records a large build keeps in files (dlpack._spill) go beside OUT, on its disk.
+    # The per-image records a large build keeps in files (dlpack.storage.spill) go beside OUT, on its disk.
     with BuildLock(out_path), spilling_to(out_path.parent):
         published = clear_leftovers(out_path)
         if opts.update:

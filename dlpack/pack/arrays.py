@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from .._spill import PART, Column
 from ..backends import ArraySpec
 from ..manifest import Manifest
 from ..ragged import RaggedBatch
 from ..sources._items import ItemTable
 from ..sources.base import SourceItem, SourceScan
+from ..storage.spill import PART, Column
 from .columns import SampleTable
 from .inputs import Selection, split_names
 from .plan import BuildPlan

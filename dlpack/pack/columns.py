@@ -9,7 +9,7 @@ those the objects gave.
 
 A build's columns are not held in memory at all: :meth:`SampleTable.spilled` writes each block's
 rows into one file per column, in a folder of dlpack's own beside the partial store
-(:func:`~dlpack._lock.records_path`), as the blocks land, and the commit reads them back a part at
+(:func:`~dlpack.storage.lock.records_path`), as the blocks land, and the commit reads them back a part at
 a time. What stays in memory is one flag per sample (was it put) and the rare labelled samples.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..backends.base import writing
+from .._files import writing
 from ..errors import InputFileError, StoreError
 from .workers import Sample
 

@@ -15,7 +15,6 @@ import numpy as np
 from .. import _parallel
 from .._files import NotRegularFileError, open_regular
 from .._names import shown as shown_name
-from .._spill import PART, Column
 from ..backends import BACKENDS
 from ..errors import BadInputsError, InputFileError, OptionError, SourceError
 from ..options import SPLIT_PART_NAMES, BuildOptions
@@ -26,6 +25,7 @@ from ..sources.decode import DecodeError, check_header, incomplete_reason, no_he
 from ..sources.folder import FolderSource
 from ..sources.masks import MaskFolderSource
 from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
+from ..storage.spill import PART, Column
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,8 @@ def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Sourc
     against it by :func:`source_options`.
     """
     if isinstance(src, (str, os.PathLike)):
-        from ..dldataset import is_dldataset
-        from ..sources.dldataset import DLDatasetSource
+        from ..halcon.source import DLDatasetSource
+        from ..halcon.view import is_dldataset
         from ..sources.labels_kind import label_source
 
         if opts.labels == "auto" and is_dldataset(src):
@@ -323,7 +323,7 @@ _PROBE_ROW = np.dtype([("size", "<i8", (2,)), ("head", "<i2", (6,)), ("nbytes", 
 
 
 class ProbeTable(Sequence[Probe]):
-    """Probes as one column of fixed-width rows (:mod:`dlpack._spill`: in a file once large), with
+    """Probes as one column of fixed-width rows (:mod:`dlpack.storage.spill`: in a file once large), with
     the rare errors and odd headers kept by position."""
 
     __slots__ = ("_rows", "_errors", "_odd")

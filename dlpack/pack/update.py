@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from .. import _parallel
-from .._lock import journal_path, partial_path
 from .._names import shown as shown_name
 from ..backends import ArraySpec, Backend, StoreWriter, owned_store, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreNotFoundError
@@ -22,6 +21,8 @@ from ..manifest import Manifest
 from ..options import BuildOptions, parse_labels
 from ..sources.base import Source, SourceScan
 from ..sources.folder import FolderSource
+from ..storage.lock import journal_path, partial_path
+from ..storage.publish import publish, unmarked
 from .arrays import manifest_stage
 from .changes import (
     carry_arrays,
@@ -44,7 +45,6 @@ from .changes import (
 )
 from .inputs import Probe, Selection, bad_inputs, probe_stage, scan_stage, split_names, split_per_file
 from .plan import BuildPlan, image_array, label_plan, order_digest, source_digest
-from .publish import publish, unmarked
 from .result import BuildResult, label_summary
 from .workers import Sample, decode_block, fixed_block, jobs_of, label_digest, mask_block, validate_stage
 from .write import Partial, commit_store, discard_partial, mask_array

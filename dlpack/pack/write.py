@@ -21,17 +21,17 @@ from typing import Any
 import numpy as np
 
 from .. import _parallel
-from .._lock import journal_path, partial_path, records_path
 from .._parallel import Ticks
-from .._spill import Column
 from ..backends import ArraySpec, Backend, StoreWriter, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import SourceScan
+from ..storage.journal import Journal, JournalState, Restart, read_journal
+from ..storage.lock import journal_path, partial_path, records_path
+from ..storage.spill import Column
 from .columns import SampleBlock, SampleTable, SpilledColumn, remove_records
 from .inputs import Probe, Selection, bad_inputs
-from .journal import Journal, JournalState, Restart, read_journal
 from .plan import BuildPlan, image_array, plan_stage
 from .stats import with_pixel_stats
 from .workers import (
@@ -544,7 +544,7 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
         for spec, values in arrays.values():
             writer.create_array(spec, manifest.count, shard_bytes=min(writer.shard_bytes, METADATA_SHARD_BYTES))
             # A ragged array in parts: the writer holds one object per sample of a part until it is written.
-            # A spilled column (columns.py, dlpack._spill) in whole shards of its stored array: the rows
+            # A spilled column (columns.py, dlpack.storage.spill) in whole shards of its stored array: the rows
             # of one shard in memory at a time (at most --shard-bytes), each written once, as from one array.
             if spec.ragged:
                 step = RAGGED_PART

@@ -7,12 +7,12 @@ for a ``--labels KIND[:PATH]`` value.
 :func:`prepare_image` is the one decode -> orient -> resize -> convert function.
 """
 
+from ..halcon.source import DLDatasetSource
 from .anomaly import AnomalyFolderSource
 from .base import Source, SourceItem, SourceScan
 from .coco import CocoSource
 from .csv import CsvSource
 from .decode import DecodeError, PreparedImage, TargetSpec, decode_image, prepare_image, read_source_file
-from .dldataset import DLDatasetSource
 from .folder import FolderSource, scan_folder
 from .labels import LabelOutputs, prepare_labels
 from .labels_kind import label_source, parse_labels

@@ -3,7 +3,7 @@
 A folder of a million small images listed as :class:`~dlpack.sources.base.SourceItem` objects
 costs about 190 bytes per image (the object, its ``__dict__`` and the path string) for the whole
 build; as columns it costs the path's UTF-8 bytes, an 8-byte offset and 6 bytes of codes, and a
-large table keeps even those in files (:mod:`dlpack._spill`), so what stays in memory does not
+large table keeps even those in files (:mod:`dlpack.storage.spill`), so what stays in memory does not
 grow with the count. Items are made only when asked for, one at a time, from a cached part of
 each column: reading them in order reads each column once.
 """
@@ -16,8 +16,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from .._spill import PART, Column
 from ..ragged import RaggedBatch
+from ..storage.spill import PART, Column
 from .base import SourceItem
 
 __all__ = ["ItemTable", "Paths", "SourceColumn"]
@@ -25,7 +25,7 @@ __all__ = ["ItemTable", "Paths", "SourceColumn"]
 
 class Paths(Sequence[str]):
     """Relative paths in order, as one blob of their UTF-8 bytes and each one's end offset, read
-    back a part of :data:`~dlpack._spill.PART` paths at a time (``spill``: in files from the start)."""
+    back a part of :data:`~dlpack.storage.spill.PART` paths at a time (``spill``: in files from the start)."""
 
     __slots__ = ("_blob", "_ends", "_cache")
 

@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from .._names import code_points, normal_form, shown
-from .._spill import PART, Column
 from ..errors import InputFileError, OptionError, SourceError
 from ..options import IMAGE_SUFFIXES
+from ..storage.spill import PART, Column
 from ._items import ItemTable, Paths
 from .base import SourceItem, SourceScan
 
@@ -390,7 +390,7 @@ class FolderSource:
     def _label(self, rels: Paths) -> tuple[ItemTable, tuple[str, ...]]:
         """Items with their splits and labels, and the sorted class names, by the rules in the class docstring.
 
-        Passes over the paths in order, keeping codes (in columns, :mod:`dlpack._spill`) rather
+        Passes over the paths in order, keeping codes (in columns, :mod:`dlpack.storage.spill`) rather
         than split path parts: a million paths split into lists would cost more memory than the
         rest of the build.
         """

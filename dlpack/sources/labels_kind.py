@@ -41,7 +41,7 @@ def label_source(src_folder: str | os.PathLike[str], opts: BuildOptions) -> Sour
     if kind == "csv":
         return CsvSource(src, str(path))
     try:
-        from .dldataset import DLDatasetSource
+        from ..halcon.source import DLDatasetSource
     except ImportError as exc:
         raise OptionError(f"--labels dldataset is not available in this version of dlpack ({exc})") from None
     source: Source = DLDatasetSource(str(path), images_root=src)

@@ -41,7 +41,7 @@ __all__ = [
 DEFAULT_MIN_AREA = 1.0
 #: albumentations' default: no box is dropped for being partly outside.
 DEFAULT_MIN_VISIBILITY = 0.0
-#: Keeps the variants' random streams apart from the loader's (dlpack.loader uses other tags).
+#: Keeps the variants' random streams apart from the loader's (dlpack.read.loader uses other tags).
 _VARIANT_TAG = 0x617567
 
 

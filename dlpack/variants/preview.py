@@ -325,7 +325,7 @@ def preview(
     StoreNotFoundError, StoreError
         No store at ``store``, or one that cannot be read.
     """
-    from ..dataset import Dataset
+    from ..read.dataset import Dataset
 
     _check("count (--count)", count, 1)
     _check("seed (--seed)", seed, 0)

@@ -1,7 +1,7 @@
 """The variant build: K augmented variants of every stored image, computed in parallel, switched in at once.
 
 Under the store's build lock: read what the variants are made from, plan them, then write them
-through an :class:`~dlpack.pack.transaction.ArrayTransaction` (Zarr: the next generation beside
+through an :class:`~dlpack.storage.transaction.ArrayTransaction` (Zarr: the next generation beside
 the store; HDF5: staged arrays in the file), one shard block of one variant per worker call, each
 block journalled once written (``.NAME.dlpack-augment-journal``); the small per-sample outputs are
 written as arrays at commit, with the manifest's ``augment`` record. A failed run leaves the store
@@ -22,15 +22,15 @@ from typing import Any
 import numpy as np
 
 from .. import _parallel, schema
-from .._lock import BuildLock, augment_journal_path, augment_stage_path
 from ..backends import ArraySpec, StoreReader, detect_backend, open_reader, remove_store
 from ..backends.base import DEFAULT_SHARD_BYTES
 from ..errors import ConfigError, DlpackError, OptionError, StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import Manifest
 from ..options import available_cores
-from ..pack.journal import Journal, Restart, is_journal, read_journal
-from ..pack.publish import PublishedInterrupt, clear_leftovers
-from ..pack.transaction import ArrayTransaction
+from ..storage.journal import Journal, Restart, is_journal, read_journal
+from ..storage.lock import BuildLock, augment_journal_path, augment_stage_path
+from ..storage.publish import PublishedInterrupt, clear_leftovers
+from ..storage.transaction import ArrayTransaction
 from .plan import (
     VariantPlan,
     check_arguments,

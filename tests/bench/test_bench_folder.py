@@ -13,7 +13,7 @@ import pytest
 import dlpack
 from dlpack.bench.folder import FolderReader, FolderSpec
 from dlpack.errors import DlpackError, SourceError
-from dlpack.loader import BatchSource
+from dlpack.read.loader import BatchSource
 
 TREE = {"a/0.png": "rgb", "a/1.jpg": "rgb", "b/2.png": "gray", "b/3.png": "rgba", "b/4.png": "palette"}
 RELS = sorted(TREE)

@@ -1,4 +1,4 @@
-"""The loader's view schedule (dlpack.variants.schedule), without a store: each view once per cycle,
+"""The loader's view schedule (dlpack.read.schedule), without a store: each view once per cycle,
 the spacing bound across cycle boundaries, no lockstep, purity, original_rate and views_per_batch."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dlpack.errors import OptionError
-from dlpack.variants.schedule import ViewSchedule, hash64, view_gap, view_schedule
+from dlpack.read.schedule import ViewSchedule, hash64, view_gap, view_schedule
 
 
 def sequences(k: int, n: int, epochs: int, seed: int = 0, **options: object) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""``dlpack.halcon``: batches of HALCON DLSample dicts from a store, read ahead by the loader.
+"""HALCON batches of DLSample dicts from a store, read ahead by the loader (``dlpack.halcon``).
 
 HALCON's own ``train_dl_model`` reads one sample file per image, one after another, on the
 training thread. A Python loop that calls ``train_dl_model_batch(model, batch)`` itself can be fed
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from . import schema
-from .errors import MissingExtraError, OptionError, StoreError
-from .timing import EpochStats
+from .. import schema
+from ..errors import MissingExtraError, OptionError, StoreError
+from ..timing import EpochStats
 
 __all__ = [
     "DEFAULT_IMAGE_RANGE",
@@ -218,7 +218,7 @@ def sample_batches(
     statistics: ``batches.stats()[-1].line()`` says how long the training loop waited for data
     (``report=True`` prints that line when the epoch ends).
     """
-    from .dataset import Dataset
+    from ..read.dataset import Dataset
 
     if not isinstance(ds, Dataset):
         if not isinstance(ds, (str, os.PathLike)):

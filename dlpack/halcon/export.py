@@ -11,7 +11,7 @@ import numpy as np
 
 from .._names import shown
 from ..errors import StoreError
-from ._common import (
+from ..exports._common import (
     Notes,
     Sample,
     StoreView,
@@ -24,8 +24,8 @@ from ._common import (
     write_json,
     write_png,
 )
-from ._geometry import corners_to_halcon, degenerate_boxes
-from ._hdict import halcon_values, script_text, to_halcon
+from ..exports._geometry import corners_to_halcon, degenerate_boxes
+from .hdict import halcon_values, script_text, to_halcon
 
 IMAGE_DIR, SEGMENTATION_DIR, ANOMALY_DIR = "images", "segmentation", "anomaly"
 

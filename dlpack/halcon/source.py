@@ -58,8 +58,8 @@ from typing import Any
 
 from .._names import shown
 from ..errors import InputFileError, SourceError
-from ._entries import file_problem, load_json, name_problem
-from .base import SourceItem, SourceScan
+from ..sources._entries import file_problem, load_json, name_problem
+from ..sources.base import SourceItem, SourceScan
 
 __all__ = [
     "DLDatasetInfo",

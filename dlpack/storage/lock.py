@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .errors import StoreError, StoreLockedError
+from ..errors import StoreError, StoreLockedError
 
 __all__ = [
     "BuildLock",

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .errors import StoreError
+from ..errors import StoreError
 
 __all__ = ["Column", "PART", "SPILL_BYTES", "spilling_to", "give_back_freed"]
 
@@ -206,7 +206,7 @@ def give_back_freed() -> None:
     of it, which the build's later stages (whose large blocks are mapped, not taken from the heap)
     never reuse, so it stayed in the peak. ``malloc_trim`` hands it back; elsewhere this does nothing.
     """
-    from ._maps import libc
+    from .._maps import libc
 
     lib = libc()
     trim = getattr(lib, "malloc_trim", None) if lib is not None else None

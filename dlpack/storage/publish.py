@@ -8,16 +8,16 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._files import file_kind, irregular_entries
-from .._lock import journal_path, old_path, partial_path, records_path
 from ..backends import Backend, foreign_reason, owned_store, remove_store
 from ..errors import StoreError, StoreExistsError
-from .columns import remove_records
 from .journal import Restart, is_journal, read_journal
-from .plan import BuildPlan
-from .workers import Sample
+from .lock import journal_path, old_path, partial_path, records_path
+
+if TYPE_CHECKING:
+    from ..pack.plan import BuildPlan
 
 
 def _not_ours(path: Path) -> str | None:
@@ -70,6 +70,8 @@ def clear_leftovers(out: Path) -> str | None:
         else:
             os.replace(old, out)  # killed after OUT was moved aside: the old store comes back
     # A killed build's spilled records: never continued (a resume rebuilds them from its journal).
+    from ..pack.columns import remove_records
+
     remove_records(records_path(out))
     from ..backends._hdf5 import clear_compact_copy
 
@@ -101,7 +103,7 @@ def clear_leftovers(out: Path) -> str | None:
     published = None
     if journal.exists() and owned_store(out) is not None:
         with contextlib.suppress(Restart):
-            state = read_journal(journal, Sample.from_record)
+            state = read_journal(journal, list)  # only its header and commit mark are read
             fingerprint = state.header.get("fingerprint")
             if state.commit and isinstance(fingerprint, str):
                 published = fingerprint
@@ -118,6 +120,8 @@ def published_by_killed_build(backend: type[Backend], out: Path, plan: BuildPlan
 def built_by_plan(backend: type[Backend], out: Path, plan: BuildPlan) -> bool:
     """Whether the complete store ``out`` records ``plan`` as the plan it was built by: the same
     source listing, geometry and layout, so building it again would write the same store."""
+    from ..pack.plan import BuildPlan
+
     try:
         with backend.open_reader(out) as reader:
             recorded = reader.manifest.plan

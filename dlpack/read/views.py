@@ -1,5 +1,5 @@
 """``CachedViews``: the batch source of ``loader(augment="cached")``, serving each sample the view
-its schedule picks for the epoch (:mod:`dlpack.variants.schedule`), straight from the stored arrays.
+its schedule picks for the epoch (:mod:`dlpack.read.schedule`), straight from the stored arrays.
 
 Each row of a batch is one read of one stored image, the original (``images``) or a variant
 (``images_v{v}``), gathered into the loader's batch array in place: an epoch of cached views costs
@@ -23,7 +23,7 @@ from ..ragged import RaggedBatch
 from .schedule import ViewSchedule
 
 if TYPE_CHECKING:
-    from ..dataset import Dataset
+    from .dataset import Dataset
 
 __all__ = ["CachedViews", "FOLLOW_VIEW"]
 
@@ -32,7 +32,7 @@ FOLLOW_VIEW = (schema.MASK, schema.BOXES, "box_labels", "box_crowd")
 
 
 class CachedViews:
-    """A :class:`~dlpack.loader.BatchSource` over a store with variants: row ``r`` of a batch is
+    """A :class:`~dlpack.read.loader.BatchSource` over a store with variants: row ``r`` of a batch is
     the view of its sample the schedule picks for the epoch, and ``batch["variant"]`` says which
     (0 the original, v the variant v).
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import schema
-from .backends import StoreReader, open_reader
-from .errors import (
+from .. import schema
+from ..backends import StoreReader, open_reader
+from ..errors import (
     DlpackError,
     OptionError,
     SampleIndexError,
@@ -26,12 +26,12 @@ from .errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
+from ..manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
 from .loader import Loader, LoaderOptions, source_loader
-from .manifest import RAGGED_SUFFIXES, ArraySpec, Manifest
 
 if TYPE_CHECKING:
-    from .dldataset import DLDatasetView
-    from .variants.views import CachedViews
+    from ..halcon.view import DLDatasetView
+    from .views import CachedViews
 
 __all__ = ["Dataset", "open", "add_array"]
 
@@ -43,7 +43,7 @@ PROTECTED_ARRAYS = schema.PROTECTED_ARRAYS
 #: Arrays add_array may replace whose values index a manifest list: (key, stored dtype, list field).
 CODED_ARRAYS = {name: (role.key, role.dtypes[0], role.codes) for name, role in schema.CODED.items()}
 #: Names add_array gives the arrays it moves aside while switching one in (HDF5): users' names never start so
-#: (the same as :data:`dlpack.pack.transaction.STAGED_PREFIX`).
+#: (the same as :data:`dlpack.storage.transaction.STAGED_PREFIX`).
 STAGED_PREFIX = "dlpack_"
 
 
@@ -93,7 +93,7 @@ def _unopenable(path: Path, exc: DlpackError) -> VerifyReport:
 
 
 class Dataset:
-    """A read-only, random-access view of one store; a :class:`~dlpack.loader.BatchSource`.
+    """A read-only, random-access view of one store; a :class:`~dlpack.read.loader.BatchSource`.
 
     A sample is ``{"image", "label", "index", "source"}`` plus every stored array that has a
     ``key`` (``boxes`` [k, 4], ``box_labels`` [k], ``mask`` [H, W], arrays added with
@@ -308,7 +308,7 @@ class Dataset:
     # ------------------------------------------------------------------ BatchSource
 
     #: A row of :meth:`get_batch` depends only on its index: the loader may read several batches in
-    #: one call and cut them apart (:class:`~dlpack.loader.BatchSource`).
+    #: one call and cut them apart (:class:`~dlpack.read.loader.BatchSource`).
     batch_rows_independent = True
 
     def get_batch(
@@ -395,7 +395,7 @@ class Dataset:
     ) -> CachedViews:
         """This store's augmentation views as a batch source (what ``loader(augment="cached")``
         reads; docs/loader.md, "Cached augmentation views"). An OptionError without variants."""
-        from .variants.views import CachedViews
+        from .views import CachedViews
 
         return CachedViews(self, seed, original_rate=original_rate, views_per_batch=views_per_batch)
 
@@ -638,7 +638,7 @@ def _shown(spec: ArraySpec) -> str:
 def open(path: str | os.PathLike[str]) -> Dataset | DLDatasetView:  # noqa: A001 - the public name is dlpack.open
     """Open a store (Zarr folder or HDF5 file) for reading; a HALCON DLDataset (a folder holding
     ``dataset.json``, or its ``.json`` file) opens read-only in place, decoded on the fly."""
-    from .dldataset import DLDatasetView, is_dldataset
+    from ..halcon.view import DLDatasetView, is_dldataset
 
     if is_dldataset(path):
         return DLDatasetView(path)
@@ -688,7 +688,7 @@ def add_array(
     ArraySpec
         What was stored.
     """
-    from ._lock import BuildLock
+    from ..storage.lock import BuildLock
 
     out = Path(path)
     if out.is_symlink():  # the store the link names is the one changed (and locked)
@@ -709,7 +709,7 @@ def add_array(
             lock.release()
             raise StoreError(f"cannot take the lock of {out} to add array {name!r}: {exc}") from exc
     try:
-        from .pack.publish import clear_leftovers
+        from ..storage.publish import clear_leftovers
 
         clear_leftovers(out)  # a killed switch of an earlier add_array is finished or undone first
         reader = open_reader(out, check_labels=False)  # a store with bad labels can be repaired
@@ -719,7 +719,7 @@ def add_array(
             reader.close()
         spec, data = _checked_array(out, manifest, name, values, key, ragged, replace, compression)
         existing = manifest.arrays.get(name)
-        from .pack.transaction import ArrayTransaction
+        from ..storage.transaction import ArrayTransaction
 
         # Zarr: the next generation beside the store, published whole; HDF5: staged, then one switch.
         txn = ArrayTransaction(out, manifest, [existing.name] if existing is not None else [], beside_path(out))

@@ -32,8 +32,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from .errors import OptionError, StateError
-from .timing import EpochStats, PassTimer, batch_nbytes
+from ..errors import OptionError, StateError
+from ..timing import EpochStats, PassTimer, batch_nbytes
 
 __all__ = ["BatchSource", "Loader", "LoaderOptions", "auto_workers", "epoch_order", "rank_indices", "sample_rng"]
 
@@ -186,7 +186,7 @@ class LoaderOptions:
                 f"views_per_batch images, {m} rows each"
             )
         if self.original_rate is not None:
-            from .variants.schedule import check_rate
+            from .schedule import check_rate
 
             object.__setattr__(self, "original_rate", check_rate(self.original_rate))
             if self.augment != "cached":
@@ -205,7 +205,7 @@ class LoaderOptions:
 def online_layer(value: Any) -> Any:
     """The :class:`~dlpack.transforms.online.OnlineAugment` that ``online=`` names (imported on first use)."""
     try:
-        from .transforms.online import OnlineAugment
+        from ..transforms.online import OnlineAugment
     except ImportError as exc:
         raise OptionError(f"online= needs dlpack.transforms.online, which cannot be imported: {exc}") from exc
     try:
@@ -1126,7 +1126,7 @@ def source_loader(
 ) -> Loader:
     """What ``ds.loader(...)`` of a store or a DLDataset view returns: ``kwargs`` as LoaderOptions
     fields (an unknown one an OptionError), over ``split``'s samples or ``indices``."""
-    from .options import with_keywords
+    from ..options import with_keywords
 
     opts = with_keywords(options, LoaderOptions, kwargs, "loader", also=("transform", "split", "indices"))
     if split is not None and indices is not None:

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .._files import writing
 from ..backends import ArraySpec, StoreWriter, open_writer
-from ..backends.base import DEFAULT_SHARD_BYTES, writing
+from ..backends.base import DEFAULT_SHARD_BYTES
 from ..errors import StoreError
 from ..manifest import Manifest
 

@@ -1,4 +1,4 @@
-"""A HALCON DLDataset opened read-only: its files decoded on the fly, as a :class:`~dlpack.loader.BatchSource`.
+"""A HALCON DLDataset opened read-only: its files decoded on the fly, as a :class:`~dlpack.read.loader.BatchSource`.
 
 ``dlpack.open`` returns a :class:`DLDatasetView` for a folder holding ``dataset.json`` or for a
 ``.json`` file that is a DLDataset, so a HALCON user can look at an existing set, feed it to a
@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from ._json import parse_json, read_text_file
-from .errors import BadInputsError, DlpackError, OptionError, SampleIndexError
-from .loader import Loader, LoaderOptions, source_loader
-from .sources.base import SourceItem
-from .sources.decode import DecodeError, TargetSpec, decode_image, prepare_image, read_source_file
-from .sources.dldataset import DLDatasetSource, dldataset_json
+from .._json import parse_json, read_text_file
+from ..errors import BadInputsError, DlpackError, OptionError, SampleIndexError
+from ..read.loader import Loader, LoaderOptions, source_loader
+from ..sources.base import SourceItem
+from ..sources.decode import DecodeError, TargetSpec, decode_image, prepare_image, read_source_file
+from .source import DLDatasetSource, dldataset_json
 
 __all__ = ["DLDatasetView", "is_dldataset"]
 
@@ -74,7 +74,7 @@ def _label_image(path: Path) -> np.ndarray:
 
 
 class DLDatasetView:
-    """A DLDataset read in place; implements :class:`~dlpack.loader.BatchSource`.
+    """A DLDataset read in place; implements :class:`~dlpack.read.loader.BatchSource`.
 
     Parameters
     ----------
@@ -100,7 +100,7 @@ class DLDatasetView:
                 scan.errors,
                 repr(os.fspath(self.path)),
                 nothing_left=not scan.items,
-                hint="fix the samples, or open it with dlpack.dldataset.DLDatasetView(path, on_error='skip')",
+                hint="fix the samples, or open it with dlpack.halcon.view.DLDatasetView(path, on_error='skip')",
             )
         if not scan.items:
             raise BadInputsError(scan.errors, repr(os.fspath(self.path)), nothing_left=True)
@@ -137,7 +137,7 @@ class DLDatasetView:
 
     def _sample(self, j: int) -> dict[str, Any]:
         """Sample ``j`` decoded: the image, its labels, and the labels moved with the resize."""
-        from .transforms.functional import plan_geometry
+        from ..transforms.functional import plan_geometry
 
         item = self.items[j]
         path = self.root / item.rel

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from .._files import NotRegularFileError, fsync_dir, open_regular, read_regular
-from ..backends.base import writing
+from .._files import NotRegularFileError, fsync_dir, open_regular, read_regular, writing
 
 __all__ = [
     "JOURNAL_KEY",
