@@ -201,7 +201,7 @@ class BackendTests:
                 self.assert_reads_back(reader, arrays)
 
     def test_ragged_batches_are_the_samples_in_any_order(self, tmp_path: Path, monkeypatch: Any) -> None:
-        from .backends import base
+        from .backends import reader as base
 
         arrays = label_arrays()
         arrays["boxes"][4] = np.zeros((0, 4), np.float32)  # a sample without boxes

@@ -234,7 +234,7 @@ _RACER = """
 import os, sys, time
 import numpy as np
 import dlpack
-from dlpack.backends.base import StoreWriter
+from dlpack.backends.writer import StoreWriter
 
 commit = StoreWriter.commit
 

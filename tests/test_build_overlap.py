@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import dlpack
-from dlpack.backends.base import StoreWriter
+from dlpack.backends.writer import StoreWriter
 
 _parallel = importlib.import_module("dlpack._parallel")
 journal_module = importlib.import_module("dlpack.storage.journal")
@@ -151,7 +151,7 @@ def test_an_interrupt_while_decoding_keeps_only_written_blocks_journalled(
 def test_the_images_are_hashed_as_they_land_not_read_back_at_commit(
     jobs: int, make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, snapshot: Any
 ) -> None:
-    base = importlib.import_module("dlpack.backends.base")
+    base = importlib.import_module("dlpack.backends.writer")
     read_back: list[int] = []
     real = base.array_digest
 

@@ -15,8 +15,8 @@ import pytest
 
 import dlpack
 from dlpack import _maps
-from dlpack.backends import _shard, base
-from dlpack.backends.base import _ALIAS_GAP, _PAGE, RowSpan, _scratch, gather_rows
+from dlpack.backends import _shard, gather
+from dlpack.backends.gather import _ALIAS_GAP, _PAGE, RowSpan, _scratch, gather_rows
 from dlpack.errors import OptionError
 
 N = 41
@@ -160,7 +160,7 @@ def test_row_span_refuses_indices_outside_its_rows(monkeypatch: pytest.MonkeyPat
     """An unchecked index would read memory between the maps: it is an error, never a read (with
     the table of whole rows' places, and with the arithmetic over shards of larger spans)."""
     if not table:
-        monkeypatch.setattr(base, "_LOOKUP_ROWS", 0)
+        monkeypatch.setattr(gather, "_LOOKUP_ROWS", 0)
     _, views = _views(20, (8, 8, 4), 6, pages=1)
     span = RowSpan.of(views, 6)
     assert span is not None and (span._at is not None) == table
@@ -180,7 +180,7 @@ def test_row_span_table_and_arithmetic_read_the_same_rows(monkeypatch: pytest.Mo
     arithmetic, for every row and in a random order: the same bytes."""
     whole, views = _views(23, (32, 32, 4), 5, pages=6)
     table = RowSpan.of(views, 5)
-    monkeypatch.setattr(base, "_LOOKUP_ROWS", 0)
+    monkeypatch.setattr(gather, "_LOOKUP_ROWS", 0)
     arithmetic = RowSpan.of(views, 5)
     assert table is not None and table._at is not None and table._step == 1
     assert arithmetic is not None and arithmetic._at is None

@@ -268,7 +268,9 @@ def test_without_halcon_the_error_names_the_extra_and_the_native_install(
 
 def test_a_task_whose_array_is_missing_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ds = _store(tmp_path, {"a": 1})
-    monkeypatch.setattr("dlpack.halcon.feeder.store_task", lambda manifest: "detection")  # as a manifest's task would say
+    monkeypatch.setattr(
+        "dlpack.halcon.feeder.store_task", lambda manifest: "detection"
+    )  # as a manifest's task would say
     with pytest.raises(dlpack.StoreError, match="is a detection store but has no boxes, box_labels array"):
         sample_batches(ds, 1, halcon=standin)
 

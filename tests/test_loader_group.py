@@ -19,7 +19,7 @@ import pytest
 from _variants import store_with_variants
 
 import dlpack
-from dlpack.backends.base import SourceList
+from dlpack.backends.reader import SourceList
 from dlpack.ragged import RaggedBatch
 from dlpack.read.loader import Loader, LoaderOptions, split_batch
 

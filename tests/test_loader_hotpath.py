@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import dlpack
-from dlpack.backends.base import SourceList, gather_rows
+from dlpack.backends.gather import gather_rows
+from dlpack.backends.reader import SourceList
 from dlpack.errors import OptionError, SampleIndexError
 from dlpack.read.loader import Loader, LoaderOptions, auto_workers
 

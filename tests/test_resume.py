@@ -30,7 +30,7 @@ MakeTree = Callable[..., Path]
 PAUSED = r"""
 import importlib, runpy, sys, threading
 b = importlib.import_module("dlpack.storage.journal")
-from dlpack.backends.base import StoreWriter
+from dlpack.backends.writer import StoreWriter
 where, k = sys.argv[1], int(sys.argv[2])
 del sys.argv[1:3]
 def hang(*args, **kwargs):

@@ -63,7 +63,9 @@ def _outputs(code: Path, work: Path, raw: Path, more: Path, labelled: Path) -> P
     for store in ("plain.zarr", "plain.h5"):
         _run(code, work, *dl, "build", str(more), store, "--size", "24x24", "--update", "--quiet")
     coco = f"coco:{labelled / 'annotations.json'}"
-    _run(code, work, *dl, "build", str(labelled / "images"), "boxes.zarr", "--labels", coco, "--size", "32x32", "--quiet")
+    _run(
+        code, work, *dl, "build", str(labelled / "images"), "boxes.zarr", "--labels", coco, "--size", "32x32", "--quiet"
+    )
     _run(code, work, *dl, "build", str(labelled / "images"), "boxes.h5", "--labels", coco, "--size", "32x32", "--quiet")
     for store in ("boxes.zarr", "boxes.h5"):
         _run(code, work, *dl, "augment", store, "--augment", "2", "--augment-config", config, "--quiet")
@@ -105,7 +107,9 @@ def _hdf5_content(path: Path) -> bytes:
             parts.append(name.encode())
             if isinstance(obj, h5py.Dataset):
                 value = obj[()]
-                parts.append(f"{obj.dtype} {obj.shape}".encode() + (value if isinstance(value, bytes) else value.tobytes()))
+                parts.append(
+                    f"{obj.dtype} {obj.shape}".encode() + (value if isinstance(value, bytes) else value.tobytes())
+                )
             attrs(obj)
 
         f.visititems(visit)

@@ -14,7 +14,9 @@ from .._files import file_kind
 from ..errors import OptionError, StoreError, StoreNotFoundError
 from ._hdf5 import Hdf5Backend
 from ._zarr import ZarrBackend
-from .base import DEFAULT_SHARD_BYTES, ArraySpec, Backend, Mode, StoreReader, StoreWriter
+from .base import DEFAULT_SHARD_BYTES, ArraySpec, Backend, Mode
+from .reader import StoreReader
+from .writer import StoreWriter
 
 __all__ = [
     "ArraySpec",

@@ -30,16 +30,9 @@ from ..errors import (
     StoreNotFoundError,
 )
 from ..manifest import ArraySpec, Manifest, sha256_hex
-from .base import (
-    DEFAULT_SHARD_BYTES,
-    DIGEST_ATTR,
-    ArrayAccess,
-    Backend,
-    Mode,
-    StoreReader,
-    StoreWriter,
-    check_mode,
-)
+from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, ArrayAccess, Backend, Mode, check_mode
+from .reader import StoreReader
+from .writer import StoreWriter
 
 __all__ = ["Hdf5Backend", "Hdf5Reader", "Hdf5Writer"]
 

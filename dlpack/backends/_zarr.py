@@ -25,17 +25,9 @@ from .._files import NotRegularFileError, file_kind, irregular_entries, open_reg
 from ..errors import IncompleteStoreError, StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import ArraySpec, Manifest, sha256_hex
 from ._shard import ShardedArray, crc32c
-from .base import (
-    DEFAULT_SHARD_BYTES,
-    DIGEST_ATTR,
-    ArrayAccess,
-    Backend,
-    Mode,
-    StoreReader,
-    StoreWriter,
-    changed_error,
-    check_mode,
-)
+from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, ArrayAccess, Backend, Mode, changed_error, check_mode
+from .reader import StoreReader
+from .writer import StoreWriter
 
 __all__ = ["ZarrBackend", "ZarrReader", "ZarrWriter"]
 

@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 
 from .. import schema
-from ..backends.base import StoreWriter, partial_rows
+from ..backends.writer import StoreWriter, partial_rows
 from ..manifest import Manifest
 
 __all__ = ["CHUNK_VALUES", "histograms", "pixel_stats", "stats_from_histograms", "with_pixel_stats"]

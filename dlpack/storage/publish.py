@@ -46,6 +46,16 @@ def unmarked(path: Path) -> str:
     return f"{kind} without dlpack's marker"
 
 
+class _Fields:
+    """A journal record kept as its fields (whoever reads a journal only for its header)."""
+
+    def __init__(self, fields: Any) -> None:
+        self.fields = list(fields)
+
+    def record(self) -> list[Any]:
+        return self.fields
+
+
 def clear_leftovers(out: Path) -> str | None:
     """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
 
@@ -103,7 +113,7 @@ def clear_leftovers(out: Path) -> str | None:
     published = None
     if journal.exists() and owned_store(out) is not None:
         with contextlib.suppress(Restart):
-            state = read_journal(journal, list)  # only its header and commit mark are read
+            state = read_journal(journal, _Fields)  # only its header and commit mark are read
             fingerprint = state.header.get("fingerprint")
             if state.commit and isinstance(fingerprint, str):
                 published = fingerprint

@@ -21,7 +21,7 @@ import dlpack
 from dlpack import _maps
 from dlpack.backends import _shard
 from dlpack.backends._shard import ShardedArray
-from dlpack.backends.base import RowSpan
+from dlpack.backends.gather import RowSpan
 
 N = 30
 
