@@ -362,7 +362,7 @@ def _env() -> dict[str, str]:
 
 def _kill_after_blocks(args: list[str], out: Path, k: int) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", PAUSED, str(Path(__file__).parent), str(k), *args],
+        [sys.executable, "-c", PAUSED, str(Path(__file__).parents[1]), str(k), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -390,7 +390,7 @@ def _cli(args: list[str]) -> dict[str, Any]:
         "from dlpack.cli import main; sys.exit(main(sys.argv[2:]))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).parent), *args, "--json"],
+        [sys.executable, "-c", code, str(Path(__file__).parents[1]), *args, "--json"],
         capture_output=True,
         text=True,
         env=_env(),
@@ -626,7 +626,7 @@ def test_dlpack_augment_killed_at_every_durable_step_reruns_to_the_same_store(
 ) -> None:
     """SIGKILL right after each rename, replace and fsync of a replacing ``dlpack augment`` (one point per
     run), then the same command again: it ends with what an uninterrupted run writes (Zarr: the same files)."""
-    from test_kill_points import drive
+    from _kills import drive
 
     template = tmp_path / "template"
     src = make_tree({f"c{k % 2}/{k:02d}.png": ("rgb", aug.WIDTH, aug.HEIGHT) for k in range(20)})  # 2 blocks
@@ -635,7 +635,7 @@ def test_dlpack_augment_killed_at_every_durable_step_reruns_to_the_same_store(
     aug.write_config(template / "c.json")
     args = ["augment", "{work}/" + backend, "--augment", "2", "--augment-config", "{work}/c.json", "--replace",
             "--jobs", "1", "--quiet"]  # fmt: skip
-    preload = f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import _augment; _augment.install_loader()"
+    preload = f"sys.path.insert(0, {str(Path(__file__).parents[1])!r}); import _augment; _augment.install_loader()"
     result = drive(tmp_path, template, backend, args, content=True, preload=preload)
     ref = result["ref"]
     assert ref["rc"] == 0 and ref["calls"] >= 5, ref

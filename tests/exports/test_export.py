@@ -26,7 +26,7 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
 )
 
-STANDIN = Path(__file__).resolve().parent / "halcon_standin"
+STANDIN = Path(__file__).resolve().parents[1] / "halcon_standin"
 W, H = 16, 12
 
 

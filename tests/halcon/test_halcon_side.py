@@ -20,7 +20,7 @@ import dlpack
 from dlpack.cli import main
 from dlpack.sample import make_sample
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 Capsys = pytest.CaptureFixture[str]
 
 

@@ -18,7 +18,7 @@ import dlpack
 import dlpack.halcon
 from dlpack.halcon import sample_batches, store_class_ids, store_task, to_dlsample
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ MakeTree = Callable[..., Path]
 
 #: 9 noise PNGs stored at 96x64x3 (18 KiB) in 64 KiB shards: 3 images a block, 3 blocks.
 SPEC = {f"c{k % 2}/{k:02d}.png": ("rgb", 96, 64) for k in range(9)}
-PRELOAD = f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import _augment; _augment.install_loader()"
+PRELOAD = f"sys.path.insert(0, {str(Path(__file__).parents[1])!r}); import _augment; _augment.install_loader()"
 
 
 def _args(out: str, config: str, k: int = 2) -> list[str]:
@@ -35,7 +35,7 @@ def test_build_augment_killed_at_every_durable_step_is_finished_by_the_same_comm
     """SIGKILL right after each rename, replace and fsync of ``build --augment 2`` (the build's own
     steps, its publish, then every step of the variants), then the same command again: it ends with
     what an uninterrupted run writes, and no rerun advises --overwrite."""
-    from test_kill_points import drive
+    from _kills import drive
 
     template = tmp_path / "template"
     make_tree(SPEC, "template/src")
@@ -65,7 +65,7 @@ def test_build_augment_killed_at_every_durable_step_is_finished_by_the_same_comm
 def _dlpack(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI in a fresh process, reading the test's augmentation config."""
     code = "import sys, _augment, dlpack.cli; _augment.install_loader(); sys.exit(dlpack.cli.main(sys.argv[1:]))"
-    path = os.pathsep.join([str(Path(__file__).parent), str(Path(dlpack.__file__).parents[1])])
+    path = os.pathsep.join([str(Path(__file__).parents[1]), str(Path(dlpack.__file__).parents[1])])
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path},
         timeout=300,

@@ -19,7 +19,7 @@ from dlpack import schema
 from dlpack.sample import make_sample
 from dlpack.variants import preview as P
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONFIGS = ["augment_halcon.json", "augment_albumentations.json", "augment_albumentations.yaml"]
 K, SIDE, N = 3, 64, 12
 #: Keys of a HALCON-style config that are settings, not operations.

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import interrupt_build
-from test_build_columns import BAD, SPEC, TupleSource, source_tree, store_files
+from test_columns import BAD, SPEC, TupleSource, source_tree, store_files
 
 import dlpack
 from dlpack import _spill
@@ -225,7 +225,7 @@ def test_the_commit_writes_the_metadata_arrays_in_small_shards(tmp_path: Path, b
 
 
 def test_a_worker_block_travels_as_columns_and_lands_as_its_samples(tmp_path: Path) -> None:
-    from test_build_columns import _sample
+    from test_columns import _sample
 
     from dlpack.pack.columns import SampleBlock, SampleTable
 
