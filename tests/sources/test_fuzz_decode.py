@@ -222,7 +222,7 @@ def test_prepare_on_mutated_files_gives_the_target_or_a_decode_error(data: bytes
         assert 0 < max(pixels.shape[:2]) <= 20
 
 
-# --- findings ------------------------------------------------------------------------------------
+# --- formats the probe does not read: the pixel limit and the refusals still hold ------------------
 
 
 def _pam(width: int, height: int) -> bytes:

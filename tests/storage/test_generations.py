@@ -53,7 +53,7 @@ def two_sources(make_tree: Callable[..., Path]) -> tuple[Path, Path]:
     return make_tree(TREE_A, "a"), make_tree(TREE_B, "b")
 
 
-# ---------------------------------------------------------------- finding 3: one generation
+# ---------------------------------------------------------------- one generation
 
 
 @pytest.mark.parametrize("touch", ["nothing", "labels"])
@@ -161,7 +161,7 @@ def test_reader_during_add_array_sees_the_old_arrays_or_an_error(
         assert [float(fresh[i]["weight"]) for i in range(6)] == [1.0] * 6
 
 
-# ---------------------------------------------------------------- finding 6: checksums
+# ---------------------------------------------------------------- checksums
 
 
 def stored_location(store: Path, name: str) -> tuple[Path, int]:
@@ -221,7 +221,7 @@ def test_intact_store_verifies(two_sources: tuple[Path, Path], tmp_path: Path, b
         assert ds.verify() == []
 
 
-# ---------------------------------------------------------------- finding 11: foreign stores
+# ---------------------------------------------------------------- foreign stores
 
 
 def test_plain_zarr_group_is_not_called_an_incomplete_dlpack_store(tmp_path: Path) -> None:
