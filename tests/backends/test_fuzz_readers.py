@@ -5,7 +5,7 @@ Whatever the input, the only errors are :class:`~dlpack.StoreError` (or its
 :class:`~dlpack.FormatVersionError`), memory stays bounded and no file outside the store is read.
 The normal run is short; a longer one by hand:
 
-    DLPACK_FUZZ_EXAMPLES=20000 pytest tests/test_fuzz_readers.py
+    DLPACK_FUZZ_EXAMPLES=20000 pytest tests/backends/test_fuzz_readers.py
 """
 
 from __future__ import annotations

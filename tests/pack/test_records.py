@@ -4,7 +4,7 @@ The workers' records (:class:`SampleTable`) go into one file per column as the b
 ``.NAME.dlpack-records`` (dlpack's marker inside), and are read back a part at a time when the
 manifest's arrays are written; the folder goes away with the partial store, on publication, on
 failure and on Ctrl-C, and a killed build's is cleared by the next build. The store's bytes are
-those of the in-memory table (tests/test_build_columns.py compares whole stores too).
+those of the in-memory table (tests/pack/test_columns.py compares whole stores too).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The columns move to an anonymous file beside OUT past a few MiB and are read bac
 the folder scan sorts its paths by an external merge sort. With ``spill_everything`` every column
 spills from its first row and the parts and runs are a handful of rows, so these small trees take
 the paths a million-image build takes; the stores must be byte-identical to those of the object
-path (tests/test_build_columns.py), whatever the part boundaries.
+path (tests/pack/test_columns.py), whatever the part boundaries.
 """
 
 from __future__ import annotations

@@ -568,7 +568,7 @@ def test_state_of_another_dataset_is_refused(ds: dlpack.Dataset, other_store_pat
 @pytest.mark.parametrize(
     ("key", "saved", "resumed"),
     [
-        # world_size and rank may differ: tests/test_loader_elastic.py
+        # world_size and rank may differ: tests/read/test_elastic_resume.py
         ("batch_size", {"batch_size": 8}, {"batch_size": 16}),
         ("seed", {"seed": 1}, {"seed": 2}),
         ("drop_last", {"drop_last": True}, {"drop_last": False}),
