@@ -65,12 +65,8 @@ manifests = st.builds(
 
 @given(manifests)
 def test_manifest_round_trips_through_json(m: Manifest) -> None:
+    # to_json sorts its keys, so an equal manifest read back also writes the same bytes.
     assert Manifest.from_json(m.to_json()) == m
-
-
-@given(manifests)
-def test_same_manifest_gives_same_json_bytes(m: Manifest) -> None:
-    assert Manifest.from_json(m.to_json()).to_json() == m.to_json()
 
 
 def _json(**changes: object) -> str:
