@@ -159,6 +159,7 @@ def test_help_lists_the_internal_error_exit_code(argv: list[str], capsys: Capsys
     assert "3 internal error" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.slow
 def test_an_internal_error_in_a_subprocess_exits_3_not_1(src: Path, tmp_path: Path) -> None:
     """The exit status the shell sees, through ``python -m dlpack``: 1 means "skipped inputs" only."""
     code = INTERNAL_ERROR_MAIN
@@ -173,6 +174,7 @@ def test_unknown_command_is_a_usage_error(capsys: Capsys) -> None:
     assert "invalid choice" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_module_prints_version() -> None:
     proc = subprocess.run([sys.executable, "-m", "dlpack", "--version"], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout.strip()) == (0, f"dlpack {dlpack.__version__}")

@@ -147,6 +147,7 @@ def test_a_bool_defaulting_to_true_is_refused() -> None:
         add_option_arguments(argparse.ArgumentParser(), _OnByDefault)
 
 
+@pytest.mark.slow
 def test_commands_other_than_bench_do_not_load_the_benchmark() -> None:
     root = str(Path(dlpack.__file__).resolve().parents[1])
     code = (

@@ -63,12 +63,14 @@ def dlpack_message(stderr: str, lines: int | None = 1) -> str:
 # ---------------------------------------------------------------- one real process per exit code
 
 
+@pytest.mark.slow
 def test_exit_0_prints_one_document_and_nothing_on_stderr(store: Path) -> None:
     proc = run(["info", str(store), "--json"])
     assert (proc.returncode, proc.stderr) == (0, "")
     assert one_document(proc.stdout)["count"] == 4
 
 
+@pytest.mark.slow
 def test_exit_1_is_a_build_that_skipped_inputs(make_tree: MakeTree, tmp_path: Path) -> None:
     src = make_tree({"a/0.png": "rgb", "a/empty.png": b""}, "bad")
     proc = run(["build", str(src), str(tmp_path / "o.zarr"), "--on-error", "skip", "--jobs", "1", "--json"])
@@ -77,6 +79,7 @@ def test_exit_1_is_a_build_that_skipped_inputs(make_tree: MakeTree, tmp_path: Pa
     assert "dlpack: skipped 1 unreadable input(s):" in dlpack_message(proc.stderr, lines=None)
 
 
+@pytest.mark.slow
 def test_exit_2_is_a_usage_error_with_a_json_error_document(tmp_path: Path) -> None:
     missing = tmp_path / "missing.zarr"
     proc = run(["--debug", "info", str(missing), "--json"])  # --debug too: it never changes the code
@@ -90,6 +93,7 @@ def test_exit_2_is_a_usage_error_with_a_json_error_document(tmp_path: Path) -> N
     dlpack_message(plain.stderr)
 
 
+@pytest.mark.slow
 def test_exit_3_is_an_internal_error_with_a_json_error_document(make_tree: MakeTree, tmp_path: Path) -> None:
     code = INTERNAL_ERROR_MAIN
     proc = run(["build", str(make_tree(TREE)), str(tmp_path / "o.zarr"), "--jobs", "1", "--json"], code)
@@ -99,6 +103,7 @@ def test_exit_3_is_an_internal_error_with_a_json_error_document(make_tree: MakeT
     assert err.startswith("dlpack: internal error: KeyError") and "please report it" in err
 
 
+@pytest.mark.slow
 def test_exit_4_is_verify_finding_damage(store: Path) -> None:
     (store / "manifest.json").write_text("{ not json", encoding="utf-8")
     proc = run(["verify", str(store), "--json"])
@@ -108,6 +113,7 @@ def test_exit_4_is_verify_finding_damage(store: Path) -> None:
     assert str(store) in dlpack_message(proc.stderr, lines=None)
 
 
+@pytest.mark.slow
 def test_exit_141_or_0_when_stdout_is_closed_early(store: Path) -> None:
     """``dlpack bench ... | head -1``: a reader that went away ends the command quietly."""
     read, write = os.pipe()
@@ -163,6 +169,7 @@ runpy.run_module("dlpack", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 def test_exit_130_is_ctrl_c_and_says_the_build_resumes(make_tree: MakeTree, tmp_path: Path) -> None:
     # 54 noise images of 40x30x3 (3600 bytes) in 64 KiB shards: 18 images a block, 3 blocks.
     src = make_tree({f"c{k % 2}/{k:02d}.png": "rgb" for k in range(54)})

@@ -277,6 +277,7 @@ def _typed(path: Path) -> Any:
     return _json(path)["dict"]
 
 
+@pytest.mark.slow
 def test_the_converter_script_writes_the_hdict_with_halcon(cls_store: Path, tmp_path: Path, no_halcon: None) -> None:
     _add_boxes(cls_store)
     out = tmp_path / "dl"

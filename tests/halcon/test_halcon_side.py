@@ -67,6 +67,7 @@ def test_the_training_example_checks_the_store_and_model_before_halcon_and_fails
     assert captured.out == ""
 
 
+@pytest.mark.slow
 def test_to_hdict_without_halcon_says_what_it_needs_in_one_line(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "dl"
     assert main(["export", str(store), "--to", "dldataset", str(out)]) == 0

@@ -528,6 +528,7 @@ def _wait_for_partial(proc: subprocess.Popen[bytes], pattern: Path) -> list[Path
     pytest.fail("no temporary store appeared within 60 s")
 
 
+@pytest.mark.slow
 def test_killed_build_leaves_nothing_openable_and_next_build_cleans_up(
     make_tree: MakeTree, tmp_path: Path, backend: str, images: Any
 ) -> None:

@@ -371,6 +371,7 @@ def _killed_after(k: int, backend: str, action: Callable[[], Any]) -> bool:
     return os.WIFSIGNALED(status)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("action", sorted(ACTIONS))
 def test_a_kill_at_any_step_leaves_the_old_or_the_new_store_and_the_rerun_succeeds(
     store: Path, tmp_path: Path, backend: str, action: str
@@ -458,6 +459,7 @@ def test_a_full_disk_at_any_write_leaves_the_store_as_it_was(
     assert k > 3 and _content(store) == new
 
 
+@pytest.mark.slow
 def test_a_real_full_disk_leaves_the_store_readable(make_tree: Callable[..., Path], tmp_path: Path) -> None:
     """On a small tmpfs (needs the right to mount), an add_array at every few KiB of free space."""
     mnt = tmp_path / "mnt"

@@ -57,6 +57,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["open", "loader"])
 @pytest.mark.parametrize("fmt", ["s.zarr", "s.h5"])
 def test_a_store_file_truncated_under_a_reader_is_a_store_error_not_sigbus(

@@ -174,6 +174,7 @@ except dlpack.StoreError as exc:
 """
 
 
+@pytest.mark.slow
 def test_a_hdf5_store_swapped_for_a_pipe_after_detection_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "s.h5"
     os.mkfifo(out)
@@ -185,6 +186,7 @@ def test_a_hdf5_store_swapped_for_a_pipe_after_detection_is_refused(tmp_path: Pa
     assert proc.returncode == 0 and "refused:" in proc.stdout and "named pipe" in proc.stdout, proc
 
 
+@pytest.mark.slow
 def test_zarr_python_is_never_handed_a_named_pipe(built: dict[str, Path], tmp_path: Path) -> None:
     """An array that is not sharded is read by zarr-python, which opens its chunks by path."""
     import hashlib

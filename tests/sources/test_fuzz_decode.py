@@ -167,6 +167,7 @@ MAGICS = [b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"BM", b"II*\x00", b"MM\x00*", 
 MAGICS += [b"P1", b"P2", b"P3", b"P4", b"P5", b"P6"]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.one_of(st.binary(max_size=1024), st.tuples(st.sampled_from(MAGICS), st.binary(max_size=1024)).map(b"".join)))
 def test_probe_on_arbitrary_bytes(data: bytes) -> None:
@@ -174,6 +175,7 @@ def test_probe_on_arbitrary_bytes(data: bytes) -> None:
     assert 0 <= tiff_pages(data) <= MAX_TIFF_PAGES + 1
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated())
 def test_probe_on_mutated_files(data: bytes) -> None:
@@ -182,6 +184,7 @@ def test_probe_on_mutated_files(data: bytes) -> None:
     assert 0 <= tiff_pages(data) <= MAX_TIFF_PAGES + 1
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated())
 def test_decode_on_mutated_files_gives_an_image_or_a_decode_error(data: bytes) -> None:
@@ -202,6 +205,7 @@ TARGETS = [
 ]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated(), st.sampled_from(TARGETS))
 def test_prepare_on_mutated_files_gives_the_target_or_a_decode_error(data: bytes, target: TargetSpec) -> None:

@@ -198,6 +198,7 @@ def _build(src: Path, out: Path, labels: str) -> subprocess.CompletedProcess[str
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=ENV)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 @pytest.mark.parametrize("kind", ["coco", "csv", "dldataset", "masks"])
 def test_a_named_pipe_nobody_writes_to_is_refused_at_once(make_tree: MakeTree, tmp_path: Path, kind: str) -> None:
@@ -215,6 +216,7 @@ def test_a_named_pipe_nobody_writes_to_is_refused_at_once(make_tree: MakeTree, t
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
 @pytest.mark.parametrize("kind", ["coco", "csv", "dldataset"])
 def test_a_device_is_refused_never_read(make_tree: MakeTree, tmp_path: Path, kind: str) -> None:
@@ -223,6 +225,7 @@ def test_a_device_is_refused_never_read(make_tree: MakeTree, tmp_path: Path, kin
     assert "/dev/zero" in done.stderr and "character device" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["coco", "csv"])
 def test_a_label_file_over_the_size_limit_is_refused_before_it_is_read(
     make_tree: MakeTree, tmp_path: Path, kind: str

@@ -69,6 +69,7 @@ def siblings(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in tmp_path.iterdir() if p.name != "src")
 
 
+@pytest.mark.slow
 def test_second_build_refuses_while_another_process_holds_the_lock(
     make_tree: MakeTree, tmp_path: Path, backend: str, holder: Any
 ) -> None:
@@ -111,6 +112,7 @@ def test_lock_conflicts_within_one_process_and_is_removed_on_release(tmp_path: P
         pass
 
 
+@pytest.mark.slow
 def test_lock_retries_when_the_file_was_replaced_before_it_was_locked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,6 +192,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content", ["never-flushed", "empty"])
 def test_hdf5_partial_killed_before_its_metadata_is_removed(make_tree: MakeTree, tmp_path: Path, content: str) -> None:
     import h5py
