@@ -85,7 +85,7 @@ def test_current_format_version_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(
-    "text, match",
+    ("text", "match"),
     [
         ("{", "not valid JSON"),
         (_json(format="other"), "not a dlpack manifest"),
@@ -110,7 +110,7 @@ def test_a_manifest_without_the_label_fields_reads_with_the_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    "changes, match",
+    ("changes", "match"),
     [
         ({"classes": ["a", "b"], "class_ids": [1]}, "class_ids has 1 ids for 2 classes"),
         ({"classes": ["a", "b"], "class_ids": [4, 4]}, "class_ids must be unique"),

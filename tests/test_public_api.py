@@ -124,7 +124,7 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "name, builtin",
+    ("name", "builtin"),
     [
         ("OptionError", ValueError),
         ("SourceError", FileNotFoundError),

@@ -127,7 +127,7 @@ def test_options_normalise_comma_lists_and_size() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    ("kwargs", "message"),
     [
         ({"orders": "sideways"}, "order (--order) must be a comma-separated list of sequential, random, block"),
         ({"caches": "warm,tepid"}, "cache (--cache) must be"),

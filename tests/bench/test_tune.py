@@ -194,7 +194,7 @@ def test_repeats_are_interleaved_and_their_median_counts(tiny: Path, ints_only: 
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    ("kwargs", "match"),
     [
         ({"step_ms": 0}, "step_ms must be a positive number"),
         ({"step_ms": float("nan")}, "step_ms must be a positive number"),

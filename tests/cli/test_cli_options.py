@@ -38,7 +38,7 @@ def _help(cmd: str, capsys: Capsys) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("cls, cmd, pos, f", FIELDS, ids=FIELD_IDS)
+@pytest.mark.parametrize(("cls", "cmd", "pos", "f"), FIELDS, ids=FIELD_IDS)
 def test_every_option_field_has_a_documented_flag_or_says_it_has_none(
     cls: type, cmd: str, pos: list[str], f: dataclasses.Field[Any], capsys: Capsys
 ) -> None:
@@ -50,7 +50,7 @@ def test_every_option_field_has_a_documented_flag_or_says_it_has_none(
     assert re.search(rf"(^|[\s\[]){re.escape(flag)}([\s\]]|$)", _help(cmd, capsys), re.M), flag
 
 
-@pytest.mark.parametrize("cls, cmd, pos", COMMANDS)
+@pytest.mark.parametrize(("cls", "cmd", "pos"), COMMANDS)
 def test_an_empty_command_line_gives_the_dataclass_defaults(cls: type, cmd: str, pos: list[str]) -> None:
     ns = make_parser().parse_args([cmd, *pos])
     assert options_from_args(cls, ns) == cls()
@@ -76,7 +76,7 @@ def _token(tp: Any, default: Any, f: dataclasses.Field[Any]) -> tuple[list[str],
     return ["some-text"], "some-text"  # passed through for the dataclass to parse
 
 
-@pytest.mark.parametrize("cls, cmd, pos, f", [x for x in FIELDS if option_flag(x[3])], ids=FIELD_IDS)
+@pytest.mark.parametrize(("cls", "cmd", "pos", "f"), [x for x in FIELDS if option_flag(x[3])], ids=FIELD_IDS)
 def test_each_flag_reaches_its_field_with_the_fields_type(
     cls: type, cmd: str, pos: list[str], f: dataclasses.Field[Any]
 ) -> None:

@@ -485,7 +485,7 @@ def test_a_failed_export_leaves_nothing_that_looks_complete(
     assert not list(tmp_path.glob(".dl.dlpack-export-*"))
     new = tmp_path / "new"
     calls.clear()
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="No space"):
         dlpack.export(cls_store, "dldataset", new)
     assert not new.exists() and not list(tmp_path.glob(".new.dlpack-export-*"))
 

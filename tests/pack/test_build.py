@@ -175,7 +175,7 @@ FORMAT_KINDS = [
 ]
 
 
-@pytest.mark.parametrize("suffix, kind", [(s, k) for s, kinds in FORMAT_KINDS for k in kinds])
+@pytest.mark.parametrize(("suffix", "kind"), [(s, k) for s, kinds in FORMAT_KINDS for k in kinds])
 def test_every_format_and_kind_packs_as_decoded(
     make_tree: MakeTree, tmp_path: Path, images: Any, suffix: str, kind: str
 ) -> None:
@@ -393,7 +393,7 @@ def test_skip_with_nothing_left_raises(make_tree: MakeTree, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    "damaged_spec, field",
+    ("damaged_spec", "field"),
     [
         # A damaged 20x20 image among 40x30 ones: the store should still be fixed-size 40x30.
         ({"a/damaged.png": ("size", 20, 20)}, "layout"),
@@ -559,7 +559,7 @@ def test_killed_build_leaves_nothing_openable_and_next_build_cleans_up(
 
 
 @pytest.mark.parametrize(
-    "options, message",
+    ("options", "message"),
     [
         ({"size": "0x512"}, "size must be WIDTHxHEIGHT with both > 0, got '0x512'"),
         ({"size": (512, 0)}, "size must be WIDTHxHEIGHT with both > 0, got '512x0'"),
@@ -594,7 +594,7 @@ def test_option_text_is_normalised() -> None:
 
 
 @pytest.mark.parametrize(
-    "out, fmt", [("a.h5", "hdf5"), ("a.HDF5", "hdf5"), ("a.zarr", "zarr"), ("a.zarr/", "zarr"), ("a", "zarr")]
+    ("out", "fmt"), [("a.h5", "hdf5"), ("a.HDF5", "hdf5"), ("a.zarr", "zarr"), ("a.zarr/", "zarr"), ("a", "zarr")]
 )
 def test_format_follows_the_suffix(out: str, fmt: str) -> None:
     assert BuildOptions().format_for(out) == fmt

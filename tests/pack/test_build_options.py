@@ -110,7 +110,7 @@ def test_update_keeps_every_split_and_gives_new_files_theirs_by_the_seed(make_tr
 
 
 @pytest.mark.parametrize(
-    "flags, said",
+    ("flags", "said"),
     [
         (["--split", "70,30"], "split (the store's: 80,10,10; given: 70,30)"),
         (["--split-seed", "6"], "split_seed (the store's: 5; given: 6)"),
@@ -153,7 +153,7 @@ def test_info_shows_the_splits_and_the_classes_in_each(make_tree: MakeTree, tmp_
 
 
 @pytest.mark.parametrize(
-    "spec, named, flag",
+    ("spec", "named", "flag"),
     [
         ({"images/0.png": TINY, "masks/0.png": TINY}, "label folder(s) masks/", "--exclude 'masks'"),
         (

@@ -201,7 +201,7 @@ def test_temp_files_of_killed_writes_are_removed_at_resume(make_tree: MakeTree, 
 
 
 @pytest.mark.parametrize(
-    "name, temp",
+    ("name", "temp"),
     [(".0.123.tmp", True), (".17.4.tmp", True), ("0", False), (".0.tmp", False), ("x.0.1.tmp", False),
      (".0.12.tmpx", False), (".a.1.tmp", False), ("zarr.json.tmp", False)],
 )  # fmt: skip
@@ -252,7 +252,7 @@ def test_build_killed_while_committing_ends_byte_identical(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "change, reason",
+    ("change", "reason"),
     [
         (["--size", "20x15"], r"started over: the plan changed \(image, shard_images, target\)"),
         (["--no-resume"], r"started over: --no-resume"),

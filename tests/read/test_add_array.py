@@ -447,7 +447,7 @@ def test_a_full_disk_at_any_write_leaves_the_store_as_it_was(
                 ACTIONS[action](store)
             except StoreError as exc:
                 said = ("No space", "free space", "the disk is full")
-                assert str(store) in str(exc) and any(text in str(exc) for text in said)
+                assert str(store) in str(exc) and any(text in str(exc) for text in said)  # noqa: PT017 - the call may also succeed
                 failed = True
             else:
                 failed = False
@@ -485,7 +485,7 @@ def test_a_real_full_disk_leaves_the_store_readable(make_tree: Callable[..., Pat
                 dlpack.add_array(store, "w", np.zeros((10, 64), np.float32), lock_timeout=1)
                 outcomes.add("added")
             except StoreError as exc:
-                assert str(store) in str(exc)
+                assert str(store) in str(exc)  # noqa: PT017 - the call may also succeed
                 outcomes.add("refused")
             filler.unlink()
             got = _content(store)

@@ -806,10 +806,10 @@ def test_truncated_store_raises_store_error(store_copy: Path, keep: float) -> No
     with open(target, "r+b") as f:
         f.truncate(int(size * keep))
     assert target.stat().st_size < size
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError):  # noqa: PT012 - open or the read raises, whichever meets the damage
         d = dlpack.open(store_copy)
         d.get_batch(range(len(d)))
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError):  # noqa: PT012 - open or the read raises, whichever meets the damage
         d = dlpack.open(store_copy)
         list(d.loader(batch_size=8, workers=2))
 

@@ -46,7 +46,7 @@ def test_equality_is_by_rows_dtype_and_shape() -> None:
 def test_offsets_must_cover_the_rows() -> None:
     with pytest.raises(ValueError, match="offsets must rise from 0 to 5"):
         RaggedBatch(np.zeros((5, 4)), np.array([0, 2, 4]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"offsets must rise from 0 to 5 \(the rows\), got \[1 5\]"):
         RaggedBatch(np.zeros((5, 4)), np.array([1, 5]))
 
 

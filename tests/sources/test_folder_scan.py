@@ -66,7 +66,7 @@ def unreadable(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], Non
         return real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", scandir)
-    yield lambda folder: blocked.add(os.fspath(folder))
+    return lambda folder: blocked.add(os.fspath(folder))
 
 
 def test_unreadable_sub_folder_is_reported(
@@ -321,7 +321,7 @@ def test_fifo_named_like_an_image_is_a_bad_input(make_tree: MakeTree) -> None:
 
 
 @pytest.mark.parametrize(
-    "name, fmt",
+    ("name", "fmt"),
     [("x.gif", "GIF"), ("x.GIF", "GIF"), ("x.jp2", "JPEG 2000"), ("x.heic", "HEIF"), ("x.avif", "AVIF"),
      ("x.exr", "OpenEXR"), ("x.hdr", "Radiance HDR"), ("x.ico", "ICO"), ("x.svg", "SVG")],
 )  # fmt: skip

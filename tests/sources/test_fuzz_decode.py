@@ -191,7 +191,7 @@ def test_decode_on_mutated_files_gives_an_image_or_a_decode_error(data: bytes) -
     try:
         img = decode_image(data, max_pixels=MAX_PIXELS)
     except DecodeError as exc:
-        assert str(exc)
+        assert str(exc)  # noqa: PT017 - the call may also succeed
         return
     assert img.dtype in (np.uint8, np.uint16)
     assert img.ndim == 3 and img.shape[2] in (1, 3) and img.shape[0] > 0 and img.shape[1] > 0
@@ -213,7 +213,7 @@ def test_prepare_on_mutated_files_gives_the_target_or_a_decode_error(data: bytes
     try:
         prepared = prepare_image(data, target, header)
     except DecodeError as exc:
-        assert str(exc)
+        assert str(exc)  # noqa: PT017 - the call may also succeed
         return
     pixels = prepared.pixels
     assert pixels.dtype == np.dtype(target.dtype) and pixels.flags.c_contiguous

@@ -74,7 +74,7 @@ def test_reader_opened_before_a_rebuild_sees_the_old_store_or_an_error(
     try:
         got = samples(ds)
     except StoreError as exc:
-        assert "changed while it was open" in str(exc) or "replaced" in str(exc)
+        assert "changed while it was open" in str(exc) or "replaced" in str(exc)  # noqa: PT017 - the call may also succeed
     else:
         assert got == old  # never a mix of the two
     ds.close()
@@ -146,13 +146,13 @@ def test_reader_during_add_array_sees_the_old_arrays_or_an_error(
     try:
         dlpack.add_array(out, "weight", np.ones(6, np.float32), replace=True)
     except StoreError as exc:  # HDF5: the library's file lock refuses a writer while a reader has the file
-        assert "open" in str(exc)
+        assert "open" in str(exc)  # noqa: PT017 - the call may also succeed
         assert [float(ds[i]["weight"]) for i in range(6)] == [0.0] * 6
         return
     try:
         weights = [float(ds[i]["weight"]) for i in range(6)]
     except StoreError as exc:
-        assert "changed while it was open" in str(exc)
+        assert "changed while it was open" in str(exc)  # noqa: PT017 - the call may also succeed
     else:
         assert weights == [0.0] * 6
     assert samples(ds) == before  # the arrays add_array left alone still read
@@ -189,7 +189,7 @@ def test_label_out_of_range_is_refused_on_open(two_sources: tuple[Path, Path], t
 
 
 @pytest.mark.parametrize(
-    "name, element, value, dtype",
+    ("name", "element", "value", "dtype"),
     [("labels", 0, 1, "<i4"), ("source_offsets", 2, 9, "<i8"), ("transform", 1, 0.375, "<f8")],
 )
 def test_verify_finds_damage_to_any_per_sample_array(

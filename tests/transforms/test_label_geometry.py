@@ -118,7 +118,7 @@ def test_no_boxes_and_bad_boxes() -> None:
     g = plan_geometry(10, 10, "none")
     r = resize_boxes([], g)
     assert r.boxes.shape == (0, 4) and r.boxes.dtype == np.float32 and r.keep.shape == (0,)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"boxes must be a k x 4 array .* got shape \(1, 3\)"):
         resize_boxes([[0, 0, 1]], g)
 
 

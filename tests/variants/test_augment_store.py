@@ -276,8 +276,8 @@ def test_a_variable_size_store_is_refused(make_tree: MakeTree, tmp_path: Path) -
     dlpack.build(src, out, quiet=True, jobs=1)
     with pytest.raises(OptionError, match=r"variable-size images; .* rebuild it with --size WxH"):
         dlpack.augment(out, 2, aug.config(), jobs=1, quiet=True)
+    aug.write_config(tmp_path / "c.json")
     with pytest.raises(OptionError, match="augment needs one stored size"):
-        aug.write_config(tmp_path / "c.json")
         dlpack.build(src, tmp_path / "var2.zarr", augment=2, augment_config=str(tmp_path / "c.json"), quiet=True)
     assert not (tmp_path / "var2.zarr").exists()
 
