@@ -529,11 +529,11 @@ class BackendTests:
             self.write(writer, {"weight": np.arange(N, dtype=np.float64)})
             writer.commit(_manifest(self.backend, N))
         except StoreError as exc:  # a backend may refuse to write while a reader has the store open
-            assert "open" in str(exc)
+            assert "open" in str(exc)  # noqa: PT017 - the write may also succeed
         try:
             got = reader.read_all("weight")
         except StoreError as exc:
-            assert "changed while it was open" in str(exc)
+            assert "changed while it was open" in str(exc)  # noqa: PT017 - the read may also succeed
         else:
             assert np.array_equal(got, arrays["weight"])
         assert np.array_equal(reader.read_all("labels"), arrays["labels"])  # untouched arrays still read

@@ -65,12 +65,8 @@ manifests = st.builds(
 
 @given(manifests)
 def test_manifest_round_trips_through_json(m: Manifest) -> None:
+    # to_json sorts its keys, so an equal manifest read back also writes the same bytes.
     assert Manifest.from_json(m.to_json()) == m
-
-
-@given(manifests)
-def test_same_manifest_gives_same_json_bytes(m: Manifest) -> None:
-    assert Manifest.from_json(m.to_json()).to_json() == m.to_json()
 
 
 def _json(**changes: object) -> str:
@@ -89,7 +85,7 @@ def test_current_format_version_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(
-    "text, match",
+    ("text", "match"),
     [
         ("{", "not valid JSON"),
         (_json(format="other"), "not a dlpack manifest"),
@@ -114,7 +110,7 @@ def test_a_manifest_without_the_label_fields_reads_with_the_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    "changes, match",
+    ("changes", "match"),
     [
         ({"classes": ["a", "b"], "class_ids": [1]}, "class_ids has 1 ids for 2 classes"),
         ({"classes": ["a", "b"], "class_ids": [4, 4]}, "class_ids must be unique"),

@@ -106,6 +106,7 @@ def test_every_exception_defined_in_errors_is_in_its_all() -> None:
     assert defined - set(errors.__all__) == set()
 
 
+@pytest.mark.slow
 def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
     code = "import json, dlpack\nprint(json.dumps({n: getattr(dlpack, n) is not None for n in dlpack.__all__}))\n"
     resolved = json.loads(_fresh_python(code))
@@ -123,7 +124,7 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "name, builtin",
+    ("name", "builtin"),
     [
         ("OptionError", ValueError),
         ("SourceError", FileNotFoundError),
@@ -141,12 +142,14 @@ def test_errors_subclass_dlpack_error_and_a_builtin(name: str, builtin: type) ->
     assert issubclass(cls, dlpack.DlpackError) and issubclass(cls, builtin)
 
 
+@pytest.mark.slow
 def test_import_loads_no_heavy_or_posix_only_module() -> None:
     loaded = set(json.loads(_fresh_python("import json, sys, dlpack; print(json.dumps(sorted(sys.modules)))")))
     assert "dlpack" in loaded
     assert sorted(m for m in loaded if m in NOT_AT_IMPORT or m.split(".")[0] in NOT_AT_IMPORT) == []
 
 
+@pytest.mark.slow
 def test_first_use_loads_the_module_behind_a_name() -> None:
     code = (
         "import sys, dlpack; dlpack.Dataset; print('dlpack.read.dataset' in sys.modules, 'dlpack.bench' in sys.modules)"
@@ -154,6 +157,7 @@ def test_first_use_loads_the_module_behind_a_name() -> None:
     assert _fresh_python(code).split() == ["True", "False"]
 
 
+@pytest.mark.slow
 def test_build_stays_the_function_when_its_package_is_imported_first() -> None:
     # The build lives in dlpack.pack: importing it binds the attribute "pack", never "build".
     code = (
@@ -188,6 +192,7 @@ def test_an_unknown_keyword_is_an_option_error_with_close_matches(make_tree: Any
     assert len(ds.loader(batch_size=2)) == 1  # a known keyword still works
 
 
+@pytest.mark.slow
 def test_tune_is_the_function_after_the_cli_imports_it() -> None:
     # It lives in dlpack.tuning, so importing that module never rebinds dlpack.tune to a module.
     code = (
@@ -197,6 +202,7 @@ def test_tune_is_the_function_after_the_cli_imports_it() -> None:
     assert _fresh_python(code).split() == ["True", "True", "True"]
 
 
+@pytest.mark.slow
 def test_augment_stays_the_function_whichever_module_is_imported_first() -> None:
     # The variants live in dlpack.variants, so importing its modules never rebinds dlpack.augment.
     code = (
@@ -207,6 +213,7 @@ def test_augment_stays_the_function_whichever_module_is_imported_first() -> None
     assert _fresh_python(code).split() == ["True", "True", "True", "['store',", "'k',", "'config']"]
 
 
+@pytest.mark.slow
 def test_importing_dlpack_from_another_python_m_program_keeps_its_ctrl_c(tmp_path: Path) -> None:
     """Only the ``dlpack`` command installs dlpack's Ctrl-C handler; ``python -m mytrainer`` importing
     dlpack (argv[0] is ``-m`` while its package loads) keeps Python's own."""

@@ -62,7 +62,7 @@ def bounded() -> Iterator[None]:
 
 
 @pytest.mark.parametrize(
-    "field, value",
+    ("field", "value"),
     [("count", -1), ("count", "7"), ("count", True), ("count", 10**12), ("classes", "ab"), ("image", {"layout": "fixed"}),
      ("arrays", {"labels": {"layout": "fixed", "dtype": "<i4", "shape": "x"}}), ("skipped", [1]), ("shard_images", -3)],
 )  # fmt: skip

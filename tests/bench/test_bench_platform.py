@@ -20,6 +20,7 @@ from dlpack.bench import pagecache, run_bench
 POSIX_ONLY = {"resource", "fcntl", "termios", "ctypes", "mmap"}
 
 
+@pytest.mark.slow
 def test_importing_the_bench_needs_neither_matplotlib_nor_posix_modules() -> None:
     """As on Windows: ``resource`` and ``fcntl`` cannot be imported, and matplotlib stays unloaded."""
     code = (

@@ -70,7 +70,7 @@ def test_fit_pads_and_records_where_the_image_lies(images: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "data, target, reason",
+    ("data", "target", "reason"),
     [
         (b"", TargetSpec(), "empty file"),
         (b"not an image at all", TargetSpec(), "not an image"),
@@ -84,7 +84,7 @@ def test_unusable_input_is_a_decode_error(images: Any, data: bytes | None, targe
 
 
 @pytest.mark.parametrize(
-    "fields, message",
+    ("fields", "message"),
     [
         ({"mode": "crop"}, "mode must be one of stretch, fit, none; got 'crop'"),
         ({"mode": "stretch"}, "mode=stretch needs size"),

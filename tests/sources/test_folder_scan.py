@@ -35,7 +35,7 @@ def sources(out: Path) -> list[str]:
         return [ds[i]["source"] for i in range(len(ds))]
 
 
-# ---------------------------------------------------------------- finding 2: nothing vanishes silently
+# ---------------------------------------------------------------- nothing vanishes silently
 
 
 def test_symlinked_class_folder_is_reported_without_follow(make_tree: MakeTree, tmp_path: Path) -> None:
@@ -66,7 +66,7 @@ def unreadable(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], Non
         return real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", scandir)
-    yield lambda folder: blocked.add(os.fspath(folder))
+    return lambda folder: blocked.add(os.fspath(folder))
 
 
 def test_unreadable_sub_folder_is_reported(
@@ -92,7 +92,7 @@ def test_unreadable_source_folder_is_a_source_error(make_tree: MakeTree, unreada
         FolderSource(src).scan()
 
 
-# ---------------------------------------------------------------- finding 4: --follow-symlinks stays inside SRC
+# ---------------------------------------------------------------- --follow-symlinks stays inside SRC
 
 
 def test_follow_does_not_leave_the_source_folder(make_tree: MakeTree, tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ def test_follow_packs_linked_hidden_folders_and_files_once(make_tree: MakeTree, 
     assert [(i.rel, i.label) for i in items] == [("a/0.png", "a"), ("b/1.png", "b"), ("c/2.png", "c")]
 
 
-# ---------------------------------------------------------------- finding 7: labels and splits
+# ---------------------------------------------------------------- labels and splits
 
 
 def test_stray_images_at_the_root_refuse_auto_labels(make_tree: MakeTree, tmp_path: Path) -> None:
@@ -265,7 +265,7 @@ def test_summary_shortens_a_long_class_list(make_tree: MakeTree, tmp_path: Path)
     assert "c19, ... and 10 more" in summary
 
 
-# ---------------------------------------------------------------- finding 8: links and names that crashed the scan
+# ---------------------------------------------------------------- links and names that crashed the scan
 
 
 @pytest.mark.parametrize("follow", [False, True])
@@ -317,11 +317,11 @@ def test_fifo_named_like_an_image_is_a_bad_input(make_tree: MakeTree) -> None:
     assert reported(src) == {"a/pipe.png": "not a regular file (a FIFO, socket or device); not read"}
 
 
-# ---------------------------------------------------------------- finding 11: unsupported image formats
+# ---------------------------------------------------------------- unsupported image formats
 
 
 @pytest.mark.parametrize(
-    "name, fmt",
+    ("name", "fmt"),
     [("x.gif", "GIF"), ("x.GIF", "GIF"), ("x.jp2", "JPEG 2000"), ("x.heic", "HEIF"), ("x.avif", "AVIF"),
      ("x.exr", "OpenEXR"), ("x.hdr", "Radiance HDR"), ("x.ico", "ICO"), ("x.svg", "SVG")],
 )  # fmt: skip

@@ -167,6 +167,7 @@ MAGICS = [b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"BM", b"II*\x00", b"MM\x00*", 
 MAGICS += [b"P1", b"P2", b"P3", b"P4", b"P5", b"P6"]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.one_of(st.binary(max_size=1024), st.tuples(st.sampled_from(MAGICS), st.binary(max_size=1024)).map(b"".join)))
 def test_probe_on_arbitrary_bytes(data: bytes) -> None:
@@ -174,6 +175,7 @@ def test_probe_on_arbitrary_bytes(data: bytes) -> None:
     assert 0 <= tiff_pages(data) <= MAX_TIFF_PAGES + 1
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated())
 def test_probe_on_mutated_files(data: bytes) -> None:
@@ -182,13 +184,14 @@ def test_probe_on_mutated_files(data: bytes) -> None:
     assert 0 <= tiff_pages(data) <= MAX_TIFF_PAGES + 1
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated())
 def test_decode_on_mutated_files_gives_an_image_or_a_decode_error(data: bytes) -> None:
     try:
         img = decode_image(data, max_pixels=MAX_PIXELS)
     except DecodeError as exc:
-        assert str(exc)
+        assert str(exc)  # noqa: PT017 - the call may also succeed
         return
     assert img.dtype in (np.uint8, np.uint16)
     assert img.ndim == 3 and img.shape[2] in (1, 3) and img.shape[0] > 0 and img.shape[1] > 0
@@ -202,6 +205,7 @@ TARGETS = [
 ]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated(), st.sampled_from(TARGETS))
 def test_prepare_on_mutated_files_gives_the_target_or_a_decode_error(data: bytes, target: TargetSpec) -> None:
@@ -209,7 +213,7 @@ def test_prepare_on_mutated_files_gives_the_target_or_a_decode_error(data: bytes
     try:
         prepared = prepare_image(data, target, header)
     except DecodeError as exc:
-        assert str(exc)
+        assert str(exc)  # noqa: PT017 - the call may also succeed
         return
     pixels = prepared.pixels
     assert pixels.dtype == np.dtype(target.dtype) and pixels.flags.c_contiguous
@@ -222,7 +226,7 @@ def test_prepare_on_mutated_files_gives_the_target_or_a_decode_error(data: bytes
         assert 0 < max(pixels.shape[:2]) <= 20
 
 
-# --- findings ------------------------------------------------------------------------------------
+# --- formats the probe does not read: the pixel limit and the refusals still hold ------------------
 
 
 def _pam(width: int, height: int) -> bytes:

@@ -90,7 +90,7 @@ def test_a_path_still_means_a_folder_source_with_the_options(make_tree: MakeTree
 
 
 @pytest.mark.parametrize(
-    "items, classes, message",
+    ("items", "classes", "message"),
     [
         ((SourceItem("a.png"), SourceItem("a.png")), (), "lists 'a.png' twice"),
         ((SourceItem("../a.png"),), (), "no empty, '.' or '..' parts"),

@@ -316,6 +316,7 @@ def test_yaml_without_pyyaml_names_the_extra(tmp_path: Path, monkeypatch: pytest
         load_config(_write(tmp_path, "aug.yaml", HALCON_YAML))
 
 
+@pytest.mark.slow
 def test_reading_a_config_registers_every_operation_and_import_dlpack_stays_light() -> None:
     code = (
         "import sys, dlpack, dlpack.transforms as T\n"
