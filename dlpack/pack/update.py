@@ -51,6 +51,39 @@ from .workers import Sample, decode_block, fixed_block, jobs_of, label_digest, m
 from .write import Partial, commit_store, discard_partial, mask_array
 
 
+def _open_updatable(out: Path, backend: type[Backend]) -> Any:
+    """A reader of the store at ``out``, refused unless it is a dlpack ``backend`` store that
+    ``--update`` can continue (fixed-size images, a recorded plan, the source digests)."""
+    if not (out.exists() or out.is_symlink()):
+        raise StoreNotFoundError(f"{out} does not exist; build it first (without --update)")
+    own = owned_store(out)
+    if own is not None and own is not backend:
+        raise OptionError(
+            f"{out} is a dlpack {own.name} store; --update keeps its format: drop --format {backend.name}"
+        )
+    if own is not backend:
+        raise StoreError(
+            f"{out} is not a dlpack {backend.name} store ({unmarked(out)}); --update only updates dlpack's own stores"
+        )
+    reader = backend.open_reader(out)
+    reader.check_labels = False  # a store whose labels are damaged is repaired by the update
+    try:
+        m = reader.manifest
+        missing = [n for n in ("source_stat", "source_sha256") if n not in m.arrays]
+        why = (
+            "it holds variable-size images" if m.image.layout != "fixed"
+            else "it records no build plan" if not m.plan
+            else f"it has no {' or '.join(missing)} (written before updates existed)" if missing
+            else None
+        )  # fmt: skip
+        if why is not None:
+            raise StoreError(f"{out} cannot be updated: {why}; rebuild it with --overwrite")
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
 def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildOptions, t0: float) -> BuildResult:
     """Update the store at ``out`` from ``source`` (``build --update``); call while holding the build lock.
 
@@ -65,30 +98,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
     rewritten, unchanged rows copied without decoding. The new generation is published as a
     build's is; an update that changes nothing publishes nothing.
     """
-    if not (out.exists() or out.is_symlink()):
-        raise StoreNotFoundError(f"{out} does not exist; build it first (without --update)")
-    own = owned_store(out)
-    if own is not None and own is not backend:
-        raise OptionError(
-            f"{out} is a dlpack {own.name} store; --update keeps its format: drop --format {backend.name}"
-        )
-    if own is not backend:
-        raise StoreError(
-            f"{out} is not a dlpack {backend.name} store ({unmarked(out)}); --update only updates dlpack's own stores"
-        )
-    reader = backend.open_reader(out)
-    reader.check_labels = False  # a store whose labels are damaged is repaired by the update (below)
+    reader = _open_updatable(out, backend)
     try:
         m = reader.manifest
-        missing = [n for n in ("source_stat", "source_sha256") if n not in m.arrays]
-        why = (
-            "it holds variable-size images" if m.image.layout != "fixed"
-            else "it records no build plan" if not m.plan
-            else f"it has no {' or '.join(missing)} (written before updates existed)" if missing
-            else None
-        )  # fmt: skip
-        if why is not None:
-            raise StoreError(f"{out} cannot be updated: {why}; rebuild it with --overwrite")
         plan0 = check_update_options(BuildPlan.from_dict(m.plan), opts, out)
         source = source_with_rules(source, plan0)
         root = source.root

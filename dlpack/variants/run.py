@@ -254,6 +254,26 @@ def _distinct_views(
     return copies
 
 
+def _read_store(
+    out: Path,
+) -> tuple[Manifest, Any, dict[str, ArraySpec], dict[str, tuple[np.ndarray, np.ndarray]], int, int]:
+    """What the variants of ``out`` are made from: its manifest, its reader pin, the input arrays,
+    the label rows, the shard bytes and the images' block length; the reader is closed again."""
+    reader = open_reader(out)
+    try:
+        m = reader.manifest
+        pin = reader.__getstate__()["pin"]
+        inputs = input_arrays(m, out)
+        rows = _label_rows(reader, inputs)
+        shard_bytes = int((m.plan or {}).get("shard_bytes") or DEFAULT_SHARD_BYTES)
+        block_len = reader.shard_len(schema.IMAGES) or detect_backend(out).shard_rows(
+            inputs[schema.IMAGES], m.count, shard_bytes
+        )
+        return m, pin, inputs, rows, shard_bytes, block_len
+    finally:
+        reader.close()  # an HDF5 store is written next, which HDF5 refuses while a reader has it open
+
+
 def augment_locked(
     out: Path,
     k: int,
@@ -277,18 +297,7 @@ def augment_locked(
     # Absolute: the pool's worker processes outlive a call, in the working folder they started in.
     out = Path(os.path.abspath(out))
     clear_leftovers(out)  # a killed publish of an earlier run is finished or undone first
-    reader = open_reader(out)
-    try:
-        m = reader.manifest
-        pin = reader.__getstate__()["pin"]
-        inputs = input_arrays(m, out)
-        rows = _label_rows(reader, inputs)
-        shard_bytes = int((m.plan or {}).get("shard_bytes") or DEFAULT_SHARD_BYTES)
-        block_len = reader.shard_len(schema.IMAGES) or detect_backend(out).shard_rows(
-            inputs[schema.IMAGES], m.count, shard_bytes
-        )
-    finally:
-        reader.close()  # an HDF5 store is written next, which HDF5 refuses while a reader has it open
+    m, pin, inputs, rows, shard_bytes, block_len = _read_store(out)
     cfg = resolve_config(config, engine, m.resolved_task)  # config errors before anything is written
     assert m.image.shape is not None  # a fixed layout: input_arrays refuses others
     from ..transforms.sizes import output_size_problem  # imported on first use, as configs are
