@@ -20,6 +20,7 @@ import numpy as np
 
 __all__ = [
     "BlockProgress",
+    "LocalPool",
     "Ticks",
     "parallel",
     "pool_ready",
@@ -445,3 +446,22 @@ def progress(total: int, desc: str, quiet: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="img", disable=quiet or not sys.stderr.isatty(), leave=False)
+
+
+class LocalPool:
+    """The block runner's pool (:class:`dlpack.storage.runner.Pool`) on this machine: joblib's loky
+    worker processes (:func:`parallel`), or this process for one job; progress through :class:`Ticks`."""
+
+    def __init__(self, n_jobs: int) -> None:
+        self.n_jobs = n_jobs
+
+    def pooled(self, n_calls: int) -> bool:
+        return pooled(self.n_jobs, n_calls)
+
+    def imap(self, calls: Iterable[Any], count: int) -> Iterator[Any]:
+        return parallel(self.n_jobs, calls, count)
+
+    @contextlib.contextmanager
+    def progress(self, total: int, desc: str, quiet: bool, blocks: int) -> Iterator[BlockProgress]:
+        with progress(total, desc, quiet) as bar, BlockProgress(bar, blocks, self.pooled(blocks)) as ticks:
+            yield ticks

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import _parallel
 from .._names import shown as shown_name
+from .._parallel import LocalPool
 from ..backends import ArraySpec, Backend, StoreWriter, owned_store, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreNotFoundError
 from ..manifest import Manifest
@@ -23,6 +23,7 @@ from ..sources.base import Source, SourceScan
 from ..sources.folder import FolderSource
 from ..storage.lock import journal_path, partial_path
 from ..storage.publish import publish, unmarked
+from ..storage.runner import Call, Pool, run_blocks
 from .arrays import manifest_stage
 from .changes import (
     carry_arrays,
@@ -50,6 +51,39 @@ from .workers import Sample, decode_block, fixed_block, jobs_of, label_digest, m
 from .write import Partial, commit_store, discard_partial, mask_array
 
 
+def _open_updatable(out: Path, backend: type[Backend]) -> Any:
+    """A reader of the store at ``out``, refused unless it is a dlpack ``backend`` store that
+    ``--update`` can continue (fixed-size images, a recorded plan, the source digests)."""
+    if not (out.exists() or out.is_symlink()):
+        raise StoreNotFoundError(f"{out} does not exist; build it first (without --update)")
+    own = owned_store(out)
+    if own is not None and own is not backend:
+        raise OptionError(
+            f"{out} is a dlpack {own.name} store; --update keeps its format: drop --format {backend.name}"
+        )
+    if own is not backend:
+        raise StoreError(
+            f"{out} is not a dlpack {backend.name} store ({unmarked(out)}); --update only updates dlpack's own stores"
+        )
+    reader = backend.open_reader(out)
+    reader.check_labels = False  # a store whose labels are damaged is repaired by the update
+    try:
+        m = reader.manifest
+        missing = [n for n in ("source_stat", "source_sha256") if n not in m.arrays]
+        why = (
+            "it holds variable-size images" if m.image.layout != "fixed"
+            else "it records no build plan" if not m.plan
+            else f"it has no {' or '.join(missing)} (written before updates existed)" if missing
+            else None
+        )  # fmt: skip
+        if why is not None:
+            raise StoreError(f"{out} cannot be updated: {why}; rebuild it with --overwrite")
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
 def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildOptions, t0: float) -> BuildResult:
     """Update the store at ``out`` from ``source`` (``build --update``); call while holding the build lock.
 
@@ -64,30 +98,9 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
     rewritten, unchanged rows copied without decoding. The new generation is published as a
     build's is; an update that changes nothing publishes nothing.
     """
-    if not (out.exists() or out.is_symlink()):
-        raise StoreNotFoundError(f"{out} does not exist; build it first (without --update)")
-    own = owned_store(out)
-    if own is not None and own is not backend:
-        raise OptionError(
-            f"{out} is a dlpack {own.name} store; --update keeps its format: drop --format {backend.name}"
-        )
-    if own is not backend:
-        raise StoreError(
-            f"{out} is not a dlpack {backend.name} store ({unmarked(out)}); --update only updates dlpack's own stores"
-        )
-    reader = backend.open_reader(out)
-    reader.check_labels = False  # a store whose labels are damaged is repaired by the update (below)
+    reader = _open_updatable(out, backend)
     try:
         m = reader.manifest
-        missing = [n for n in ("source_stat", "source_sha256") if n not in m.arrays]
-        why = (
-            "it holds variable-size images" if m.image.layout != "fixed"
-            else "it records no build plan" if not m.plan
-            else f"it has no {' or '.join(missing)} (written before updates existed)" if missing
-            else None
-        )  # fmt: skip
-        if why is not None:
-            raise StoreError(f"{out} cannot be updated: {why}; rebuild it with --overwrite")
         plan0 = check_update_options(BuildPlan.from_dict(m.plan), opts, out)
         source = source_with_rules(source, plan0)
         root = source.root
@@ -234,7 +247,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
             if masks is not None:
                 writer.create_array(masks, count, rows=writer.shard_rows(images.name))
             decoded, shared, written = _update_blocks(
-                writer, reader, out, plan0, plan, origin, scan, probes, root, opts
+                writer, reader, out, plan0, plan, origin, scan, probes, root, LocalPool(opts.n_jobs), opts.quiet
             )
             carry_arrays(writer, reader, out, user, rows, fills)
             if keep_variants:
@@ -463,21 +476,19 @@ def _update_blocks(
     scan: SourceScan,
     probes: Sequence[Probe],
     root: Path,
-    opts: BuildOptions,
+    pool: Pool,
+    quiet: bool,
 ) -> tuple[dict[int, Sample], int, int]:
     """Write the image blocks of an update: a block whose samples are all the old store's, at the
     same indices, in a block of the same extent, is shared with it when the backend can; every
     other block is assembled from old pixels and newly decoded files. Returns the decoded samples
     (by scan position) and the counts of shared and written blocks."""
-    from joblib import delayed
-
     has_mask = "mask" in writer.arrays
     step = writer.shard_rows("images")
     n0, step0 = plan0.count, plan0.shard_rows
-    starts = list(range(0, len(origin), step))
     todo: list[int] = []
     shared = 0
-    for s in starts:
+    for s in range(0, len(origin), step):
         e = min(s + step, len(origin))
         same = step == step0 and min(s + step0, n0) == e and all(origin[j] == ("old", j) for j in range(s, e))
         if same and writer.share_block("images", s, out) and (not has_mask or writer.share_block("mask", s, out)):
@@ -486,37 +497,38 @@ def _update_blocks(
             todo.append(s)
     rel = [it.rel for it in scan.items]
     decoded: dict[int, Sample] = {}
-    with (
-        _parallel.progress(sum(min(step, len(origin) - s) for s in todo), "updating", opts.quiet) as bar,
-        _parallel.BlockProgress(bar, len(todo), _parallel.pooled(opts.n_jobs, len(todo))) as progress,
-    ):
-        calls = []
-        for j, s in enumerate(todo):
-            ks = [v for src, v in origin[s : s + step] if src == "new"]
-            pairs = [(rel[k], probes[k].header, scan.items[k].annotations) for k in ks]
-            calls.append(delayed(decode_block)(os.fspath(root), plan, pairs, None, True, progress.ticks(j)))
-        for slot, (s, results) in enumerate(zip(todo, _parallel.parallel(opts.n_jobs, calls), strict=True)):
-            block = fixed_block(plan, min(step, len(origin) - s))
-            masks = mask_block(plan, len(block)) if has_mask else None
-            olds = [(j, v) for j, (src, v) in enumerate(origin[s : s + step]) if src == "old"]
-            if olds:
-                got = np.empty((len(olds), *block.shape[1:]), dtype=block.dtype)
-                reader.read_into("images", [v for _, v in olds], got)
-                block[[j for j, _ in olds]] = got
-                if masks is not None:
-                    got_m = np.empty((len(olds), *masks.shape[1:]), dtype=masks.dtype)
-                    reader.read_into("mask", [v for _, v in olds], got_m)
-                    masks[[j for j, _ in olds]] = got_m
-            news = [j for j, (src, _) in enumerate(origin[s : s + step]) if src == "new"]
-            for j, r in zip(news, results, strict=True):
-                if not isinstance(r, Sample) or r.pixels is None:
-                    raise DlpackError(f"{r} failed to decode on the second pass")  # pragma: no cover - checked before
-                block[j] = r.pixels
-                if masks is not None and r.mask is not None:
-                    masks[j] = r.mask
-                decoded[origin[s + j][1]] = replace(r, pixels=None, mask=None)
-            writer.write_block("images", s, block)
+
+    def work(s: int, ticks: Any) -> Call:
+        pairs = [
+            (rel[k], probes[k].header, scan.items[k].annotations) for src, k in origin[s : s + step] if src == "new"
+        ]
+        return (decode_block, (os.fspath(root), plan, pairs, None, True, ticks), {})
+
+    def land(s: int, results: Sequence[Sample | InputFileError]) -> tuple[None, int]:
+        block = fixed_block(plan, min(step, len(origin) - s))
+        masks = mask_block(plan, len(block)) if has_mask else None
+        olds = [(j, v) for j, (src, v) in enumerate(origin[s : s + step]) if src == "old"]
+        if olds:
+            got = np.empty((len(olds), *block.shape[1:]), dtype=block.dtype)
+            reader.read_into("images", [v for _, v in olds], got)
+            block[[j for j, _ in olds]] = got
             if masks is not None:
-                writer.write_block("mask", s, masks)
-            progress.finished(slot, len(block))
+                got_m = np.empty((len(olds), *masks.shape[1:]), dtype=masks.dtype)
+                reader.read_into("mask", [v for _, v in olds], got_m)
+                masks[[j for j, _ in olds]] = got_m
+        news = [j for j, (src, _) in enumerate(origin[s : s + step]) if src == "new"]
+        for j, r in zip(news, results, strict=True):
+            if not isinstance(r, Sample) or r.pixels is None:
+                raise DlpackError(f"{r} failed to decode on the second pass")  # pragma: no cover - checked before
+            block[j] = r.pixels
+            if masks is not None and r.mask is not None:
+                masks[j] = r.mask
+            decoded[origin[s + j][1]] = replace(r, pixels=None, mask=None)
+        writer.write_block("images", s, block)
+        if masks is not None:
+            writer.write_block("mask", s, masks)
+        return None, len(block)
+
+    total = sum(min(step, len(origin) - s) for s in todo)
+    run_blocks(pool, todo, work, land, progress=(total, "updating", quiet, None))
     return decoded, shared, len(todo)

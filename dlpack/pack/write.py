@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import threading
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,9 @@ from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import SourceScan
-from ..storage.journal import Journal, JournalState, Restart, read_journal
+from ..storage.journal import Journal, JournalState, Restart
 from ..storage.lock import journal_path, partial_path, records_path
+from ..storage.runner import resume_journal, run_blocks
 from ..storage.spill import Column
 from .columns import SampleBlock, SampleTable, SpilledColumn, remove_records
 from .inputs import Probe, Selection, bad_inputs
@@ -136,14 +135,14 @@ def _continue_partial(
     opts: BuildOptions,
 ) -> Partial:
     """Reopen a killed build's partial store to continue it, or raise :class:`Restart` saying why not."""
-    if opts.no_resume:
-        raise Restart("--no-resume")
     jpath = journal_path(out)
-    state = read_journal(jpath, Sample.from_record)
-    if state.header.get("fingerprint") != plan.fingerprint():
-        old = state.header.get("plan")
-        changed = _changed_fields(old, plan.to_dict()) if isinstance(old, dict) else "fingerprint"
-        raise Restart(f"the plan changed ({changed})")
+
+    def changed(old: Mapping[str, Any]) -> str:
+        fields = old.get("plan")
+        return f"the plan changed ({_changed_fields(fields, plan.to_dict()) if isinstance(fields, dict) else 'fingerprint'})"
+
+    header = {"fingerprint": plan.fingerprint()}
+    state = resume_journal(jpath, header, Sample.from_record, opts.no_resume, changed)
     if images.ragged:
         raise Restart("variable-size images are written as one stream")
     writer = backend.open_writer(partial_path(out), "r+", plan.shard_bytes)
@@ -304,9 +303,6 @@ def write_images(
         fixed = not images.ragged
         in_workers = fixed and writer.parallel_safe(images.name)
         step = writer.shard_rows(images.name) if fixed else 16
-        appended = 0
-        from joblib import delayed
-
         starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
         # Each block's records go into files as it lands (not held in memory until the manifest).
         table = SampleTable.spilled(len(pairs), records_path(out))
@@ -314,72 +310,32 @@ def write_images(
         for s, v in partial.done.items():
             table.put(s, v)
         already = sum(len(v) for v in partial.done.values())
-        failed = False
-        pooled = _parallel.pooled(opts.n_jobs, len(starts))
+        pool = _parallel.LocalPool(opts.n_jobs)
         digest = _InOrderDigest(images.dtype)
         digest.on = in_workers and not partial.done
         counts = _PixelCounts()
         counts.on = fixed and not partial.done
-        with (
-            _parallel.progress(len(pairs), "packing", opts.quiet) as bar,
-            _parallel.BlockProgress(bar, len(starts), pooled) as progress,
-        ):
-            if in_workers and not pooled:
-                bar.update(already)
-                blocks = _write_behind(writer, journal, root, plan, pairs, starts, step, progress, digest, counts)
-                for s, block in blocks:
-                    failed = failed or any(isinstance(r, InputFileError) for r in block)
-                    errors.update(table.put_results(s, block))
-                starts = []
-            # Generators: a block's jobs are made when the pool takes its call, not all before the first.
-            calls = (
-                delayed(_write_block_packed)(writer, root, plan, s, pairs[s : s + step], progress.ticks(j))
-                if in_workers
-                else delayed(decode_block)(root, plan, pairs[s : s + step], None, True, progress.ticks(j))
-                for j, s in enumerate(starts)
-            )
-            if starts:
-                bar.update(already)
-            landed = _parallel.parallel(opts.n_jobs, calls, len(starts))
-            for slot, (s, out_) in enumerate(zip(starts, landed, strict=True)):
-                if in_workers:
-                    packed, written = out_
-                    counts.add(written)
-                    bad = bool(packed.failed)
-                    failed = failed or bad
-                    if journal is not None and not bad:
-                        journal.append_block(s, list(packed.samples()))
-                    if not failed and digest.on:
-                        # Read back while the workers decode the next blocks (it is in the page cache).
-                        digest.add(s, writer.read_written(images.name, s, s + len(packed)))
-                    table.put_table(s, packed.table)
-                    errors.update({s + k: e for k, e in packed.failed.items()})
-                    progress.finished(slot, len(packed))
-                    continue
-                block = out_
-                bad = any(isinstance(r, InputFileError) for r in block)
-                failed = failed or bad
-                if not failed and fixed:
-                    arr = fixed_block(plan, len(block))
-                    masks = mask_block(plan, len(block))
-                    for k, r in enumerate(block):
-                        if isinstance(r, Sample) and r.pixels is not None:
-                            arr[k] = r.pixels
-                        if masks is not None and isinstance(r, Sample) and r.mask is not None:
-                            masks[k] = r.mask
-                    writer.write_block(images.name, s, arr)
-                    if masks is not None:
-                        writer.write_block("mask", s, masks)
-                    counts.add(block_counts(plan, arr))
-                elif not failed:
-                    pixels = [r.pixels for r in block if isinstance(r, Sample) and r.pixels is not None]
-                    writer.write_block(images.name, appended, pixels)
-                    appended += len(pixels)
-                block = [replace(r, pixels=None, mask=None) if isinstance(r, Sample) else r for r in block]
-                if journal is not None and not bad:
-                    journal.append_block(s, [r for r in block if isinstance(r, Sample)])
-                errors.update(table.put_results(s, block))
-                progress.finished(slot, len(block))
+        state = _Landing(writer, plan, images.name, table, errors, digest, counts)
+        behind = in_workers and not pool.pooled(len(starts))
+        # A block's jobs are made when the pool takes its call, not all before the first.
+        work: Callable[[int, Ticks | None], Any] = (
+            (lambda s, ticks: (decode_fixed_block, (root, plan, pairs[s : s + step], ticks), {}))
+            if behind
+            else (lambda s, ticks: (_write_block_packed, (writer, root, plan, s, pairs[s : s + step], ticks), {}))
+            if in_workers
+            else (lambda s, ticks: (decode_block, (root, plan, pairs[s : s + step], None, True, ticks), {}))
+        )
+        land = state.decoded_fixed if behind else state.packed if in_workers else state.decoded
+        run_blocks(
+            pool,
+            starts,
+            work,
+            land,
+            journal=journal,
+            progress=(len(pairs), "packing", opts.quiet, already if behind or starts else None),
+            behind=behind,
+        )
+        failed = state.failed
         if not failed:
             digest.record(writer, images.name, len(pairs))
             if fixed:
@@ -462,63 +418,79 @@ class _PixelCounts:
         return self.sum if self.on and self.sum is not None and self.pixels == pixels else None
 
 
-def _write_behind(
-    writer: StoreWriter,
-    journal: Journal[Sample] | None,
-    root: str,
-    plan: BuildPlan,
-    pairs: Sequence[Job],
-    starts: Sequence[int],
-    step: int,
-    progress: _parallel.BlockProgress,
-    digest: _InOrderDigest,
-    counts: _PixelCounts,
-) -> Iterator[tuple[int, list[Sample | InputFileError]]]:
-    """Blocks decoded in this process while a thread writes (and journals) the one before.
+class _Landing:
+    """What the driver does with each block of :func:`write_images` once its task returns, for
+    :func:`~dlpack.storage.runner.run_blocks`: write what the task did not, put the samples' records
+    in the table, and return the records to journal (None when a file of the block failed)."""
 
-    Writing a block and syncing its journal line wait on the disk with the GIL released, so the
-    next block's decode runs meanwhile. The writes are those of :func:`write_block_worker`, in the
-    same order, so the bytes do not change; a block is journalled only once it is written.
-    """
+    def __init__(
+        self,
+        writer: StoreWriter,
+        plan: BuildPlan,
+        name: str,
+        table: SampleTable,
+        errors: dict[int, InputFileError],
+        digest: _InOrderDigest,
+        counts: _PixelCounts,
+    ) -> None:
+        self.writer, self.plan, self.name, self.table, self.errors = writer, plan, name, table, errors
+        self.digest, self.counts = digest, counts
+        self.fixed = not writer.arrays[name].ragged
+        self.appended = 0  # ragged images: one stream, in block order
+        self.failed = False
 
-    # Set once a write (or its journal line) failed or was stopped: the block queued after it is not
-    # written, so the journal ends at the block that failed.
-    stop = threading.Event()
+    def packed(self, s: int, landed: tuple[SampleBlock, np.ndarray | None]) -> tuple[list[Sample] | None, int]:
+        """A block a worker wrote itself (:func:`_write_block_packed`)."""
+        packed, written = landed
+        self.counts.add(written)
+        bad = bool(packed.failed)
+        self.failed = self.failed or bad
+        if not self.failed and self.digest.on:
+            # Read back while the workers decode the next blocks (it is in the page cache).
+            self.digest.add(s, self.writer.read_written(self.name, s, s + len(packed)))
+        self.table.put_table(s, packed.table)
+        self.errors.update({s + k: e for k, e in packed.failed.items()})
+        return (None if bad else list(packed.samples())), len(packed)
 
-    def write(s: int, block: np.ndarray, masks: np.ndarray | None, results: list[Sample | InputFileError]) -> None:
-        if stop.is_set():
-            return
-        try:
-            if write_decoded(writer, s, block, masks, results):
-                digest.add(s, block)  # hashed here, from memory, while the next block decodes
-                counts.add(block_counts(plan, block))
-                if journal is not None:
-                    journal.append_block(s, [r for r in results if isinstance(r, Sample)])
-        except BaseException:
-            stop.set()
-            raise
+    def decoded_fixed(
+        self, s: int, landed: tuple[np.ndarray, np.ndarray | None, list[Sample | InputFileError]]
+    ) -> tuple[list[Sample] | None, int]:
+        """A block decoded in this process (:func:`decode_fixed_block`), written as a worker writes it;
+        hashed and counted here, from memory, while the next block decodes."""
+        block, masks, results = landed
+        records = None
+        if write_decoded(self.writer, s, block, masks, results):
+            self.digest.add(s, block)
+            self.counts.add(block_counts(self.plan, block))
+            records = [r for r in results if isinstance(r, Sample)]
+        self.failed = self.failed or any(isinstance(r, InputFileError) for r in results)
+        self.errors.update(self.table.put_results(s, results))
+        return records, len(results)
 
-    # A build stopped here (Ctrl-C while decoding) still finishes the block handed to the writer.
-    with ThreadPoolExecutor(1, thread_name_prefix="dlpack-write") as pool:
-        pending: tuple[int, int, Future[None], list[Sample | InputFileError]] | None = None
-        for slot, s in enumerate(starts):
-            block, masks, results = decode_fixed_block(root, plan, pairs[s : s + step], progress.ticks(slot))
-            written = pool.submit(write, s, block, masks, results)
-            del block, masks  # the thread holds them until written: two blocks in memory at most
-            if pending is not None:
-                yield _landed(pending, progress)
-            pending = (slot, s, written, results)
-        if pending is not None:
-            yield _landed(pending, progress)
-
-
-def _landed(
-    pending: tuple[int, int, Future[None], list[Sample | InputFileError]], progress: _parallel.BlockProgress
-) -> tuple[int, list[Sample | InputFileError]]:
-    slot, s, written, results = pending
-    written.result()  # a failed write (or journal line) raises here
-    progress.finished(slot, len(results))
-    return s, results
+    def decoded(self, s: int, block: list[Sample | InputFileError]) -> tuple[list[Sample] | None, int]:
+        """A block decoded by a worker (:func:`decode_block`) for a store only this process writes."""
+        bad = any(isinstance(r, InputFileError) for r in block)
+        self.failed = self.failed or bad
+        plan, writer = self.plan, self.writer
+        if not self.failed and self.fixed:
+            arr = fixed_block(plan, len(block))
+            masks = mask_block(plan, len(block))
+            for k, r in enumerate(block):
+                if isinstance(r, Sample) and r.pixels is not None:
+                    arr[k] = r.pixels
+                if masks is not None and isinstance(r, Sample) and r.mask is not None:
+                    masks[k] = r.mask
+            writer.write_block(self.name, s, arr)
+            if masks is not None:
+                writer.write_block("mask", s, masks)
+            self.counts.add(block_counts(plan, arr))
+        elif not self.failed:
+            pixels = [r.pixels for r in block if isinstance(r, Sample) and r.pixels is not None]
+            writer.write_block(self.name, self.appended, pixels)
+            self.appended += len(pixels)
+        block = [replace(r, pixels=None, mask=None) if isinstance(r, Sample) else r for r in block]
+        self.errors.update(self.table.put_results(s, block))
+        return (None if bad else [r for r in block if isinstance(r, Sample)]), len(block)
 
 
 #: Samples of a ragged per-sample array (``source``, ``boxes``) handed to the writer at once.

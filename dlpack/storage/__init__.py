@@ -1,7 +1,8 @@
 """Where a store's bytes go while it is written: the lock on an output path (:mod:`.lock`), the
 journal a killed build resumes from (:mod:`.journal`), the stage-beside-and-rename-in publish
 (:mod:`.publish`), array transactions on an existing store (:mod:`.transaction`) and the
-spill columns of large builds (:mod:`.spill`).
+spill columns of large builds (:mod:`.spill`); and the one block runner that build, ``--update``
+and augment fan their blocks out through (:mod:`.runner`).
 
 The build (``dlpack.pack``), the augmentation cache (``dlpack.variants``), ``add_array`` and the
 exports all stand on this one copy.

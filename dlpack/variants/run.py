@@ -15,7 +15,7 @@ import dataclasses
 import os
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..options import available_cores
 from ..storage.journal import Journal, Restart, is_journal, read_journal
 from ..storage.lock import BuildLock, augment_journal_path, augment_stage_path
 from ..storage.publish import PublishedInterrupt, clear_leftovers
+from ..storage.runner import Call, resume_journal, run_blocks
 from ..storage.transaction import ArrayTransaction
 from .plan import (
     VariantPlan,
@@ -253,6 +254,26 @@ def _distinct_views(
     return copies
 
 
+def _read_store(
+    out: Path,
+) -> tuple[Manifest, Any, dict[str, ArraySpec], dict[str, tuple[np.ndarray, np.ndarray]], int, int]:
+    """What the variants of ``out`` are made from: its manifest, its reader pin, the input arrays,
+    the label rows, the shard bytes and the images' block length; the reader is closed again."""
+    reader = open_reader(out)
+    try:
+        m = reader.manifest
+        pin = reader.__getstate__()["pin"]
+        inputs = input_arrays(m, out)
+        rows = _label_rows(reader, inputs)
+        shard_bytes = int((m.plan or {}).get("shard_bytes") or DEFAULT_SHARD_BYTES)
+        block_len = reader.shard_len(schema.IMAGES) or detect_backend(out).shard_rows(
+            inputs[schema.IMAGES], m.count, shard_bytes
+        )
+        return m, pin, inputs, rows, shard_bytes, block_len
+    finally:
+        reader.close()  # an HDF5 store is written next, which HDF5 refuses while a reader has it open
+
+
 def augment_locked(
     out: Path,
     k: int,
@@ -276,18 +297,7 @@ def augment_locked(
     # Absolute: the pool's worker processes outlive a call, in the working folder they started in.
     out = Path(os.path.abspath(out))
     clear_leftovers(out)  # a killed publish of an earlier run is finished or undone first
-    reader = open_reader(out)
-    try:
-        m = reader.manifest
-        pin = reader.__getstate__()["pin"]
-        inputs = input_arrays(m, out)
-        rows = _label_rows(reader, inputs)
-        shard_bytes = int((m.plan or {}).get("shard_bytes") or DEFAULT_SHARD_BYTES)
-        block_len = reader.shard_len(schema.IMAGES) or detect_backend(out).shard_rows(
-            inputs[schema.IMAGES], m.count, shard_bytes
-        )
-    finally:
-        reader.close()  # an HDF5 store is written next, which HDF5 refuses while a reader has it open
+    m, pin, inputs, rows, shard_bytes, block_len = _read_store(out)
     cfg = resolve_config(config, engine, m.resolved_task)  # config errors before anything is written
     assert m.image.shape is not None  # a fixed layout: input_arrays refuses others
     from ..transforms.sizes import output_size_problem  # imported on first use, as configs are
@@ -362,11 +372,9 @@ def augment_locked(
     try:
         if os.path.lexists(jpath):
             try:
-                if no_resume:
-                    raise Restart("--no-resume")
-                state = read_journal(jpath, VariantRecord.from_record)
-                if state.header.get("fingerprint") != header["fingerprint"]:
-                    raise Restart(_changed(state.header, header))
+                state = resume_journal(
+                    jpath, header, VariantRecord.from_record, no_resume, lambda old: _changed(old, header)
+                )
                 if state.commit:
                     raise Restart("it was stopped while committing")
                 try:
@@ -396,40 +404,36 @@ def augment_locked(
             raise DlpackError(f"the variant arrays of {out} were laid out in other blocks than its images")
         in_workers = journal is not None
         todo = [(v, s) for v, s in units if plan.unit(v, s) not in done]
-        n_jobs = _n_jobs(jobs)
+        pool = _parallel.LocalPool(_n_jobs(jobs))
         names = {v: (txn.name(a), None if b is None else txn.name(b)) for v, (a, b) in fixed.items()}
-        pooled = _parallel.pooled(n_jobs, len(todo))
-        from joblib import delayed
+        pooled = pool.pooled(len(todo))
 
-        def calls(progress: _parallel.BlockProgress) -> Iterator[Any]:
-            for j, (v, s) in enumerate(todo):
-                labels = _block_labels(rows, s, s + plan.rows(s))
-                if in_workers:
-                    yield delayed(variant_block)(plan, v, s, labels, writer, names[v], None, progress.ticks(j), pooled)
-                else:  # the store's only handle is this process's writer: read here, compute there
-                    e = s + plan.rows(s)
-                    originals = writer.read_block(schema.IMAGES, s, e)
-                    masks = None if mask is None else writer.read_block(schema.MASK, s, e)
-                    yield delayed(variant_block)(
-                        plan, v, s, labels, None, names[v], (originals, masks), progress.ticks(j), pooled
-                    )
+        def work(unit: tuple[int, int], ticks: Any) -> Call:
+            v, s = unit
+            labels = _block_labels(rows, s, s + plan.rows(s))
+            if in_workers:
+                return (variant_block, (plan, v, s, labels, writer, names[v], None, ticks, pooled), {})
+            # The store's only handle is this process's writer: read here, compute there.
+            e = s + plan.rows(s)
+            originals = writer.read_block(schema.IMAGES, s, e)
+            masks = None if mask is None else writer.read_block(schema.MASK, s, e)
+            return (variant_block, (plan, v, s, labels, None, names[v], (originals, masks), ticks, pooled), {})
 
-        with (
-            _parallel.progress(k * m.count, "augmenting", quiet) as bar,
-            _parallel.BlockProgress(bar, len(todo), pooled) as progress,
-        ):
-            bar.update(sum(len(r) for r in done.values()))
-            results = _parallel.parallel(n_jobs, calls(progress), len(todo))
-            for slot, ((v, s), (records, block, masks)) in enumerate(zip(todo, results, strict=True)):
-                image_name, mask_name = names[v]
-                if block is not None:
-                    writer.write_block(image_name, s, block)
-                if masks is not None and mask_name is not None:
-                    writer.write_block(mask_name, s, masks)
-                if journal is not None:
-                    journal.append_block(plan.unit(v, s), records)
-                done[plan.unit(v, s)] = records
-                progress.finished(slot, len(records))
+        def land(unit: tuple[int, int], landed: Any) -> tuple[list[VariantRecord], int]:
+            (v, s), (records, block, masks) = unit, landed
+            image_name, mask_name = names[v]
+            if block is not None:
+                writer.write_block(image_name, s, block)
+            if masks is not None and mask_name is not None:
+                writer.write_block(mask_name, s, masks)
+            done[plan.unit(v, s)] = records
+            return records, len(records)
+
+        already = sum(len(r) for r in done.values())
+        run_blocks(
+            pool, todo, work, land, journal=journal, unit=lambda u: plan.unit(*u),
+            progress=(k * m.count, "augmenting", quiet, already),
+        )  # fmt: skip
         copies = _distinct_views(txn, plan, rows, names, done, journal)
         if journal is not None:
             journal.mark_commit()

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import dlpack
-from dlpack.storage.lock import old_path
 from dlpack.cli import main
 from dlpack.errors import OptionError, SourceError, StoreError, StoreExistsError
+from dlpack.storage.lock import old_path
 
 MakeTree = Callable[..., Path]
 Capsys = pytest.CaptureFixture[str]
