@@ -28,8 +28,9 @@ from .options import BuildOptions
 
 if TYPE_CHECKING:
     from .bench import BenchOptions, BenchReport, run_bench
+    from .building import build
     from .exports import ExportResult, export
-    from .pack import BuildResult, build
+    from .pack import BuildResult
     from .ragged import RaggedBatch
     from .read.dataset import Dataset, add_array, open
     from .read.loader import BatchSource, Loader, LoaderOptions
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it, for the names loaded on first use.
 _LAZY: dict[str, str] = {
-    "build": "pack",
+    "build": "building",
     "BuildResult": "pack",
     "run_bench": "bench",
     "BenchOptions": "bench",

@@ -355,9 +355,9 @@ _BUILD_FLAGS = {"overwrite=True": "--overwrite", "format=FORMAT": "--format FORM
 
 
 def _run_build(a: argparse.Namespace) -> int:
+    from .building import build
     from .errors import StoreExistsError
     from .options import BuildOptions
-    from .pack import build
 
     opts = options_from_args(BuildOptions, a)
     _check_json_file(a, ("SRC", a.src), ("OUT", a.out))

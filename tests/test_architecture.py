@@ -109,10 +109,10 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("read", ("dlpack.read", "dlpack.halcon.view")),
     ("pack", ("dlpack.pack",)),
     ("variants", ("dlpack.variants",)),
-    ("exports", ("dlpack.exports", "dlpack.halcon.export", "dlpack.halcon.hdict")),
+    ("exports", ("dlpack.exports", "dlpack.halcon.export", "dlpack.halcon.hdict", "dlpack.halcon.build")),
     ("adapters", ("dlpack.torch", "dlpack.halcon", "dlpack.halcon.feeder")),
     ("tools", ("dlpack.bench", "dlpack.tuning")),
-    ("face", ("dlpack", "dlpack.cli", "dlpack.__main__", "dlpack.sample", "dlpack.testing", "dlpack.build")),
+    ("face", ("dlpack", "dlpack.cli", "dlpack.__main__", "dlpack.sample", "dlpack.testing", "dlpack.building")),
 )
 RANK = {name: i for i, (name, _) in enumerate(PARTS)}
 #: The write side: the build pipeline and the augmentation cache's build stage.

@@ -22,18 +22,16 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import _parallel
 from ..backends import Backend, backend_for_path, owned_store, remove_store
-from ..errors import DlpackError, OptionError, SourceError, StoreError, StoreExistsError
+from ..errors import OptionError, SourceError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
-from ..storage.lock import BuildLock, journal_path, lock_path, old_path, partial_path, records_path
+from ..storage.lock import BuildLock, journal_path, partial_path
 from ..storage.publish import (
     PublishedInterrupt,
-    UnfinishedInterrupt,
-    _not_ours,
     built_by_plan,
     check_replaceable,
     clear_leftovers,
@@ -63,146 +61,22 @@ from .update import recorded_label_options, update_stage
 from .workers import jobs_of, preload, validate_stage
 from .write import Partial, commit_store, discard_partial, pack_stage
 
-__all__ = ["build", "BuildResult", "BuildPlan", "PublishedInterrupt"]
-
-#: ``format`` value that builds a HALCON DLDataset folder instead of a store.
-DLDATASET_FORMAT = "dldataset"
+__all__ = ["AfterBuild", "build", "BuildResult", "BuildPlan", "PublishedInterrupt"]
 
 
-def dldataset_staging(out: Path) -> Path:
-    """The hidden store a ``format="dldataset"`` build packs into before exporting it to ``out``."""
-    return out.parent / f".{out.name}.dlpack-stage.zarr"
+class AfterBuild(Protocol):
+    """A step run on the published store once its images are built (``--augment``'s variants).
 
-
-def _build_dldataset(src: Source | str | os.PathLike[str], out: Path, opts: BuildOptions, t0: float) -> BuildResult:
-    """Build into a hidden store beside ``out``, export it as a DLDataset to ``out``, remove the store.
-
-    The export is written beside ``out`` and renamed into place when complete, so a failed build or
-    export leaves no ``out`` that looks complete. The whole build holds the lock on ``out``, so a
-    staging store found while holding it is a killed build's: a rerun resumes it (like any build),
-    and once ``out`` is there, every later build into ``out`` removes it. The export's marker records
-    the plan's fingerprint: a build killed after its export reached ``out`` (its staging store not yet
-    removed), run again with the same plan, says it is complete instead of "already exists".
+    The build asks it for its config before anything is packed (a bad config costs nothing), and
+    runs it on the store it published, or on the store a stopped run of this build had published
+    (``finish``). It is passed in by the caller, so the build pipeline imports none of its users.
     """
-    from dataclasses import replace
 
-    from ..exports import export_from
+    def config(self, opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> Any: ...
 
-    if opts.update:
-        raise OptionError(
-            "update applies to a store; a DLDataset folder is written whole: build it again with --overwrite, "
-            "or --update a store and export it (dlpack export STORE --to dldataset OUT)"
-        )
-    stage = dldataset_staging(out)
-    origin = os.path.abspath(src if isinstance(src, (str, os.PathLike)) else src.root)
-    stage_opts = replace(opts, format="zarr", overwrite=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with BuildLock(out):
-        killed = _stage_left(stage)  # refuses anything at the staging names that is not dlpack's
-        if (out.exists() or out.is_symlink()) and not opts.overwrite and (not out.is_dir() or any(out.iterdir())):
-            exists = StoreExistsError(f"{out} already exists; pass overwrite=True to replace it")
-            from ..exports._common import clear_export_leftovers, export_marker
-
-            try:
-                clear_export_leftovers(out)
-                marker = export_marker(out) if killed and out.is_dir() and not out.is_symlink() else None
-                if marker is None or marker.get("to") != DLDATASET_FORMAT or marker.get("built_from") != origin:
-                    raise exists
-                done = _exported_result(src, out, stage_opts, marker.get("plan"), t0)
-                if done is None:
-                    raise exists
-            finally:
-                _discard_stage(stage)  # resumable only into an OUT this build may replace
-            return done
-        if os.path.lexists(stage):
-            # Published (or half removed) before a kill: rebuilt all the same (overwrite), so removed
-            # first; a partial store of it and its journal stay, for the build to resume.
-            with BuildLock(stage):
-                remove_store(stage)
-        result = build(src, stage, stage_opts)
-        try:
-            exported = export_from(
-                stage, DLDATASET_FORMAT, out, overwrite=opts.overwrite, built_from=origin,
-                plan=result.plan.fingerprint() if result.plan is not None else None, locked=True,
-            )  # fmt: skip
-        finally:
-            _discard_stage(stage)
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and not f.is_symlink())
-    return replace(
-        result,
-        path=out,
-        seconds=time.perf_counter() - t0,
-        output_bytes=size,
-        label_notes=(*result.label_notes, *exported.notes),
-        dldataset=True,
-    )
-
-
-def _stage_names(stage: Path) -> tuple[Path, ...]:
-    """The staging store of a DLDataset build and what a killed build of it leaves beside it."""
-    return (stage, partial_path(stage), journal_path(stage), old_path(stage), records_path(stage))
-
-
-def _stage_left(stage: Path) -> bool:
-    """Whether a killed DLDataset build left its staging store (or part of it); raises when
-    something at the staging store's name cannot be proven dlpack's (it is kept)."""
-    if os.path.lexists(stage):
-        reason = _not_ours(stage)
-        if reason is not None:
-            raise StoreError(
-                f"{stage} is where a DLDataset build keeps its staging store, but it is not a dlpack store "
-                f"({reason}); it was left untouched: remove or rename it, then build again"
-            )
-    return any(os.path.lexists(p) for p in _stage_names(stage))
-
-
-def _discard_stage(stage: Path) -> None:
-    """Remove the staging store and a killed build's leftovers of it, each proven dlpack's first
-    (:func:`clear_leftovers` refuses what is not; it keeps a resumable partial, removed here)."""
-    if not any(os.path.lexists(p) for p in (*_stage_names(stage), lock_path(stage))):
-        return
-    with BuildLock(stage):
-        clear_leftovers(stage)
-        tmp = partial_path(stage)
-        if os.path.lexists(tmp):  # proven dlpack's by clear_leftovers, which kept it for its journal
-            remove_store(tmp)
-        remove_store(journal_path(stage))
-        if os.path.lexists(stage):
-            _stage_left(stage)
-            remove_store(stage)
-
-
-def _exported_result(
-    src: Source | str | os.PathLike[str], out: Path, opts: BuildOptions, recorded: Any, t0: float
-) -> BuildResult | None:
-    """The result of a DLDataset build whose export a killed run of the same plan had put at
-    ``out`` (``recorded``: the plan fingerprint its marker holds), else None."""
-    if not isinstance(recorded, str):
-        return None
-    backend = backend_for_path(dldataset_staging(out), opts.format, write=True)
-    source = as_source(src, opts)
-    if not isinstance(src, (str, os.PathLike)):
-        opts = source_options(source, opts)
-    scan = scan_stage(source)
-    if opts.split:
-        scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(source.root))
-    probes = probe_stage(source.root, scan.items, opts)
-    plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(source.root))
-    if plan.fingerprint() != recorded:
-        return None
-    return BuildResult(
-        path=out,
-        count=plan.count,
-        skipped=(),
-        seconds=time.perf_counter() - t0,
-        input_bytes=0,
-        output_bytes=sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and not f.is_symlink()),
-        plan=plan,
-        resume="exported already: the stopped build had finished it",
-        classes=scan.classes,
-        splits=dict(Counter(s for k in sel.keep if (s := scan.items[k].split) is not None)),
-        dldataset=True,
-    )
+    def run(
+        self, result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
+    ) -> BuildResult: ...
 
 
 def _existing_result(
@@ -234,76 +108,16 @@ def _existing_result(
     )
 
 
-def _variant_config(opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> Any:
-    """The augmentation config of a build with ``augment`` (read before anything is packed, so a bad
-    config costs nothing), or None without."""
-    if not opts.augment:
-        return None
-    if plan.image.layout != "fixed":
-        raise OptionError(
-            "augment needs one stored size: the images would be stored at their own sizes; pass --size WxH "
-            "(or --max-side N with --resize fit)"
-        )
-    from ..variants.plan import resolve_config
-
-    task = plan.labels.task if plan.labels is not None else ("classification" if scan.classes else "none")
-    return resolve_config(opts.augment_config, opts.augment_engine, task)
-
-
-def _with_variants(
-    result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
-) -> BuildResult:
-    """``result`` once the published store ``out`` has its variants (``--augment``). The store is
-    complete without them; a stopped or failed variant run says how to add them (it resumes).
-
-    ``finish``: ``out`` was there before this run (a stopped run of this build published it), so
-    variants of this very request already there are the result, and other variants are refused.
-    """
-    if config is None:
-        return result
-    from dataclasses import replace
-
-    from ..variants.run import augment_locked
-
-    command = f"dlpack augment {out} --augment {opts.augment} --augment-config {opts.augment_config}"
-    if opts.augment_seed:
-        command += f" --augment-seed {opts.augment_seed}"
-    if opts.augment_engine != "dlpack":
-        command += f" --augment-engine {opts.augment_engine}"
-    hint = f"{out} was built, but not its augmentation variants: run {command} to add them (it resumes)"
-    try:
-        done = augment_locked(
-            out, opts.augment, config, opts.augment_seed, opts.jobs, opts.augment_engine, False, opts.quiet,
-            opts.no_resume, finish,
-        )  # fmt: skip
-    except PublishedInterrupt:
-        raise
-    except KeyboardInterrupt:
-        raise UnfinishedInterrupt(hint) from None
-    except DlpackError as exc:
-        if finish and isinstance(exc, StoreExistsError):  # other variants: not this build's store to finish
-            raise
-        text = f"{hint}; the variants failed: {exc}"
-        try:
-            wrapped = type(exc)(text)
-        except TypeError:  # an error class with its own arguments
-            wrapped = DlpackError(text)
-        raise wrapped from exc
-    note = f"{done.k} augmentation variants per image: {done.variants} variants"
-    if done.written:  # none computed: a stopped run had finished them all (the resume note says so)
-        note += f" ({done.variants_per_s:.0f} variants/s)"
-    if done.resume:
-        note += f" ({done.resume})"
-    return replace(result, seconds=time.perf_counter() - t0, augment=note)
-
-
 def build(
     src: Source | str | os.PathLike[str],
     out: str | os.PathLike[str],
     options: BuildOptions | None = None,
+    *,
+    after: AfterBuild | None = None,
     **kwargs: Any,
 ) -> BuildResult:
-    """Pack the images a source lists into one store at ``out``.
+    """Pack the images a source lists into one store at ``out`` (``after``: a step run on the
+    published store, see :class:`AfterBuild`; :func:`dlpack.build` passes the variants' step).
 
     Parameters
     ----------
@@ -339,8 +153,6 @@ def build(
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
     out_path = Path(out)
-    if opts.format == DLDATASET_FORMAT:
-        return _build_dldataset(src, out_path, opts, t0)
     check_out_suffix(out_path, opts)
     backend = backend_for_path(out_path, opts.format, write=True)
     from_path = isinstance(src, (str, os.PathLike))
@@ -379,12 +191,13 @@ def build(
         probes = probe_stage(root, scan.items, opts)
         give_back_freed()
         plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(root))
-        variants = _variant_config(opts, plan, scan)
+        variants = after.config(opts, plan, scan) if after is not None else None
+        finish_step = after.run if after is not None else _as_built
         if published is not None:
             # The same build was killed just after it published OUT: it is done.
             if not published_by_killed_build(backend, out_path, plan, published):
                 raise StoreExistsError(exists)
-            return _with_variants(
+            return finish_step(
                 _existing_result(backend, out_path, plan, scan, sel, probes, t0), out_path, opts, variants, t0
             )
         if finishing:
@@ -393,7 +206,7 @@ def build(
                 raise StoreExistsError(exists)
             built = "built already: a stopped run of this build had published it"
             existing = _existing_result(backend, out_path, plan, scan, sel, probes, t0, built)
-            return _with_variants(existing, out_path, opts, variants, t0, finish=True)
+            return finish_step(existing, out_path, opts, variants, t0, finish=True)
         if sel.errors and opts.on_error == "fail":
             pairs = jobs_of(scan.items, probes, sel.keep)
             found = validate_stage(os.fspath(root), plan, pairs, opts)
@@ -404,7 +217,13 @@ def build(
             result = _finish(backend, out_path, tmp, opts, t0, scan, probes, plan, sel, samples, partial, resume)
         finally:
             samples.close()  # the spilled records, with the partial store they describe
-        return _with_variants(result, out_path, opts, variants, t0)
+        return finish_step(result, out_path, opts, variants, t0)
+
+
+def _as_built(
+    result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
+) -> BuildResult:
+    return result
 
 
 def _finish(
