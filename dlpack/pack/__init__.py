@@ -28,7 +28,7 @@ from .. import _parallel
 from .._lock import BuildLock, journal_path, lock_path, old_path, partial_path, records_path
 from .._spill import give_back_freed, spilling_to
 from ..backends import Backend, backend_for_path, owned_store, remove_store
-from ..errors import DlpackError, OptionError, SourceError, StoreError, StoreExistsError
+from ..errors import DlpackError, OptionError, SourceNotFoundError, StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
 from .arrays import manifest_stage
@@ -335,7 +335,9 @@ def build(
     opts = with_keywords(options, BuildOptions, kwargs, "build")
     t0 = time.perf_counter()
     if isinstance(src, (str, os.PathLike)) and not os.fspath(src):
-        raise SourceError("the source path is empty; give the folder of images (use '.' for the current folder)")
+        raise SourceNotFoundError(
+            "the source path is empty; give the folder of images (use '.' for the current folder)"
+        )
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
     out_path = Path(out)

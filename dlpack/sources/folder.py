@@ -40,7 +40,7 @@ import numpy as np
 
 from .._names import code_points, normal_form, shown
 from .._spill import PART, Column
-from ..errors import InputFileError, OptionError, SourceError
+from ..errors import InputFileError, OptionError, SourceError, SourceNotFoundError
 from ..options import IMAGE_SUFFIXES
 from ._items import ItemTable, Paths
 from .base import SourceItem, SourceScan
@@ -355,7 +355,7 @@ class FolderSource:
         """
         root = self.root
         if not root.exists():
-            raise SourceError(f"source folder {os.fspath(root)!r} does not exist")
+            raise SourceNotFoundError(f"source folder {os.fspath(root)!r} does not exist")
         if not root.is_dir():
             raise SourceError(f"source {os.fspath(root)!r} is not a folder")
         walk = _Walk(os.path.realpath(root), self.follow_symlinks, self.exclude, self.check_labels)
