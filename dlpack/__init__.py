@@ -7,11 +7,10 @@ and with it OpenCV, zarr, h5py or the benchmark, on first use.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 # When this process is the ``dlpack`` command, its Ctrl-C handling starts before the rest of the
 # package loads (a no-op for any other program that imports dlpack).
 from ._interrupt import is_the_command as _is_the_command
+from ._version import __version__
 
 if _is_the_command():
     from ._interrupt import install as _install_interrupt

@@ -31,8 +31,8 @@ import warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, TypeVar, Union
 
-from . import __version__
 from ._names import shown
+from ._version import __version__
 from .errors import DlpackError, OptionError, StoreDamagedError
 
 __all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag", "printable"]

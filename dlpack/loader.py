@@ -84,9 +84,8 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(epoch), int(index), _SAMPLE_TAG])
 
 
-#: 2: states record the selection of samples (version 1 states, which have none, mean every sample).
-#: 3: states record the earlier world sizes of the current epoch (``segments``), so a state loads
-#: at any world size (version 1 and 2 states have none: the epoch ran at one world size).
+#: The version of :meth:`Loader.state_dict`'s states: they record the selection of samples and the
+#: earlier world sizes of the current epoch (``segments``), so a state loads at any world size.
 STATE_VERSION = 3
 Order = Literal["random", "sequential", "block"]
 
@@ -639,11 +638,6 @@ class Loader:
         self.finisher = finisher
         self._pick_workers(finisher_works=works)
 
-    @property
-    def dataset(self) -> BatchSource:
-        """The source read (kept under its first name)."""
-        return self.source
-
     # ------------------------------------------------------------------ order
 
     def _global(self, epoch: int) -> np.ndarray:
@@ -994,6 +988,8 @@ class Loader:
             raise StateError("not a dlpack loader state (no 'options' dict)")
         if state["version"] > STATE_VERSION:
             raise StateError(f"loader state version {state['version']} is newer than this dlpack ({STATE_VERSION})")
+        if state["version"] < STATE_VERSION:
+            raise StateError(f"loader state version {state['version']} is not one this dlpack reads ({STATE_VERSION})")
         saved = state["options"]
         mine = asdict(self.options)
         for key in AUGMENT_OPTIONS:  # first: a state of cached views is also a state of other data
@@ -1009,13 +1005,9 @@ class Loader:
                 f"this one is {where} ({len(self.source)} samples, id {self._fingerprint()})"
             )
         mine_sel = self._selection_state()
-        if state["version"] < 2:  # made before selections: it walked the whole store
-            whole = np.arange(len(self.source), dtype=np.int64)
-            saved_sel: Any = {"split": None, "count": len(whole), "digest": selection_digest(whole)}
-        else:
-            saved_sel = state.get("selection")
-            if not isinstance(saved_sel, dict):
-                raise StateError("not a dlpack loader state (no 'selection' dict)")
+        saved_sel = state.get("selection")
+        if not isinstance(saved_sel, dict):
+            raise StateError("not a dlpack loader state (no 'selection' dict)")
         if saved_sel.get("digest") != mine_sel["digest"] or saved_sel.get("count") != mine_sel["count"]:
             raise StateError(
                 f"this state was saved for another selection of samples ({_describe(saved_sel)}); "
@@ -1089,9 +1081,7 @@ def _count(value: Any, minimum: int) -> bool:
 
 
 def _segments(state: dict[str, Any]) -> tuple[tuple[int, int], ...]:
-    """A state's ``segments`` as ``(world_size, position)`` pairs (version 1 and 2 states: none)."""
-    if state["version"] < 3:
-        return ()
+    """A state's ``segments`` as ``(world_size, position)`` pairs."""
     raw = state.get("segments")
     if not isinstance(raw, list):
         raise StateError("not a dlpack loader state (no 'segments' list)")

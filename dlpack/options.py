@@ -507,9 +507,3 @@ class BuildOptions:
         if self.jobs == -1:
             return cores
         return self.jobs if self.force_jobs else min(self.jobs, cores)
-
-    def format_for(self, out: str | os.PathLike[str]) -> str:
-        """The format of a new store at ``out``: ``format`` if given, else the registry's choice by suffix."""
-        from .backends import backend_for_path
-
-        return backend_for_path(out, self.format).name

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from .._spill import PART, Column
+from .._version import __version__
 from ..backends import ArraySpec
 from ..manifest import Manifest
 from ..ragged import RaggedBatch

@@ -207,7 +207,7 @@ def _versions(engine: str) -> dict[str, str]:
     import cv2
     import numpy as np
 
-    from .. import __version__
+    from .._version import __version__
 
     found = {"dlpack": __version__, "numpy": np.__version__, "opencv": str(cv2.__version__)}
     if engine == "albumentations":
