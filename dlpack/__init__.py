@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 from . import errors as _errors
 from .errors import *  # noqa: F403  (every public error class, as errors.__all__ lists them)
 from .manifest import FORMAT_VERSION, ArraySpec, ImageSpec, Manifest
-from .options import BuildOptions
+from .options import AugmentOptions, BenchOptions, BuildOptions, LoaderOptions, TuneOptions
 
 if TYPE_CHECKING:
-    from .bench import BenchOptions, BenchReport, run_bench
+    from .bench import BenchReport, run_bench
     from .dataset import Dataset, add_array, open
     from .exports import ExportResult, export
-    from .loader import BatchSource, Loader, LoaderOptions
+    from .loader import BatchSource, Loader
     from .pack import BuildResult, build
     from .ragged import RaggedBatch
     from .timing import EpochStats
@@ -41,7 +41,6 @@ _LAZY: dict[str, str] = {
     "build": "pack",
     "BuildResult": "pack",
     "run_bench": "bench",
-    "BenchOptions": "bench",
     "BenchReport": "bench",
     "open": "dataset",
     "Dataset": "dataset",
@@ -50,7 +49,6 @@ _LAZY: dict[str, str] = {
     "ExportResult": "exports",
     "BatchSource": "loader",
     "Loader": "loader",
-    "LoaderOptions": "loader",
     "RaggedBatch": "ragged",
     "EpochStats": "timing",
     "tune": "tuning",
@@ -78,8 +76,10 @@ __all__ = [
     "RaggedBatch",
     "EpochStats",
     "tune",
+    "TuneOptions",
     "TuneResult",
     "augment",
+    "AugmentOptions",
     "AugmentResult",
     "Manifest",
     "ImageSpec",

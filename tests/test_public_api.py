@@ -35,8 +35,10 @@ PUBLIC = {
     "RaggedBatch",
     "EpochStats",
     "tune",
+    "TuneOptions",
     "TuneResult",
     "augment",
+    "AugmentOptions",
     "AugmentResult",
     "Manifest",
     "ImageSpec",
@@ -149,6 +151,13 @@ def test_the_decode_and_upscale_errors_are_dlpack_errors() -> None:
 
     for cls in (DecodeError, UpscaleError):
         assert issubclass(cls, dlpack.DlpackError) and issubclass(cls, ValueError)
+
+
+def test_every_option_class_lives_in_dlpack_options() -> None:
+    from dlpack import options
+
+    for name in ("BuildOptions", "AugmentOptions", "LoaderOptions", "BenchOptions", "TuneOptions"):
+        assert getattr(dlpack, name) is getattr(options, name) and name in options.__all__
 
 
 def test_import_loads_no_heavy_or_posix_only_module() -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..loader import Loader, LoaderOptions
 from .folder import FolderReader, FolderSpec
-from .options import BenchOptions
+from ..options import BenchOptions
 from .pagecache import evict, prime, resident_fraction
 from .results import BenchCell, BenchRun, summarise_cell
 from .targets import Target

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._version import __version__
 from .machine import mount_of
-from .options import BenchOptions
+from ..options import BenchOptions
 from .results import WARM_MIN, BenchCell, format_ratio
 from .targets import DECODED_KINDS, Target
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import OptionError, StoreError, StoreNotFoundError
 from .folder import FolderReader, FolderSpec
-from .options import BenchOptions
+from ..options import BenchOptions
 from .pagecache import files_under
 
 if TYPE_CHECKING:
