@@ -35,6 +35,7 @@ from typing import Any, Literal, TypeVar, Union
 from ._names import shown
 from ._version import __version__
 from .errors import DlpackError, OptionError, StoreDamagedError
+from .options import AugmentOptions, ExportOptions, PreviewOptions, TuneOptions
 
 __all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag", "printable"]
 
@@ -229,13 +230,6 @@ def add_option_arguments(
         parser.add_argument(flag, help=help_text, **kwargs)
 
 
-def _options(name: str) -> type:
-    """The option class ``name`` of :mod:`dlpack.options` (imported when a command's parser is made)."""
-    from . import options
-
-    return getattr(options, name)  # type: ignore[no-any-return]
-
-
 def options_from_args(options_cls: type[T], namespace: argparse.Namespace) -> T:
     """Build ``options_cls`` from the flags given in ``namespace``; fields not given keep their defaults."""
     given = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(options_cls) if hasattr(namespace, f.name)}  # type: ignore[arg-type]
@@ -404,7 +398,7 @@ def _add_augment(sub: Any) -> None:
         "augment",
         help="add (or replace) K augmentation variants of every image of a store, on every core",
         epilog=AUGMENT_EXIT_CODES,
-        add_flags=lambda p: add_option_arguments(p, _options("AugmentOptions")),
+        add_flags=lambda p: add_option_arguments(p, AugmentOptions),
     )
     p.add_argument("store", help="a fixed-size dlpack store (DIR.zarr, FILE.h5)")
     _add_json_flags(p, "what was computed (the store, K, variants, seconds, variants/s, resume note)")
@@ -413,7 +407,6 @@ def _add_augment(sub: Any) -> None:
 
 def _run_augment(a: argparse.Namespace) -> int:
     from .errors import StoreExistsError
-    from .options import AugmentOptions
     from .variants import augment
 
     if not getattr(a, "k", 0):
@@ -645,7 +638,7 @@ def _add_export(sub: Any) -> None:
     )
     p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
     p.add_argument("out", help="the export folder: new or empty (or a previous export, with --overwrite)")
-    add_option_arguments(p, _options("ExportOptions"))
+    add_option_arguments(p, ExportOptions)
     _add_json_flags(p, "what was exported (folder, format, task, counts, notes)")
     p.set_defaults(run=_run_export)
 
@@ -654,8 +647,8 @@ def _run_export(a: argparse.Namespace) -> int:
     from .exports import export
 
     _check_json_file(a, ("the store", a.store), ("OUT", a.out))
-    opts = options_from_args(_options("ExportOptions"), a)
-    result = export(a.store, opts.to, a.out, overwrite=opts.overwrite, include_variants=opts.include_variants)
+    opts = options_from_args(ExportOptions, a)
+    result = export(a.store, opts.to or "", a.out, overwrite=opts.overwrite, include_variants=opts.include_variants)
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
     for note in result.notes:
@@ -673,7 +666,7 @@ def _add_preview(sub: Any) -> None:
     )
     p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
     p.add_argument("out", metavar="OUT.png", help="the PNG to write (replaced if it exists)")
-    add_option_arguments(p, _options("PreviewOptions"))
+    add_option_arguments(p, PreviewOptions)
     _add_json_flags(p, "what was drawn (the PNG, the store, the sample indices, variants per row)")
     p.set_defaults(run=_run_preview)
 
@@ -682,7 +675,7 @@ def _run_preview(a: argparse.Namespace) -> int:
     from .variants.preview import preview
 
     _check_json_file(a, ("the store", a.store), outputs=[("OUT", a.out)])
-    opts = options_from_args(_options("PreviewOptions"), a)
+    opts = options_from_args(PreviewOptions, a)
     result = preview(a.store, a.out, **dataclasses.asdict(opts))
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
@@ -705,7 +698,7 @@ def _add_tune(sub: Any) -> None:
         epilog=TUNE_EXIT_CODES,
     )
     p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
-    add_option_arguments(p, _options("TuneOptions"))
+    add_option_arguments(p, TuneOptions)
     _add_json_flags(p, "the whole result (recommended options, predicted busy, every cell, trials, machine)")
     p.set_defaults(run=_run_tune)
 
@@ -713,7 +706,7 @@ def _add_tune(sub: Any) -> None:
 def _run_tune(a: argparse.Namespace) -> int:
     from .tuning import tune
 
-    opts = options_from_args(_options("TuneOptions"), a)
+    opts = options_from_args(TuneOptions, a)
     _check_json_file(a, ("the store", a.store), ("--source", None if opts.source is None else os.fspath(opts.source)))
     result = tune(a.store, options=opts, progress=lambda text: _say(text, err=True))
     if a.json or a.json_file is not None:

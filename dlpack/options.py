@@ -989,7 +989,7 @@ class PreviewOptions:
     seed: int = field(default=0, metadata={"help": "which samples are drawn", "metavar": "S"})
     tile: int = field(default=160, metadata={"help": "side of each view's cell", "metavar": "PX"})
     max_variants: int = field(default=8, metadata={"help": "variants shown per row", "metavar": "M"})
-    index: tuple[int, ...] | None = field(
+    index: Sequence[int] | None = field(  # kept as a tuple
         default=None,
         metadata={"help": "show these samples (indices), instead of --count drawn", "metavar": "I", "nargs": "+"},
     )
