@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..loader import Loader, LoaderOptions
-from .folder import FolderReader, FolderSpec
 from ..options import BenchOptions
+from .folder import FolderReader, FolderSpec
 from .pagecache import evict, prime, resident_fraction
 from .results import BenchCell, BenchRun, summarise_cell
 from .targets import Target

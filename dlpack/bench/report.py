@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from .machine import mount_of
 from ..options import BenchOptions
+from .machine import mount_of
 from .results import WARM_MIN, BenchCell, format_ratio
 from .targets import DECODED_KINDS, Target
 

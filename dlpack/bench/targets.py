@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError, StoreError, StoreNotFoundError
-from .folder import FolderReader, FolderSpec
 from ..options import BenchOptions
+from .folder import FolderReader, FolderSpec
 from .pagecache import files_under
 
 if TYPE_CHECKING:
