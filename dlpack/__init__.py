@@ -7,11 +7,10 @@ and with it OpenCV, zarr, h5py or the benchmark, on first use.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 # When this process is the ``dlpack`` command, its Ctrl-C handling starts before the rest of the
 # package loads (a no-op for any other program that imports dlpack).
 from ._interrupt import is_the_command as _is_the_command
+from ._version import __version__
 
 if _is_the_command():
     from ._interrupt import install as _install_interrupt
@@ -24,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from . import errors as _errors
 from .errors import *  # noqa: F403  (every public error class, as errors.__all__ lists them)
 from .manifest import FORMAT_VERSION, ArraySpec, ImageSpec, Manifest
-from .options import BuildOptions
+from .options import AugmentOptions, BenchOptions, BuildOptions, LoaderOptions, TuneOptions
 
 if TYPE_CHECKING:
-    from .bench import BenchOptions, BenchReport, run_bench
+    from .bench import BenchReport, run_bench
     from .building import build
     from .exports import ExportResult, export
     from .pack import BuildResult
@@ -43,7 +42,6 @@ _LAZY: dict[str, str] = {
     "build": "building",
     "BuildResult": "pack",
     "run_bench": "bench",
-    "BenchOptions": "bench",
     "BenchReport": "bench",
     "open": "read.dataset",
     "Dataset": "read.dataset",
@@ -52,7 +50,6 @@ _LAZY: dict[str, str] = {
     "ExportResult": "exports",
     "BatchSource": "read.loader",
     "Loader": "read.loader",
-    "LoaderOptions": "read.loader",
     "RaggedBatch": "ragged",
     "EpochStats": "timing",
     "tune": "tuning",
@@ -80,8 +77,10 @@ __all__ = [
     "RaggedBatch",
     "EpochStats",
     "tune",
+    "TuneOptions",
     "TuneResult",
     "augment",
+    "AugmentOptions",
     "AugmentResult",
     "Manifest",
     "ImageSpec",

@@ -145,17 +145,25 @@ def parse_json(text: str, name: str, error: type[Exception]) -> Any:
     return doc
 
 
-def read_text_file(path: str | os.PathLike[str], name: str, error: type[Exception], *, pipes: bool = False) -> str:
+def read_text_file(
+    path: str | os.PathLike[str],
+    name: str,
+    error: type[Exception],
+    *,
+    pipes: bool = False,
+    missing: type[Exception] | None = None,
+) -> str:
     """The UTF-8 text of ``path`` (a BOM is kept for :func:`parse_json` to drop), read as images are.
 
     Only a regular file is read (or, with ``pipes``, a pipe that something writes to, as
     ``<(command)`` gives), never more than :data:`MAX_FILE_BYTES`: a named pipe nobody writes to, a
-    device or a huge file is ``error`` at once, not a hang or an exhausted memory.
+    device or a huge file is ``error`` at once, not a hang or an exhausted memory; a missing file is
+    ``missing`` (default: ``error``).
     """
     try:
         data = read_regular(path, limit=MAX_FILE_BYTES, pipes=pipes)
     except FileNotFoundError:
-        raise error(f"{name} does not exist") from None
+        raise (missing or error)(f"{name} does not exist") from None
     except IsADirectoryError:
         raise error(f"{name} is a folder, not a file") from None
     except NotRegularFileError as exc:

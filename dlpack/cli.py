@@ -8,8 +8,9 @@ changes the code. With ``--json`` a failure still prints one JSON document on st
 (``{"error": {"type", "message", "exit_code"}}``). Text printed for the terminal has control characters
 escaped (:func:`printable`), so a file name cannot move the cursor or recolour the terminal.
 
-The flags of ``build`` and ``bench`` are generated from the option dataclasses
-(:func:`add_option_arguments`): a field's name, type, default and help live on the field only.
+The flags of ``build``, ``augment``, ``bench``, ``tune``, ``export`` and ``preview`` are generated from
+the option dataclasses of :mod:`dlpack.options` (:func:`add_option_arguments`): a field's name, type,
+default and help live on the field only.
 Every command that outputs data takes ``--json`` (print one JSON document on stdout and nothing
 else there) and ``--json-file FILE`` (write the same document to FILE, output as without it).
 """
@@ -31,9 +32,10 @@ import warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, TypeVar, Union
 
-from . import __version__
 from ._names import shown
+from ._version import __version__
 from .errors import DlpackError, OptionError, StoreDamagedError
+from .options import AugmentOptions, ExportOptions, PreviewOptions, TuneOptions
 
 __all__ = ["main", "make_parser", "add_option_arguments", "options_from_args", "option_flag", "printable"]
 
@@ -160,8 +162,9 @@ def add_option_arguments(
 
     Each field's ``metadata`` says how: ``"help"`` (required), optional ``"metavar"``, ``"flag"``
     (default ``--`` + the name with ``_`` as ``-``), ``"choices"`` (a sequence, or a callable returning one; default: the values of a
-    ``Literal`` annotation) and ``"repeat"`` (the flag may be given several times: the field gets the
-    list of texts); ``"cli": False`` gives the field no flag. ``bool`` fields are
+    ``Literal`` annotation), ``"repeat"`` (the flag may be given several times: the field gets the
+    list of texts), ``"nargs"`` (argparse's: the flag takes several values) and ``"required"``;
+    ``"cli": False`` gives the field no flag. ``bool`` fields are
     ``store_true`` flags; ``int`` and ``float`` fields are parsed as numbers; any other type is
     passed as the text given, for the dataclass to parse and validate (``"512x512"``,
     ``"sequential,random"``). The flag's default is ``argparse.SUPPRESS``: a flag not given is
@@ -211,12 +214,15 @@ def add_option_arguments(
         if choices is not None:
             kwargs["choices"] = list(choices)
             kwargs["type"] = _choice_parser(kwargs["choices"])
-        elif tp is int:
-            kwargs["type"] = _integer
+        elif tp is int or ("nargs" in f.metadata and typing.get_args(tp)[:1] == (int,)):
+            kwargs["type"] = _integer  # an int, or each of the ints a flag with "nargs" takes
         elif tp is float:
             kwargs["type"] = _number
         if f.metadata.get("repeat"):  # a tuple of texts, one per use of the flag
             kwargs["action"] = "append"
+        for key in ("nargs", "required"):
+            if key in f.metadata:
+                kwargs[key] = f.metadata[key]
         if "metavar" in f.metadata:
             kwargs["metavar"] = f.metadata["metavar"]
         if default is not None and default != ():
@@ -381,36 +387,10 @@ def _run_build(a: argparse.Namespace) -> int:
     return 1 if result.skipped else 0
 
 
-#: The ``dlpack build`` flags ``dlpack augment`` takes as they are (the fields' help and defaults).
-_AUGMENT_FLAGS = ("augment", "augment_config", "augment_seed", "augment_engine")
 AUGMENT_EXIT_CODES = (
     "exit codes: 0 success, 2 usage or input errors (no store, a bad config, variants present without "
     "--replace), 3 internal error, 130 interrupted (run the same command again to resume)"
 )
-
-
-def _add_augment_flags(p: argparse.ArgumentParser) -> None:
-    from .options import BuildOptions
-
-    add_option_arguments(
-        p, BuildOptions, skip=[f.name for f in dataclasses.fields(BuildOptions) if f.name not in _AUGMENT_FLAGS]
-    )
-    # The same fields as build's flags (and defaults), said of this command.
-    jobs = next(f for f in dataclasses.fields(BuildOptions) if f.name == "jobs")
-    p.add_argument(
-        "--jobs",
-        type=_integer,
-        default=argparse.SUPPRESS,
-        metavar="N",
-        help=f"worker processes, -1 for every core; at most the core count (default: {jobs.default})",
-    )
-    p.add_argument(
-        "--no-resume",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="start over instead of continuing a stopped run's finished blocks",
-    )
-    p.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bar or summary")
 
 
 def _add_augment(sub: Any) -> None:
@@ -418,35 +398,23 @@ def _add_augment(sub: Any) -> None:
         "augment",
         help="add (or replace) K augmentation variants of every image of a store, on every core",
         epilog=AUGMENT_EXIT_CODES,
-        add_flags=_add_augment_flags,
+        add_flags=lambda p: add_option_arguments(p, AugmentOptions),
     )
     p.add_argument("store", help="a fixed-size dlpack store (DIR.zarr, FILE.h5)")
-    p.add_argument("--replace", action="store_true", help="replace the variants the store has")
     _add_json_flags(p, "what was computed (the store, K, variants, seconds, variants/s, resume note)")
     p.set_defaults(run=_run_augment)
 
 
 def _run_augment(a: argparse.Namespace) -> int:
     from .errors import StoreExistsError
-    from .options import BuildOptions
     from .variants import augment
 
-    if not getattr(a, "augment", 0):
+    if not getattr(a, "k", 0):
         raise OptionError("dlpack augment needs --augment K (variants per image, K >= 1) and --augment-config FILE")
-    opts = options_from_args(BuildOptions, a)
+    opts = options_from_args(AugmentOptions, a)
     _check_json_file(a, ("the store", a.store))
     try:
-        result = augment(
-            a.store,
-            opts.augment,
-            opts.augment_config,
-            seed=opts.augment_seed,
-            jobs=opts.jobs,
-            engine=opts.augment_engine,
-            replace=a.replace,
-            quiet=opts.quiet,
-            no_resume=opts.no_resume,
-        )
+        result = augment(a.store, options=opts)
     except StoreExistsError as exc:
         raise StoreExistsError(str(exc).replace("replace=True", "--replace")) from exc
     if a.json or a.json_file is not None:
@@ -669,20 +637,8 @@ def _add_export(sub: Any) -> None:
         epilog=EXIT_CODES,
     )
     p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
-    p.add_argument(
-        "--to",
-        required=True,
-        choices=["dldataset", "coco", "folders"],
-        help="dldataset: dataset.json (+ dataset.hdict where HALCON imports); coco: annotations.json; "
-        "folders: the layout HALCON's read_dl_dataset_* procedure for the store's task reads",
-    )
     p.add_argument("out", help="the export folder: new or empty (or a previous export, with --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous dlpack export at OUT")
-    p.add_argument(
-        "--include-variants",
-        action="store_true",
-        help="dldataset: add the store's augmentation variants of its training samples as extra samples",
-    )
+    add_option_arguments(p, ExportOptions)
     _add_json_flags(p, "what was exported (folder, format, task, counts, notes)")
     p.set_defaults(run=_run_export)
 
@@ -691,7 +647,8 @@ def _run_export(a: argparse.Namespace) -> int:
     from .exports import export
 
     _check_json_file(a, ("the store", a.store), ("OUT", a.out))
-    result = export(a.store, a.to, a.out, overwrite=a.overwrite, include_variants=a.include_variants)
+    opts = options_from_args(ExportOptions, a)
+    result = export(a.store, opts.to or "", a.out, overwrite=opts.overwrite, include_variants=opts.include_variants)
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
     for note in result.notes:
@@ -709,13 +666,7 @@ def _add_preview(sub: Any) -> None:
     )
     p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
     p.add_argument("out", metavar="OUT.png", help="the PNG to write (replaced if it exists)")
-    p.add_argument("--count", type=_integer, default=8, metavar="N", help="samples, one row each (default: 8)")
-    p.add_argument("--seed", type=_integer, default=0, metavar="S", help="which samples are drawn (default: 0)")
-    p.add_argument("--tile", type=_integer, default=160, metavar="PX", help="side of each view's cell (default: 160)")
-    p.add_argument("--max-variants", type=_integer, default=8, metavar="M", help="variants shown per row (default: 8)")
-    p.add_argument(
-        "--index", type=_integer, nargs="+", metavar="I", help="show these samples (indices), instead of --count drawn"
-    )
+    add_option_arguments(p, PreviewOptions)
     _add_json_flags(p, "what was drawn (the PNG, the store, the sample indices, variants per row)")
     p.set_defaults(run=_run_preview)
 
@@ -724,9 +675,8 @@ def _run_preview(a: argparse.Namespace) -> int:
     from .variants.preview import preview
 
     _check_json_file(a, ("the store", a.store), outputs=[("OUT", a.out)])
-    result = preview(
-        a.store, a.out, count=a.count, seed=a.seed, tile=a.tile, max_variants=a.max_variants, index=a.index
-    )
+    opts = options_from_args(PreviewOptions, a)
+    result = preview(a.store, a.out, **dataclasses.asdict(opts))
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
     if not a.json:
@@ -748,45 +698,7 @@ def _add_tune(sub: Any) -> None:
         epilog=TUNE_EXIT_CODES,
     )
     p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
-    p.add_argument(
-        "--step-ms", type=_number, required=True, metavar="MS", help="the training step's length per batch, in ms"
-    )
-    p.add_argument(
-        "--batch-size", type=_integer, default=None, metavar="B", help="batch size (default: the loader's, 32)"
-    )
-    p.add_argument("--split", help="tune the loader of this split of the store (e.g. train)")
-    p.add_argument(
-        "--order",
-        default="random,block",
-        metavar="LIST",
-        help="orders to try, comma list of random, block, sequential (default: random,block; sequential does not shuffle)",
-    )
-    p.add_argument(
-        "--max-batches",
-        type=_integer,
-        default=100,
-        metavar="N",
-        help="batches per run of a cell at most (default: 100)",
-    )
-    p.add_argument(
-        "--max-seconds", type=_number, default=0.1, metavar="S", help="seconds per run of a cell, about (default: 0.1)"
-    )
-    p.add_argument(
-        "--repeat",
-        type=_integer,
-        default=3,
-        metavar="N",
-        help="runs of the grid, interleaved; each cell's median counts (default: 3)",
-    )
-    p.add_argument(
-        "--source",
-        metavar="DIR",
-        help="the folder the store was built from: also trial-build a sample of it at smaller sizes and with "
-        "each codec, and say what a rebuild would gain",
-    )
-    p.add_argument(
-        "--sample", type=_integer, default=128, metavar="N", help="with --source: images per trial build (default: 128)"
-    )
+    add_option_arguments(p, TuneOptions)
     _add_json_flags(p, "the whole result (recommended options, predicted busy, every cell, trials, machine)")
     p.set_defaults(run=_run_tune)
 
@@ -794,20 +706,9 @@ def _add_tune(sub: Any) -> None:
 def _run_tune(a: argparse.Namespace) -> int:
     from .tuning import tune
 
-    _check_json_file(a, ("the store", a.store), ("--source", a.source))
-    result = tune(
-        a.store,
-        a.step_ms,
-        a.batch_size,
-        split=a.split,
-        orders=[o.strip() for o in a.order.split(",") if o.strip()],
-        max_batches=a.max_batches,
-        max_seconds=a.max_seconds,
-        repeat=a.repeat,
-        source=a.source,
-        sample=a.sample,
-        progress=lambda text: _say(text, err=True),
-    )
+    opts = options_from_args(TuneOptions, a)
+    _check_json_file(a, ("the store", a.store), ("--source", None if opts.source is None else os.fspath(opts.source)))
+    result = tune(a.store, options=opts, progress=lambda text: _say(text, err=True))
     if a.json or a.json_file is not None:
         _emit_json(a, result.to_dict())
     if not a.json:

@@ -1,4 +1,10 @@
-"""Typed errors. Each leaf also subclasses the builtin a caller would naturally catch."""
+"""Typed errors, every one a :class:`DlpackError`. Each leaf also subclasses the builtin a caller would
+naturally catch: a missing path is a ``FileNotFoundError``, a bad value or malformed file a
+``ValueError``, a store that cannot be read an ``OSError`` (as a file that cannot be read is).
+
+:class:`InputFileError` is no exception: it is the record of one unreadable input that
+:class:`BadInputsError` lists (and a build's ``skipped``), kept here beside it.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ __all__ = [
     "OptionError",
     "ConfigError",
     "SourceError",
-    "InputFileError",
+    "SourceNotFoundError",
+    "LabelFileError",
     "BadInputsError",
     "StoreExistsError",
     "StoreNotFoundError",
@@ -35,8 +42,19 @@ class OptionError(DlpackError, ValueError):
     """An option has a value dlpack cannot use."""
 
 
-class SourceError(DlpackError, FileNotFoundError):
-    """The source folder is missing, empty or unusable as a whole."""
+class SourceError(DlpackError):
+    """The source cannot be packed as a whole: a folder without images, images outside the class
+    folders, a label folder that matches no image. The base of the two below, so ``except
+    SourceError`` catches every problem with the source."""
+
+
+class SourceNotFoundError(SourceError, FileNotFoundError):
+    """The source folder, a label folder or a label file does not exist."""
+
+
+class LabelFileError(SourceError, ValueError):
+    """A label file (COCO or DLDataset JSON, CSV, a mask folder's class list) is malformed; the
+    message names the file and where in it."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,11 @@ class StoreNotFoundError(DlpackError, FileNotFoundError):
 
 
 class StoreError(DlpackError, OSError):
-    """A store exists but cannot be read: corrupt, truncated, or not a dlpack store."""
+    """A store exists but cannot be read: corrupt, truncated, or not a dlpack store.
+
+    A bad value inside a store's manifest is one too: the store cannot be read, as a damaged file
+    cannot (zarr calls its own ``MetadataValidationError`` a ``ValueError``; dlpack treats the
+    store as the unit)."""
 
 
 class StoreDamagedError(StoreError):

@@ -200,25 +200,6 @@ def _image_spec(d: Any) -> ImageSpec:
     return ImageSpec(layout, channels, dtype, size[0], size[1])
 
 
-def _legacy_arrays(arrays: dict[str, Any], image: ImageSpec, compression: str) -> dict[str, ArraySpec]:
-    """Array specs of a store written before named arrays (entries held the stored shape, N first)."""
-    out: dict[str, ArraySpec] = {}
-    keys = {schema.LABELS: "label"}
-    for name, d in arrays.items():
-        if name.endswith("_data") and name[: -len("_data")] + "_offsets" in arrays:
-            base = name[: -len("_data")]
-            out[base] = ArraySpec(base, d["dtype"], tuple(d["shape"][1:]), True)
-        elif name.endswith("_offsets") and name[: -len("_offsets")] + "_data" in arrays:
-            continue
-        else:
-            out[name] = ArraySpec(name, d["dtype"], tuple(d["shape"][1:]), False, keys.get(name))
-    if image.layout == "fixed" and image.shape is not None:
-        out[schema.IMAGES] = ArraySpec(schema.IMAGES, image.dtype, image.shape, False, "image", compression)
-    elif schema.IMAGE in out:
-        out[schema.IMAGE] = ArraySpec(schema.IMAGE, image.dtype, (), True, None, compression)
-    return out
-
-
 @dataclass(frozen=True)
 class Manifest:
     """Versioned description of a store; ``arrays`` maps each per-sample array's name to its spec.
@@ -484,9 +465,5 @@ def _manifest_kwargs(d: dict[str, Any]) -> dict[str, Any]:
             InputFileError(_typed(e["path"], str, "skipped path"), _typed(e["reason"], str, "skipped reason"))
         )
     kw["skipped"] = tuple(skipped)
-    arrays = kw.get("arrays", {})
-    if all(isinstance(a, dict) and "layout" in a for a in arrays.values()):
-        kw["arrays"] = {n: ArraySpec.from_dict(n, a) for n, a in arrays.items()}
-    else:
-        kw["arrays"] = _legacy_arrays(arrays, kw["image"], kw.get("compression", "none"))
+    kw["arrays"] = {n: ArraySpec.from_dict(n, a) for n, a in kw.get("arrays", {}).items()}
     return kw

@@ -51,6 +51,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ._outline import fill_holes, outline, tight_box
+from .errors import OptionError
+from .options import check_int
 
 __all__ = ["CLASSES", "main", "make_sample"]
 
@@ -163,8 +165,8 @@ def make_sample(
 
     Raises
     ------
-    ValueError
-        If `count`, `size` or `seed` is out of range.
+    OptionError
+        If `count`, `size` or `seed` is out of range (also a ``ValueError``).
 
     Notes
     -----
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check(args.count, args.size, args.seed)
-    except ValueError as exc:
+    except OptionError as exc:
         print(f"dlpack.sample: error: {exc}", file=sys.stderr)
         return 2
     nbytes = _write_all(pathlib.Path(args.out), args.count, args.size, args.seed, args.labels)
@@ -222,13 +224,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check(count: int, size: int, seed: int) -> None:
-    """Raise ValueError naming the first out-of-range argument."""
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    if size < _MIN_SIZE:
-        raise ValueError(f"size must be >= {_MIN_SIZE}, got {size}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+    """Raise an :class:`~dlpack.errors.OptionError` (a ``ValueError``) naming the first out-of-range argument."""
+    for name, value, minimum in (("count", count, 1), ("size", size, _MIN_SIZE), ("seed", seed, 0)):
+        check_int(name, value, minimum, wanted=f">= {minimum}")
 
 
 @dataclass(frozen=True)

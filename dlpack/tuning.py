@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from .errors import OptionError
-from .read.loader import BatchSource, Loader, LoaderOptions
+from .options import TUNE_ORDER_RANK, LoaderOptions, TuneOptions, check_int, check_number, check_step_ms, with_keywords
+from .read.loader import BatchSource, Loader
 
 __all__ = [
     "Budget",
@@ -53,10 +54,7 @@ TIE_MARGIN = 0.01
 #: The default grid's axes. ``sequential`` is left out by default: it does not shuffle, which
 #: changes what a model trains on, so it is a choice for evaluation loops, not a speed knob.
 DEFAULT_WORKERS: tuple[int | str, ...] = (0, 1, 2, "auto")
-DEFAULT_PREFETCH: tuple[int, ...] = (2, 4, 8)
-DEFAULT_ORDERS: tuple[str, ...] = ("random", "block")
 #: Tie-break rank of the orders: the one that mixes best first.
-_ORDER_RANK = {"random": 0, "block": 1, "sequential": 2}
 RULE = (
     "the highest busy share; cells within 1 point of it count as tied, and of those random order wins over "
     "block over sequential (the better shuffle), then fewer reader threads (workers='auto' counts as the most), "
@@ -86,10 +84,8 @@ class Budget:
     seconds: float = 0.1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.batches, int) or isinstance(self.batches, bool) or self.batches < 1:
-            raise OptionError(f"max_batches must be an integer >= 1, got {self.batches!r}")
-        if not _positive_number(self.seconds):
-            raise OptionError(f"max_seconds must be a positive number of seconds, got {self.seconds!r}")
+        check_int("max_batches", self.batches, 1)
+        check_number("max_seconds", self.seconds, wanted="a positive number of seconds")
 
 
 @dataclass(frozen=True)
@@ -340,10 +336,6 @@ def _pixels(size: tuple[int, int] | None) -> int:
     return math.inf if size is None else size[0] * size[1]  # type: ignore[return-value]
 
 
-def _positive_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
-
 def grid(
     workers: Sequence[int | str], prefetch: Sequence[int], orders: Sequence[str]
 ) -> list[tuple[int | str, int, str]]:
@@ -371,46 +363,20 @@ def choose(cells: Sequence[TuneCell], margin: float = TIE_MARGIN) -> TuneCell:
         raise OptionError("no cells to choose from")
     best = max(c.busy_share for c in cells)
     tied = [c for c in cells if c.busy_share >= best - margin]
-    return min(tied, key=lambda c: (_ORDER_RANK.get(c.order, 9), _threads_rank(c.workers), c.prefetch, -c.busy_share))
-
-
-def _check_axes(
-    workers: Sequence[int | str], prefetch: Sequence[int], orders: Sequence[str]
-) -> tuple[tuple[int | str, ...], tuple[int, ...], tuple[str, ...]]:
-    if isinstance(orders, str):
-        orders = [o.strip() for o in orders.split(",") if o.strip()]
-    for name, axis in (("workers", workers), ("prefetch", prefetch), ("orders", orders)):
-        if isinstance(axis, (str, bytes)) and name != "orders" or not len(axis):
-            raise OptionError(f"{name} must be a non-empty list, got {axis!r}")
-        if len(set(axis)) != len(axis):
-            raise OptionError(f"{name} repeats a value: {list(axis)!r}")
-    for o in orders:
-        if o not in _ORDER_RANK:
-            raise OptionError(f"orders must be random, block or sequential, got {o!r}")
-    for p in prefetch:
-        if not isinstance(p, int) or isinstance(p, bool) or p < 1:
-            raise OptionError(f"prefetch values must be integers >= 1 (workers=0 reads none ahead), got {p!r}")
-    for w in workers:
-        LoaderOptions(workers=w)  # type: ignore[arg-type]  # an OptionError names a bad value
-    return tuple(workers), tuple(prefetch), tuple(orders)
+    return min(
+        tied, key=lambda c: (TUNE_ORDER_RANK.get(c.order, 9), _threads_rank(c.workers), c.prefetch, -c.busy_share)
+    )
 
 
 def tune(
     store: Any,
-    step_ms: float,
+    step_ms: float | None = None,
     batch_size: int | None = None,
     *,
-    split: str | None = None,
-    workers: Sequence[int | str] | None = None,
-    prefetch: Sequence[int] = DEFAULT_PREFETCH,
-    orders: Sequence[str] = DEFAULT_ORDERS,
-    max_batches: int = 100,
-    max_seconds: float = 0.1,
-    repeat: int = 3,
-    source: str | os.PathLike[str] | None = None,
-    sample: int = 128,
+    options: TuneOptions | None = None,
     measure: Measure | None = None,
     progress: Callable[[str], None] | None = None,
+    **keywords: Any,
 ) -> TuneResult:
     """Recommend loader options for ``store`` under a training step of ``step_ms`` per batch.
 
@@ -422,19 +388,19 @@ def tune(
     of one split. With ``source`` (the folder the store was built from) it also trial-builds
     ``sample`` of its images (:func:`rebuild_trials`). ``measure`` replaces :func:`measure_loader`
     (tests pass fixed measurements).
+
+    The settings are a :class:`~dlpack.options.TuneOptions` (``options``), with keywords (its
+    field names; ``step_ms`` and ``batch_size`` may also be given by position) replacing fields.
     """
     t0 = time.perf_counter()
-    if not _positive_number(step_ms):
-        raise OptionError(f"step_ms must be a positive number of milliseconds per batch, got {step_ms!r}")
-    step_ms = float(step_ms)
-    budget = Budget(max_batches, max_seconds)
-    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
-        raise OptionError(f"repeat must be an integer >= 1, got {repeat!r}")
-    if workers is None:
-        workers = DEFAULT_WORKERS
-    axes = _check_axes(workers, prefetch, orders)
-    batch_size = LoaderOptions().batch_size if batch_size is None else batch_size
-    LoaderOptions(batch_size=batch_size)  # an OptionError names a bad batch size
+    given = {k: v for k, v in (("step_ms", step_ms), ("batch_size", batch_size)) if v is not None}
+    opts = with_keywords(options, TuneOptions, {**given, **keywords}, "tune", also=("measure", "progress"))
+    step_ms = check_step_ms(opts.step_ms)
+    budget = Budget(opts.max_batches, opts.max_seconds)
+    repeat, split, source, sample = opts.repeat, opts.split, opts.source, opts.sample
+    workers = DEFAULT_WORKERS if opts.workers is None else opts.workers
+    axes = (tuple(workers), opts.prefetch, opts.orders)
+    batch_size = LoaderOptions().batch_size if opts.batch_size is None else opts.batch_size
     measure = measure or measure_loader
     say = progress or (lambda text: None)
     ds = _open(store)
@@ -614,8 +580,7 @@ def rebuild_trials(
     from .pack import build
     from .read.dataset import Dataset
 
-    if not isinstance(sample, int) or isinstance(sample, bool) or sample < 1:
-        raise OptionError(f"sample must be an integer >= 1, got {sample!r}")
+    check_int("sample", sample, 1)
     src = Path(source)
     rels = _sample_files(src, sample)
     pairs, _, own = _trial_grid(ds)

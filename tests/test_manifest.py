@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlpack import FORMAT_VERSION, FormatVersionError, ImageSpec, InputFileError, Manifest, StoreError
+from dlpack import FORMAT_VERSION, FormatVersionError, ImageSpec, Manifest, StoreError
+from dlpack.errors import InputFileError
 from dlpack.manifest import ArraySpec
 
 text = st.text(max_size=12)

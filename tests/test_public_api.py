@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +35,10 @@ PUBLIC = {
     "RaggedBatch",
     "EpochStats",
     "tune",
+    "TuneOptions",
     "TuneResult",
     "augment",
+    "AugmentOptions",
     "AugmentResult",
     "Manifest",
     "ImageSpec",
@@ -90,11 +91,7 @@ def test_every_public_error_is_exported_and_a_dlpack_error() -> None:
     for name in errors.__all__:
         obj = getattr(dlpack, name)
         assert obj is getattr(errors, name)
-        if isinstance(obj, type) and issubclass(obj, BaseException):
-            assert issubclass(obj, dlpack.DlpackError), name
-        else:
-            # The one kind of non-exception an error module exports: a record the errors carry.
-            assert is_dataclass(obj), name
+        assert isinstance(obj, type) and issubclass(obj, dlpack.DlpackError), name
 
 
 def test_every_exception_defined_in_errors_is_in_its_all() -> None:
@@ -127,7 +124,8 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
     ("name", "builtin"),
     [
         ("OptionError", ValueError),
-        ("SourceError", FileNotFoundError),
+        ("SourceNotFoundError", FileNotFoundError),
+        ("LabelFileError", ValueError),
         ("BadInputsError", ValueError),
         ("StoreExistsError", FileExistsError),
         ("StoreNotFoundError", FileNotFoundError),
@@ -140,6 +138,27 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 def test_errors_subclass_dlpack_error_and_a_builtin(name: str, builtin: type) -> None:
     cls = getattr(dlpack, name)
     assert issubclass(cls, dlpack.DlpackError) and issubclass(cls, builtin)
+
+
+def test_a_malformed_label_file_is_a_source_error_but_no_missing_file() -> None:
+    assert issubclass(dlpack.LabelFileError, dlpack.SourceError)
+    assert issubclass(dlpack.SourceNotFoundError, dlpack.SourceError)
+    assert not issubclass(dlpack.LabelFileError, FileNotFoundError)
+
+
+def test_the_decode_and_upscale_errors_are_dlpack_errors() -> None:
+    from dlpack.sources.decode import DecodeError
+    from dlpack.transforms.functional import UpscaleError
+
+    for cls in (DecodeError, UpscaleError):
+        assert issubclass(cls, dlpack.DlpackError) and issubclass(cls, ValueError)
+
+
+def test_every_option_class_lives_in_dlpack_options() -> None:
+    from dlpack import options
+
+    for name in ("BuildOptions", "AugmentOptions", "LoaderOptions", "BenchOptions", "TuneOptions"):
+        assert getattr(dlpack, name) is getattr(options, name) and name in options.__all__
 
 
 @pytest.mark.slow

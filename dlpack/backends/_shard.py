@@ -114,7 +114,7 @@ def parse_array_meta(meta: Any, where: Path) -> dict[str, Any]:
 
 
 def crc32c(data: bytes | np.ndarray) -> int:
-    import google_crc32c  # a dependency of zarr itself
+    import google_crc32c  # a dependency of dlpack itself (pyproject.toml)
 
     return int(google_crc32c.value(bytes(data)))
 

@@ -8,7 +8,7 @@ store's resolution, as a training script without dlpack would do, so the compari
 Cold runs evict every file of the target from the page cache first (``posix_fadvise``, no root
 needed) and check with ``mincore`` that the pages are gone; see docs/bench.md for the limits.
 
-The package, in the order data flows through it: ``options`` (:class:`BenchOptions`),
+The package, in the order data flows through it: :class:`BenchOptions` (in :mod:`dlpack.options`),
 ``targets`` (a path becomes a store or a ``folder`` reader), ``pagecache`` (evict, prime,
 measure residency; POSIX), ``measure`` (timed runs through the Loader), ``results`` (runs
 and cells), ``machine`` (facts about the machine), ``report`` (:class:`BenchReport`: table, JSON, notes), ``plot`` (matplotlib, on use),
@@ -17,7 +17,7 @@ and ``run`` (:func:`run_bench`, which drives them all).
 
 from __future__ import annotations
 
-from .options import CACHES, ORDERS, BenchOptions
+from ..options import CACHES, ORDERS, BenchOptions
 from .report import BenchReport, check_outputs
 from .results import BenchCell, BenchRun
 from .run import run_bench

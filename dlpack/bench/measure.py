@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..read.loader import Loader, LoaderOptions
+from ..options import BenchOptions, LoaderOptions
+from ..read.loader import Loader
 from .folder import FolderReader, FolderSpec
-from .options import BenchOptions
 from .pagecache import evict, prime, resident_fraction
 from .results import BenchCell, BenchRun, summarise_cell
 from .targets import Target

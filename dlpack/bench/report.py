@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
+from ..options import BenchOptions
 from .machine import mount_of
-from .options import BenchOptions
 from .results import WARM_MIN, BenchCell, format_ratio
 from .targets import DECODED_KINDS, Target
 

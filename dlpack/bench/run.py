@@ -10,10 +10,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import OptionError, StoreError
-from ..options import with_keywords
+from ..options import BenchOptions, with_keywords
 from .machine import load_average, machine_info
 from .measure import measure_cell, reset_peak_rss
-from .options import BenchOptions
 from .report import BenchReport, report_notes
 from .results import BenchCell, with_ratios
 from .targets import reference_spec, resolve_target, unique_names

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError, StoreError, StoreNotFoundError
+from ..options import BenchOptions
 from .folder import FolderReader, FolderSpec
-from .options import BenchOptions
 from .pagecache import files_under
 
 if TYPE_CHECKING:
@@ -135,10 +135,9 @@ def resolve_target(path: str | os.PathLike[str]) -> Target:
             ) from None
         backend = None
     if backend is None:
-        from ..sources.folder import scan_folder
+        from ..sources.folder import FolderSource
 
-        items, _classes, _errors = scan_folder(p, labels="none")
-        rels = [it.rel for it in items]
+        rels = [it.rel for it in FolderSource(p, labels="none").scan().items]
         sizes = np.array([os.path.getsize(p / r) for r in rels], dtype=np.int64)
         return Target(
             name=p.resolve().name or str(p),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..errors import OptionError
 from ._common import Notes, describe, note_classes, staged_output
 

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from .._names import shown
-from ..errors import InputFileError, SourceError
+from ..errors import InputFileError, LabelFileError, SourceError, SourceNotFoundError
 from ..sources._entries import file_problem, load_json, name_problem
 from ..sources.base import SourceItem, SourceScan
 
@@ -136,7 +136,7 @@ def dldataset_json(path: str | os.PathLike[str]) -> Path:
         if not p.is_file():
             raise SourceError(f"{os.fspath(path)!r} is a folder without {_FILE_NAME}; give the DLDataset's JSON file")
     elif not p.exists():
-        raise SourceError(f"DLDataset {os.fspath(path)!r} does not exist")
+        raise SourceNotFoundError(f"DLDataset {os.fspath(path)!r} does not exist")
     return p
 
 
@@ -151,7 +151,7 @@ def _is_int(v: Any) -> bool:
 
 def _folder(base: Path, value: Any, key: str, where: str) -> Path:
     if not isinstance(value, str):
-        raise SourceError(f"{where}: {key} must be a string (a folder path), got {value!r}")
+        raise LabelFileError(f"{where}: {key} must be a string (a folder path), got {value!r}")
     p = Path(value)
     return p if p.is_absolute() else base / p
 
@@ -171,7 +171,7 @@ def _task(samples: Sequence[Mapping[str, Any]], top: Mapping[str, Any], where: s
         oriented = [key for key in ORIENTED_KEYS if key in s]
         if oriented:
             count = sum(1 for t in samples if any(key in t for key in ORIENTED_KEYS))
-            raise SourceError(
+            raise LabelFileError(
                 f"{where}: sample {_sample_name(k, s)} has oriented boxes ({', '.join(oriented)}): oriented "
                 f"boxes (rectangle2) are not supported yet ({count} sample(s) have them); convert them to "
                 "axis-aligned boxes (bbox_row1, bbox_col1, bbox_row2, bbox_col2)"
@@ -184,7 +184,7 @@ def _task(samples: Sequence[Mapping[str, Any]], top: Mapping[str, Any], where: s
             first.setdefault(task, f"the top-level key {key}")
     if len(first) > 1:
         named = "; ".join(f"{task} ({who})" for task, who in first.items())
-        raise SourceError(f"{where} mixes the keys of several tasks: {named}; a DLDataset holds one task")
+        raise LabelFileError(f"{where} mixes the keys of several tasks: {named}; a DLDataset holds one task")
     return next(iter(first), "none")
 
 
@@ -199,59 +199,61 @@ def read_dldataset(path: str | os.PathLike[str]) -> DLDatasetInfo:
     where = repr(os.fspath(p))
     top = load_json(p, "DLDataset")
     if not isinstance(top, dict):
-        raise SourceError(f"DLDataset {where} must hold a JSON object, got {type(top).__name__}")
+        raise LabelFileError(f"DLDataset {where} must hold a JSON object, got {type(top).__name__}")
     unknown = sorted(set(top) - set(TOP_KEYS))
     if unknown:
-        raise SourceError(
+        raise LabelFileError(
             f"DLDataset {where} has top-level key(s) a DLDataset does not have: {', '.join(map(repr, unknown))} "
             f"(known: {', '.join(TOP_KEYS)})"
         )
     missing = [k for k in ("image_dir", "class_names", "class_ids", "samples") if k not in top]
     if missing:
-        raise SourceError(f"DLDataset {where} lacks the key(s) {', '.join(missing)}")
+        raise LabelFileError(f"DLDataset {where} lacks the key(s) {', '.join(missing)}")
     names = _tuple(top["class_names"])
     ids = _tuple(top["class_ids"])
     if not all(isinstance(n, str) and n for n in names):
-        raise SourceError(f"DLDataset {where}: class_names must be non-empty strings, got {top['class_names']!r}")
+        raise LabelFileError(f"DLDataset {where}: class_names must be non-empty strings, got {top['class_names']!r}")
     if not all(_is_int(i) for i in ids):
-        raise SourceError(f"DLDataset {where}: class_ids must be integers, got {top['class_ids']!r}")
+        raise LabelFileError(f"DLDataset {where}: class_ids must be integers, got {top['class_ids']!r}")
     if len(names) != len(ids):
-        raise SourceError(f"DLDataset {where}: {len(names)} class_names but {len(ids)} class_ids; they must be aligned")
+        raise LabelFileError(
+            f"DLDataset {where}: {len(names)} class_names but {len(ids)} class_ids; they must be aligned"
+        )
     for what, values in (("class_names", names), ("class_ids", ids)):
         dup = sorted({repr(v) for v in values if values.count(v) > 1})
         if dup:
-            raise SourceError(f"DLDataset {where}: {what} repeats {', '.join(dup)}; each class must be listed once")
+            raise LabelFileError(f"DLDataset {where}: {what} repeats {', '.join(dup)}; each class must be listed once")
     samples = top["samples"]
     if not isinstance(samples, list):
-        raise SourceError(f"DLDataset {where}: samples must be a list of objects, got {type(samples).__name__}")
+        raise LabelFileError(f"DLDataset {where}: samples must be a list of objects, got {type(samples).__name__}")
     for k, s in enumerate(samples):
         if not isinstance(s, dict):
-            raise SourceError(f"DLDataset {where}: samples[{k}] must be an object, got {type(s).__name__}")
+            raise LabelFileError(f"DLDataset {where}: samples[{k}] must be an object, got {type(s).__name__}")
     if not samples:
-        raise SourceError(f"DLDataset {where} holds no samples")
+        raise LabelFileError(f"DLDataset {where} holds no samples")
     seen: dict[Any, int] = {}
     for k, s in enumerate(samples):
         iid = s.get("image_id")
         if _is_int(iid):
             if iid in seen:
-                raise SourceError(
+                raise LabelFileError(
                     f"DLDataset {where}: image_id {iid} is used twice, by {_sample_name(seen[iid], samples[seen[iid]])} "
                     f"and samples[{k}] ({shown(s.get('image_file_name'))}); each sample needs its own id"
                 )
             seen[iid] = k
     task = _task(samples, top, f"DLDataset {where}")
     if task == "anomaly" and not {"ok", "nok"} <= set(names):
-        raise SourceError(f"DLDataset {where}: an anomaly dataset names its classes ok and nok, got {names!r}")
+        raise LabelFileError(f"DLDataset {where}: an anomaly dataset names its classes ok and nok, got {names!r}")
     base = p.parent
     seg = anomaly = None
     if task == "segmentation":
         if "segmentation_dir" not in top:
-            raise SourceError(f"DLDataset {where} has segmentation_file_name samples but no segmentation_dir")
+            raise LabelFileError(f"DLDataset {where} has segmentation_file_name samples but no segmentation_dir")
         seg = _folder(base, top["segmentation_dir"], "segmentation_dir", f"DLDataset {where}")
     if "anomaly_dir" in top:
         anomaly = _folder(base, top["anomaly_dir"], "anomaly_dir", f"DLDataset {where}")
     elif any("anomaly_file_name" in s for s in samples):
-        raise SourceError(f"DLDataset {where} has anomaly_file_name samples but no anomaly_dir")
+        raise LabelFileError(f"DLDataset {where} has anomaly_file_name samples but no anomaly_dir")
     return DLDatasetInfo(
         path=p,
         image_dir=_folder(base, top["image_dir"], "image_dir", f"DLDataset {where}"),

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from .. import _parallel
 from ..backends import Backend, backend_for_path, owned_store, remove_store
-from ..errors import OptionError, SourceError, StoreExistsError
+from ..errors import OptionError, SourceNotFoundError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
 from ..storage.lock import BuildLock, journal_path, partial_path
@@ -149,7 +149,9 @@ def build(
     opts = with_keywords(options, BuildOptions, kwargs, "build")
     t0 = time.perf_counter()
     if isinstance(src, (str, os.PathLike)) and not os.fspath(src):
-        raise SourceError("the source path is empty; give the folder of images (use '.' for the current folder)")
+        raise SourceNotFoundError(
+            "the source path is empty; give the folder of images (use '.' for the current folder)"
+        )
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
     out_path = Path(out)

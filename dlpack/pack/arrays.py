@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..backends import ArraySpec
 from ..manifest import Manifest
 from ..ragged import RaggedBatch

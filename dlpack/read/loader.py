@@ -28,11 +28,12 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..errors import OptionError, StateError
+from ..options import LoaderOptions, Order, online_layer
 from ..timing import EpochStats, PassTimer, batch_nbytes
 
 __all__ = ["BatchSource", "Loader", "LoaderOptions", "auto_workers", "epoch_order", "rank_indices", "sample_rng"]
@@ -84,148 +85,9 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(epoch), int(index), _SAMPLE_TAG])
 
 
-#: 2: states record the selection of samples (version 1 states, which have none, mean every sample).
-#: 3: states record the earlier world sizes of the current epoch (``segments``), so a state loads
-#: at any world size (version 1 and 2 states have none: the epoch ran at one world size).
+#: The version of :meth:`Loader.state_dict`'s states: they record the selection of samples and the
+#: earlier world sizes of the current epoch (``segments``), so a state loads at any world size.
 STATE_VERSION = 3
-Order = Literal["random", "sequential", "block"]
-
-
-@dataclass(frozen=True)
-class LoaderOptions:
-    """How a :class:`Loader` walks a store.
-
-    ``order=None`` means ``"random"`` when ``shuffle`` else ``"sequential"``. ``prefetch`` is the
-    number of batches read ahead (4 by default: a read-ahead 3-6 batches deep keeps a GPU fed;
-    0 reads each batch when asked). ``workers`` threads share that read-ahead; ``"auto"`` (the
-    default) lets the loader pick their number from the batch's bytes, the store's compression and
-    the cores it may use (:func:`auto_workers`; ``repr(loader)`` says what it picked and why).
-
-    Augmentation (docs/loader.md, "Cached augmentation views"): ``augment="cached"`` serves each
-    sample the stored view (original or variant) its schedule picks for the epoch;
-    ``original_rate`` serves the original with that probability per epoch instead;
-    ``views_per_batch=m`` puts m different views of each image into one batch (``batch_size``
-    rows, ``batch_size / m`` images); ``online`` (True, a dict or a
-    :class:`~dlpack.transforms.online.OnlineAugment`, kept as its dict) re-applies a cheap seeded
-    layer (flips, quarter turns, brightness/contrast) on the reader threads. All off by default.
-
-    ``report=True`` prints one line per pass to stderr (:meth:`Loader.stats` keeps them all):
-    ``epoch 3: 41,212 img/s, waited 2.1 % of the time (p99 0.4 ms)``.
-
-    ``read_ahead_epochs`` (on by default): when a pass has submitted the last reads of its epoch,
-    the reader threads go on with the first batches of the next epoch, so the next pass does not
-    start with a wait; a pass that starts elsewhere (``set_epoch`` to another epoch, a loaded
-    state) drops them. Off, and with a ``transform`` (which may count or log what it sees), no
-    read happens after a pass ends (what a cold-cache measurement that evicts the files after
-    each pass needs).
-    """
-
-    batch_size: int = 32
-    shuffle: bool = True
-    seed: int = 0
-    drop_last: bool = False
-    prefetch: int = 4
-    workers: int | Literal["auto"] = "auto"
-    rank: int = 0
-    world_size: int = 1
-    order: Order | None = None
-    # Block order for cold storage: runs of consecutive samples are shuffled, then samples are
-    # shuffled inside windows of runs; 64 x 16 keeps reads sequential-ish and mixing wide.
-    block_size: int = 64
-    window: int = 16
-    augment: Literal["cached"] | None = None
-    original_rate: float | None = None
-    views_per_batch: int = 1
-    online: dict[str, Any] | None = None
-    report: bool = False
-    read_ahead_epochs: bool = True
-
-    def __post_init__(self) -> None:
-        def positive(name: str, value: int, minimum: int = 1) -> None:
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-                raise OptionError(f"{name} must be an integer >= {minimum}, got {value!r}")
-            object.__setattr__(self, name, int(value))  # NumPy integers would break JSON states
-
-        positive("seed", self.seed, 0)
-        positive("batch_size", self.batch_size)
-        positive("prefetch", self.prefetch, 0)
-        if self.workers != "auto":
-            if isinstance(self.workers, str):
-                raise OptionError(f"workers must be 'auto' or an integer >= 0, got {self.workers!r}")
-            positive("workers", self.workers, 0)
-        positive("world_size", self.world_size)
-        positive("block_size", self.block_size)
-        positive("window", self.window)
-        rank = self.rank
-        if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
-            raise OptionError(
-                f"rank must be in 0..{self.world_size - 1} for world_size {self.world_size}, got {rank!r}"
-            )
-        object.__setattr__(self, "rank", int(rank))
-        if self.order is not None and self.order not in ("random", "sequential", "block"):
-            raise OptionError(f"order must be random, sequential or block, got {self.order!r}")
-        if not isinstance(self.read_ahead_epochs, bool):
-            raise OptionError(f"read_ahead_epochs must be True or False, got {self.read_ahead_epochs!r}")
-        self._check_augment(positive)
-
-    def _check_augment(self, positive: Callable[[str, int, int], None]) -> None:
-        if self.augment not in (None, "cached"):
-            raise OptionError(
-                f"augment must be None or 'cached' (serve the store's augmentation variants), got {self.augment!r}"
-            )
-        positive("views_per_batch", self.views_per_batch, 1)
-        m = self.views_per_batch
-        if m > 1 and self.augment != "cached":
-            raise OptionError(
-                f"views_per_batch={m} serves {m} stored views of each image in a batch; pass augment='cached' "
-                "(a store with variants), or views_per_batch=1"
-            )
-        if self.batch_size % m:
-            raise OptionError(
-                f"views_per_batch={m} must divide batch_size={self.batch_size}: a batch holds batch_size / "
-                f"views_per_batch images, {m} rows each"
-            )
-        if self.original_rate is not None:
-            from .schedule import check_rate
-
-            object.__setattr__(self, "original_rate", check_rate(self.original_rate))
-            if self.augment != "cached":
-                raise OptionError(
-                    "original_rate chooses between the original and the cached variants; pass augment='cached'"
-                )
-        object.__setattr__(self, "online", online_dict(self.online))
-
-    @property
-    def effective_order(self) -> Order:
-        if self.order is not None:
-            return self.order
-        return "random" if self.shuffle else "sequential"
-
-
-def online_layer(value: Any) -> Any:
-    """The :class:`~dlpack.transforms.online.OnlineAugment` that ``online=`` names (imported on first use)."""
-    try:
-        from ..transforms.online import OnlineAugment
-    except ImportError as exc:
-        raise OptionError(f"online= needs dlpack.transforms.online, which cannot be imported: {exc}") from exc
-    try:
-        return OnlineAugment.from_value(value)
-    except OptionError as exc:
-        if "online" in str(exc):
-            raise
-        raise OptionError(f"online: {exc}") from exc
-    except (TypeError, ValueError, KeyError) as exc:
-        raise OptionError(f"online must be True, a dict of OnlineAugment fields or an OnlineAugment: {exc}") from exc
-
-
-def online_dict(value: Any) -> dict[str, Any] | None:
-    """``online=`` in the form states keep: None when off, else the layer's JSON-ready dict."""
-    if value is None or value is False:
-        return None
-    out = online_layer(value).to_dict()
-    if not isinstance(out, dict):
-        raise OptionError(f"online: OnlineAugment.to_dict() gave {type(out).__name__}, not a dict")
-    return dict(out)
 
 
 #: Keywords a ``transform`` may declare to be given them: the epoch, the batch's sample indices,
@@ -639,11 +501,6 @@ class Loader:
         self.finisher = finisher
         self._pick_workers(finisher_works=works)
 
-    @property
-    def dataset(self) -> BatchSource:
-        """The source read (kept under its first name)."""
-        return self.source
-
     # ------------------------------------------------------------------ order
 
     def _global(self, epoch: int) -> np.ndarray:
@@ -994,6 +851,8 @@ class Loader:
             raise StateError("not a dlpack loader state (no 'options' dict)")
         if state["version"] > STATE_VERSION:
             raise StateError(f"loader state version {state['version']} is newer than this dlpack ({STATE_VERSION})")
+        if state["version"] < STATE_VERSION:
+            raise StateError(f"loader state version {state['version']} is not one this dlpack reads ({STATE_VERSION})")
         saved = state["options"]
         mine = asdict(self.options)
         for key in AUGMENT_OPTIONS:  # first: a state of cached views is also a state of other data
@@ -1009,13 +868,9 @@ class Loader:
                 f"this one is {where} ({len(self.source)} samples, id {self._fingerprint()})"
             )
         mine_sel = self._selection_state()
-        if state["version"] < 2:  # made before selections: it walked the whole store
-            whole = np.arange(len(self.source), dtype=np.int64)
-            saved_sel: Any = {"split": None, "count": len(whole), "digest": selection_digest(whole)}
-        else:
-            saved_sel = state.get("selection")
-            if not isinstance(saved_sel, dict):
-                raise StateError("not a dlpack loader state (no 'selection' dict)")
+        saved_sel = state.get("selection")
+        if not isinstance(saved_sel, dict):
+            raise StateError("not a dlpack loader state (no 'selection' dict)")
         if saved_sel.get("digest") != mine_sel["digest"] or saved_sel.get("count") != mine_sel["count"]:
             raise StateError(
                 f"this state was saved for another selection of samples ({_describe(saved_sel)}); "
@@ -1089,9 +944,7 @@ def _count(value: Any, minimum: int) -> bool:
 
 
 def _segments(state: dict[str, Any]) -> tuple[tuple[int, int], ...]:
-    """A state's ``segments`` as ``(world_size, position)`` pairs (version 1 and 2 states: none)."""
-    if state["version"] < 3:
-        return ()
+    """A state's ``segments`` as ``(world_size, position)`` pairs."""
     raw = state.get("segments")
     if not isinstance(raw, list):
         raise StateError("not a dlpack loader state (no 'segments' list)")

@@ -13,7 +13,7 @@ from .base import Source, SourceItem, SourceScan
 from .coco import CocoSource
 from .csv import CsvSource
 from .decode import DecodeError, PreparedImage, TargetSpec, decode_image, prepare_image, read_source_file
-from .folder import FolderSource, scan_folder
+from .folder import FolderSource
 from .labels import LabelOutputs, prepare_labels
 from .labels_kind import label_source, parse_labels
 from .masks import MaskFolderSource
@@ -23,7 +23,6 @@ __all__ = [
     "SourceItem",
     "SourceScan",
     "FolderSource",
-    "scan_folder",
     "CocoSource",
     "MaskFolderSource",
     "AnomalyFolderSource",

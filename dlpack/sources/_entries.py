@@ -16,7 +16,7 @@ from typing import Any
 
 from .._json import parse_json, read_text_file
 from .._names import shown
-from ..errors import SourceError
+from ..errors import LabelFileError, SourceError, SourceNotFoundError
 from ..options import IMAGE_SUFFIXES
 from .base import SourceScan
 
@@ -97,20 +97,21 @@ def file_problem(root: Path, rel: str, folder: str = "the image folder") -> str 
 
 
 def read_text(path: str | os.PathLike[str], what: str) -> str:
-    """The UTF-8 text of the annotation file ``path`` (a BOM is dropped); a :class:`SourceError` if unusable.
+    """The UTF-8 text of the annotation file ``path`` (a BOM is dropped); a :class:`LabelFileError` if
+    unusable, a :class:`SourceNotFoundError` if missing.
 
     Read as images are (:func:`dlpack._json.read_text_file`): a regular file, or a pipe with a writer
     (``csv:<(command)``), within the size limit; a named pipe nobody writes to or a device is refused.
     """
     name = f"{what} {shown(os.fspath(path))!r}"
-    return read_text_file(path, name, SourceError, pipes=True).removeprefix("\ufeff")
+    return read_text_file(path, name, LabelFileError, pipes=True, missing=SourceNotFoundError).removeprefix("\ufeff")
 
 
 def load_json(path: str | os.PathLike[str], what: str) -> Any:
     """The parsed JSON of ``path``, read strictly (:func:`dlpack._json.parse_json`): malformed JSON,
-    a key given twice, a number no label has or deep nesting is a :class:`SourceError` naming the file."""
+    a key given twice, a number no label has or deep nesting is a :class:`LabelFileError` naming the file."""
     name = f"{what} {shown(os.fspath(path))!r}"
-    return parse_json(read_text(path, what), name, SourceError)
+    return parse_json(read_text(path, what), name, LabelFileError)
 
 
 def stem(rel: str) -> str:
@@ -130,7 +131,7 @@ def label_files(folder: Path) -> dict[str, list[str]]:
     """
     where = shown(os.fspath(folder))
     if not folder.exists():
-        raise SourceError(f"label folder {where!r} does not exist")
+        raise SourceNotFoundError(f"label folder {where!r} does not exist")
     if not folder.is_dir():
         raise SourceError(f"label folder {where!r} is not a folder")
     found: dict[str, list[str]] = {}

@@ -40,7 +40,7 @@ from typing import Any, TypeGuard
 
 from .._files import open_regular
 from .._names import shown
-from ..errors import InputFileError, SourceError
+from ..errors import InputFileError, LabelFileError, SourceError, SourceNotFoundError
 from ._entries import check_root, file_problem, listing, load_json, relative_name
 from .base import SourceItem, SourceScan
 from .probe import HEADER_BYTES, probe_header
@@ -153,17 +153,18 @@ class CocoSource:
         """
         root = self.root
         if not root.is_dir():
-            what = "does not exist" if not root.exists() else "is not a folder"
-            raise SourceError(f"COCO image folder {shown(os.fspath(root))!r} {what}")
+            if not root.exists():
+                raise SourceNotFoundError(f"COCO image folder {shown(os.fspath(root))!r} does not exist")
+            raise SourceError(f"COCO image folder {shown(os.fspath(root))!r} is not a folder")
         where = shown(os.fspath(self.annotation_file))
         doc = load_json(self.annotation_file, "COCO annotation file")
         if not isinstance(doc, dict):
-            raise SourceError(f"COCO file {where!r} must hold a JSON object with images, annotations and categories")
+            raise LabelFileError(f"COCO file {where!r} must hold a JSON object with images, annotations and categories")
         for key in ("images", "annotations", "categories"):
             if key not in doc:
-                raise SourceError(f"COCO file {where!r} has no {key!r} list (a required key)")
+                raise LabelFileError(f"COCO file {where!r} has no {key!r} list (a required key)")
             if not isinstance(doc[key], list):
-                raise SourceError(f"COCO file {where!r}: {key!r} must be a list, got {type(doc[key]).__name__}")
+                raise LabelFileError(f"COCO file {where!r}: {key!r} must be a list, got {type(doc[key]).__name__}")
         classes, class_ids = _categories(doc["categories"], where)
         index = {cid: k for k, cid in enumerate(class_ids)}
         images = _images(doc["images"], where)
@@ -174,7 +175,7 @@ class CocoSource:
             for a in anns
         )
         if self.instance_masks and not wants_masks:
-            raise SourceError(
+            raise LabelFileError(
                 f"instance masks need segmentations, but no annotation in COCO file {where!r} has one; "
                 "drop --instance-masks to pack the boxes only"
             )
@@ -258,7 +259,7 @@ class CocoSource:
                     ann_out["instance_masks"] = True
             items.append(SourceItem(rel, None, ann_out))
         if not items and not errors:
-            raise SourceError(f"COCO file {where!r} lists no images")
+            raise LabelFileError(f"COCO file {where!r} lists no images")
         check_root(root, missing, len(images), f"COCO file {where!r}")
         notes: tuple[str, ...] = ()
         if clipped:
@@ -307,7 +308,7 @@ def _check_mask_ids(by_image: Mapping[int, list[Mapping[str, Any]]], names: Mapp
             why = "a mask pixel cannot hold it"
         shown_ids = ", ".join(map(str, aids[:5])) + (f" and {len(aids) - 5} more" if len(aids) > 5 else "")
         parts.append(f"category {shown(names[cid])!r} has id {cid} ({why}; annotation id(s) {shown_ids})")
-    raise SourceError(
+    raise LabelFileError(
         f"COCO file {where!r}: the segmentations are painted into class masks (pixel = category id), which hold "
         f"ids {lo} to {hi}, but " + "; ".join(parts) + f": give the category an id from {lo} to {hi}, or pass "
         "--instance-masks (instance_masks=True) to store instance masks"
@@ -320,14 +321,14 @@ def _categories(cats: list[Any], where: str) -> tuple[tuple[str, ...], tuple[int
     names: dict[str, int] = {}
     for n, cat in enumerate(cats):
         if not isinstance(cat, Mapping) or not _is_int(cat.get("id")):
-            raise SourceError(f"COCO file {where!r}: categories[{n}] has no integer 'id'")
+            raise LabelFileError(f"COCO file {where!r}: categories[{n}] has no integer 'id'")
         cid, name = cat["id"], cat.get("name")
         if not isinstance(name, str) or not name.strip():
-            raise SourceError(f"COCO file {where!r}: category id {cid} has no 'name' (a non-empty string)")
+            raise LabelFileError(f"COCO file {where!r}: category id {cid} has no 'name' (a non-empty string)")
         if cid in by_id:
-            raise SourceError(f"COCO file {where!r}: category id {cid} is listed twice ({by_id[cid]!r}, {name!r})")
+            raise LabelFileError(f"COCO file {where!r}: category id {cid} is listed twice ({by_id[cid]!r}, {name!r})")
         if name in names:
-            raise SourceError(
+            raise LabelFileError(
                 f"COCO file {where!r}: categories {names[name]} and {cid} have the same name {shown(name)!r}; "
                 "class names must be unique"
             )
@@ -344,19 +345,19 @@ def _images(images: list[Any], where: str) -> list[tuple[int, Mapping[str, Any]]
     files: dict[str, int] = {}
     for n, entry in enumerate(images):
         if not isinstance(entry, Mapping) or not _is_int(entry.get("id")):
-            raise SourceError(f"COCO file {where!r}: images[{n}] has no integer 'id' (a required key)")
+            raise LabelFileError(f"COCO file {where!r}: images[{n}] has no integer 'id' (a required key)")
         image_id = entry["id"]
         if "file_name" not in entry:
-            raise SourceError(f"COCO file {where!r}: image id {image_id} has no 'file_name' (a required key)")
+            raise LabelFileError(f"COCO file {where!r}: image id {image_id} has no 'file_name' (a required key)")
         if image_id in seen:
-            raise SourceError(
+            raise LabelFileError(
                 f"COCO file {where!r}: image id {image_id} is listed twice (images[{seen[image_id]}] and images[{n}])"
             )
         seen[image_id] = n
         rel, _ = relative_name(entry["file_name"])
         if rel is not None:
             if rel in files:
-                raise SourceError(
+                raise LabelFileError(
                     f"COCO file {where!r}: image ids {files[rel]} and {image_id} both name the file {shown(rel)!r}"
                 )
             files[rel] = image_id
@@ -370,16 +371,16 @@ def _annotations(anns: list[Any], image_ids: set[int], where: str) -> dict[int, 
     seen: set[int] = set()
     for n, ann in enumerate(anns):
         if not isinstance(ann, Mapping) or not _is_int(ann.get("id")):
-            raise SourceError(f"COCO file {where!r}: annotations[{n}] has no integer 'id' (a required key)")
+            raise LabelFileError(f"COCO file {where!r}: annotations[{n}] has no integer 'id' (a required key)")
         aid = ann["id"]
         if aid in seen:
-            raise SourceError(f"COCO file {where!r}: annotation id {aid} is listed twice")
+            raise LabelFileError(f"COCO file {where!r}: annotation id {aid} is listed twice")
         seen.add(aid)
         image_id = ann.get("image_id")
         if not _is_int(image_id):
-            raise SourceError(f"COCO file {where!r}: annotation id {aid} has no integer 'image_id' (a required key)")
+            raise LabelFileError(f"COCO file {where!r}: annotation id {aid} has no integer 'image_id' (a required key)")
         if image_id not in image_ids:
-            raise SourceError(
+            raise LabelFileError(
                 f"COCO file {where!r}: annotation id {aid} names image id {image_id}, which 'images' does not list"
             )
         by_image.setdefault(image_id, []).append(ann)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._names import shown
-from ..errors import InputFileError, SourceError
+from ..errors import InputFileError, LabelFileError, SourceError, SourceNotFoundError
 from ._entries import check_root, file_problem, read_text, relative_name
 from .base import SourceItem, SourceScan
 
@@ -54,16 +54,17 @@ class CsvSource:
         """
         root = self.root
         if not root.is_dir():
-            what = "does not exist" if not root.exists() else "is not a folder"
-            raise SourceError(f"image folder {shown(os.fspath(root))!r} {what}")
+            if not root.exists():
+                raise SourceNotFoundError(f"image folder {shown(os.fspath(root))!r} does not exist")
+            raise SourceError(f"image folder {shown(os.fspath(root))!r} is not a folder")
         where = shown(os.fspath(self.csv_file))
         reader = csv.reader(io.StringIO(read_text(self.csv_file, "CSV file"), newline=""))
         try:
             rows = [(reader.line_num, row) for row in reader if row]
         except csv.Error as exc:
-            raise SourceError(f"CSV file {where!r} is malformed at line {reader.line_num}: {exc}") from None
+            raise LabelFileError(f"CSV file {where!r} is malformed at line {reader.line_num}: {exc}") from None
         if not rows:
-            raise SourceError(f"CSV file {where!r} is empty; it needs a header row: path,label[,split]")
+            raise LabelFileError(f"CSV file {where!r} is empty; it needs a header row: path,label[,split]")
         header = [h.strip().lower() for h in rows[0][1]]
         unknown = [h for h in header if h not in CSV_COLUMNS]
         if unknown or len(set(header)) != len(header) or not {"path", "label"} <= set(header):
@@ -74,7 +75,7 @@ class CsvSource:
                 if len(set(header)) != len(header)
                 else "no 'path' and 'label' columns"
             )
-            raise SourceError(
+            raise LabelFileError(
                 f"CSV file {where!r}: the header {shown(','.join(rows[0][1]))!r} has {problem}; "
                 "the first row must name the columns path,label[,split] (any order)"
             )
@@ -85,14 +86,16 @@ class CsvSource:
         missing: list[str] = []
         for line, row in rows[1:]:
             if len(row) != len(header):
-                raise SourceError(f"CSV file {where!r}: line {line} has {len(row)} field(s), the header {len(header)}")
+                raise LabelFileError(
+                    f"CSV file {where!r}: line {line} has {len(row)} field(s), the header {len(header)}"
+                )
             given = row[col["path"]]
             rel, reason = relative_name(given.strip())
             if rel is None:
                 errors.append(InputFileError(shown(given), f"line {line} of {where}: {reason}"))
                 continue
             if rel in seen:
-                raise SourceError(f"CSV file {where!r}: lines {seen[rel]} and {line} both name {shown(rel)!r}")
+                raise LabelFileError(f"CSV file {where!r}: lines {seen[rel]} and {line} both name {shown(rel)!r}")
             seen[rel] = line
             label = row[col["label"]].strip()
             split: str | None = (row[col["split"]].strip() or None) if "split" in col else None
@@ -104,7 +107,7 @@ class CsvSource:
                 continue
             items.append(SourceItem(rel, label, None, split))
         if not items and not errors:
-            raise SourceError(f"CSV file {where!r} lists no images (only the header)")
+            raise LabelFileError(f"CSV file {where!r} lists no images (only the header)")
         check_root(root, missing, len(rows) - 1, f"CSV file {where!r}")
         classes = tuple(sorted({i.label for i in items if i.label is not None}))
         return SourceScan(tuple(items), classes, tuple(errors), "csv", task="classification")

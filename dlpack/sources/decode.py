@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import DlpackError, OptionError
 from ..transforms.functional import (
     Geometry,
     UpscaleError,
@@ -60,7 +60,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-class DecodeError(ValueError):
+class DecodeError(DlpackError, ValueError):
     """A file is not a usable image; the message is the reason shown to the user."""
 
 

@@ -39,25 +39,15 @@ from pathlib import Path
 import numpy as np
 
 from .._names import code_points, normal_form, shown
-from ..errors import InputFileError, OptionError, SourceError
+from ..errors import InputFileError, OptionError, SourceError, SourceNotFoundError
 from ..options import IMAGE_SUFFIXES
 from ..storage.spill import PART, Column
 from ._items import ItemTable, Paths
 from .base import SourceItem, SourceScan
 
-# The decoding helpers lived here in the first release; callers still import them from this module.
-from .decode import DecodeError, check_header, decode_image, incomplete_reason, normalise_header, read_source_file
-
 __all__ = [
     "FolderSource",
     "SourceItem",
-    "scan_folder",
-    "read_source_file",
-    "decode_image",
-    "DecodeError",
-    "check_header",
-    "incomplete_reason",
-    "normalise_header",
     "SPLIT_NAMES",
     "UNSUPPORTED_SUFFIXES",
     "LABEL_FOLDER_NAMES",
@@ -355,7 +345,7 @@ class FolderSource:
         """
         root = self.root
         if not root.exists():
-            raise SourceError(f"source folder {os.fspath(root)!r} does not exist")
+            raise SourceNotFoundError(f"source folder {os.fspath(root)!r} does not exist")
         if not root.is_dir():
             raise SourceError(f"source {os.fspath(root)!r} is not a folder")
         walk = _Walk(os.path.realpath(root), self.follow_symlinks, self.exclude, self.check_labels)
@@ -588,11 +578,3 @@ def _twins_error(what: str, where: str, a: str, b: str) -> SourceError:
         "listing, and a copy made by a tool that normalises names (macOS, zip, sync tools) would no longer "
         "match them; rename or merge one of them"
     )
-
-
-def scan_folder(
-    root: str | os.PathLike[str], labels: str = "auto", follow_symlinks: bool = False, exclude: Sequence[str] = ()
-) -> tuple[list[SourceItem], tuple[str, ...], list[InputFileError]]:
-    """``FolderSource(root, labels, follow_symlinks, exclude).scan()`` as (items, classes, errors) lists."""
-    scan = FolderSource(root, labels, follow_symlinks, exclude).scan()
-    return list(scan.items), scan.classes, list(scan.errors)

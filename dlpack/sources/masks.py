@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .._names import shown
-from ..errors import InputFileError, SourceError
+from ..errors import InputFileError, LabelFileError, SourceError
 from ._entries import file_problem, label_files, listing, load_json, read_text, stem, walk_images
 from .base import SourceItem, SourceScan
 
@@ -43,14 +43,14 @@ def read_class_list(folder: Path) -> tuple[tuple[str, ...], tuple[int, ...]] | N
     """
     txt, js = folder / "classes.txt", folder / "classes.json"
     if txt.exists() and js.exists():
-        raise SourceError(f"{shown(os.fspath(folder))!r} holds both classes.txt and classes.json; keep one")
+        raise LabelFileError(f"{shown(os.fspath(folder))!r} holds both classes.txt and classes.json; keep one")
     if txt.exists():
         lines = read_text(txt, "class list").splitlines()
         while lines and not lines[-1].strip():
             lines.pop()
         for n, line in enumerate(lines, 1):
             if not line.strip():
-                raise SourceError(
+                raise LabelFileError(
                     f"class list {shown(os.fspath(txt))!r}: line {n} is empty (line k names class id k-1)"
                 )
         pairs = [(k, line.strip()) for k, line in enumerate(lines)]
@@ -66,35 +66,35 @@ def read_class_list(folder: Path) -> tuple[tuple[str, ...], tuple[int, ...]] | N
                 try:
                     cid = int(key)
                 except ValueError:
-                    raise SourceError(
+                    raise LabelFileError(
                         f"class list {shown(os.fspath(js))!r}: key {shown(key)!r} is not an integer class id"
                     ) from None
                 if not 0 <= cid <= _MAX_ID:
-                    raise SourceError(
+                    raise LabelFileError(
                         f"class list {shown(os.fspath(js))!r}: class id {shown(key)!r} is not a pixel value of a "
                         f"label image (0..{_MAX_ID})"
                     )
                 pairs.append((cid, name.strip()))
             pairs.sort()
         else:
-            raise SourceError(
+            raise LabelFileError(
                 f"class list {shown(os.fspath(js))!r} must be a list of names or an object "
                 '{"id": "name"} with non-empty names'
             )
     else:
         return None
     if not pairs:
-        raise SourceError(f"class list {shown(os.fspath(where))!r} names no class")
+        raise LabelFileError(f"class list {shown(os.fspath(where))!r} names no class")
     seen: dict[str, int] = {}
     for cid, name in pairs:
         if name in seen:
-            raise SourceError(
+            raise LabelFileError(
                 f"class list {shown(os.fspath(where))!r}: ids {seen[name]} and {cid} have the same name "
                 f"{shown(name)!r}; class names must be unique"
             )
         seen[name] = cid
     if len({cid for cid, _ in pairs}) != len(pairs):
-        raise SourceError(f"class list {shown(os.fspath(where))!r} names one class id twice")
+        raise LabelFileError(f"class list {shown(os.fspath(where))!r} names one class id twice")
     return tuple(n for _, n in pairs), tuple(c for c, _ in pairs)
 
 

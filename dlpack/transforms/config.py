@@ -22,12 +22,11 @@ import numpy as np
 
 from .._json import parse_json, read_text_file
 from ..errors import ConfigError, MissingExtraError
+from ..options import ENGINES  # what runs a config: dlpack's own operations, or albumentations (installed by the user)
 from .base import Pipeline, Targets
 
 __all__ = ["AugmentConfig", "AugmentEngine", "load_config", "read_operations", "register_operations", "ENGINES"]
 
-#: What runs a config: dlpack's own operations, or albumentations itself (installed by the user).
-ENGINES = ("dlpack", "albumentations")
 _FORMATS: dict[str, Literal["json", "yaml"]] = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 
 

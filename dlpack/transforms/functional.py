@@ -18,7 +18,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..errors import MissingExtraError
+from ..errors import DlpackError, MissingExtraError
 
 __all__ = [
     "Geometry",
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-class UpscaleError(ValueError):
+class UpscaleError(DlpackError, ValueError):
     """The requested geometry would enlarge the image and upscaling was not allowed."""
 
 

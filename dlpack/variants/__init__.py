@@ -15,22 +15,19 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..options import AugmentOptions, with_keywords
 from .result import AugmentResult
 
-__all__ = ["augment", "AugmentResult"]
+__all__ = ["augment", "AugmentResult", "AugmentOptions"]
 
 
 def augment(
     store: str | os.PathLike[str],
-    k: int,
-    config: Any,
+    k: int | None = None,
+    config: Any = None,
     *,
-    seed: int = 0,
-    jobs: int = -1,
-    engine: str = "dlpack",
-    replace: bool = False,
-    quiet: bool = False,
-    no_resume: bool = False,
+    options: AugmentOptions | None = None,
+    **keywords: Any,
 ) -> AugmentResult:
     """Add (or replace) ``k`` augmentation variants of every image of a store.
 
@@ -50,6 +47,9 @@ def augment(
         object of ``augment_dl_samples`` parameters), or a loaded config: anything with an
         ``augmenter``, ``manifest_record()`` and ``operations()``
         (:class:`~dlpack.variants.plan.AugmentConfigLike`).
+    options
+        An :class:`~dlpack.options.AugmentOptions`; ``k``, ``config`` and the keywords below replace
+        its fields.
     seed
         The variants' seed (``--augment-seed``).
     jobs
@@ -75,6 +75,16 @@ def augment(
     """
     from .run import augment_store
 
+    given = {name: v for name, v in (("k", k), ("config", config)) if v is not None}
+    o = with_keywords(options, AugmentOptions, {**given, **keywords}, "augment")
     return augment_store(
-        store, k, config, seed=seed, jobs=jobs, engine=engine, replace=replace, quiet=quiet, no_resume=no_resume
+        store,
+        o.k,
+        o.config,
+        seed=o.seed,
+        jobs=o.jobs,
+        engine=o.engine,
+        replace=o.replace,
+        quiet=o.quiet,
+        no_resume=o.no_resume,
     )

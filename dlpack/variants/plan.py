@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from .. import schema
 from ..errors import OptionError
 from ..manifest import ArraySpec, Manifest, sha256_hex
+from ..options import ENGINES, check_choice, check_int, check_jobs
 
 __all__ = [
     "ENGINES",
@@ -34,8 +35,6 @@ __all__ = [
     "same_variants",
 ]
 
-#: ``engine`` values: dlpack's own operations, or the whole pipeline run by albumentations.
-ENGINES = ("dlpack", "albumentations")
 #: ``format`` of the manifest's ``augment`` record.
 RECORD_FORMAT = 1
 #: The ragged label arrays a variant carries when the store has them (moved with its boxes).
@@ -60,19 +59,12 @@ class AugmentConfigLike(Protocol):
 
 
 def check_arguments(k: Any, seed: Any, jobs: Any, engine: Any) -> None:
-    """Refuse a K, seed, job count or engine ``augment`` cannot use, naming the flag."""
-
-    def whole(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    if not whole(k) or k < 1:
-        raise OptionError(f"augment (--augment K) must be an integer >= 1 (variants per image), got {k!r}")
-    if not whole(seed) or seed < 0:
-        raise OptionError(f"augment_seed (--augment-seed) must be an integer >= 0, got {seed!r}")
-    if not whole(jobs) or jobs == 0 or jobs < -1:
-        raise OptionError(f"jobs must be a positive number of processes or -1 for all cores, got {jobs!r}")
-    if engine not in ENGINES:
-        raise OptionError(f"augment_engine (--augment-engine) must be one of {', '.join(ENGINES)}, got {engine!r}")
+    """Refuse a K, seed, job count or engine ``augment`` cannot use, naming the flag (K at least 1:
+    :class:`~dlpack.options.AugmentOptions` takes its 0 as "not given")."""
+    check_int("augment (--augment K)", k, 1, wanted="an integer >= 1 (variants per image)")
+    check_int("augment_seed (--augment-seed)", seed, 0)
+    check_jobs(jobs)
+    check_choice("augment_engine (--augment-engine)", engine, ENGINES, wanted=f"one of {', '.join(ENGINES)}")
 
 
 def resolve_config(config: Any, engine: str, task: str | None) -> AugmentConfigLike:
@@ -207,7 +199,7 @@ def _versions(engine: str) -> dict[str, str]:
     import cv2
     import numpy as np
 
-    from .. import __version__
+    from .._version import __version__
 
     found = {"dlpack": __version__, "numpy": np.__version__, "opencv": str(cv2.__version__)}
     if engine == "albumentations":

@@ -26,6 +26,7 @@ import numpy as np
 
 from .._output import check_outputs, write_atomic
 from ..errors import OptionError, StoreError
+from ..options import PreviewOptions
 
 __all__ = ["preview", "PreviewResult", "describe_record", "render_tile", "MARGIN", "HEADER", "CAPTION"]
 
@@ -250,13 +251,6 @@ def _header(classes: Sequence[str], colours: np.ndarray, width: int, shown: Sequ
     return band
 
 
-def _check(name: str, value: object, low: int, high: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"from {low} to {high}"
-        raise OptionError(f"preview {name} must be an integer {bound}, got {value!r}")
-    return value
-
-
 #: Masks read at most per requested sample while looking for labelled ones (a store of many
 #: unlabelled images is not read whole to find a few).
 _MASK_LOOKS = 20
@@ -327,18 +321,11 @@ def preview(
     """
     from ..read.dataset import Dataset
 
-    _check("count (--count)", count, 1)
-    _check("seed (--seed)", seed, 0)
-    _check("tile (--tile, pixels)", tile, 32, 4096)
-    _check("max_variants (--max-variants)", max_variants, 0)
+    index = PreviewOptions(count=count, seed=seed, tile=tile, max_variants=max_variants, index=index).index
     path = Path(out)
     if path.suffix.lower() != ".png":
         raise OptionError(f"the preview is a PNG: give OUT a .png name, got {path}")
     check_outputs([("the preview", path)], [("the store", store)], made_folders={"the preview"})
-    if index is not None:
-        index = [int(_check("index (--index)", i, 0)) for i in (index if isinstance(index, Sequence) else [index])]
-        if not index:
-            raise OptionError("preview index (--index) names no sample; give one or more sample indices")
     with Dataset(store) as ds:
         k = min(ds.variants, max_variants)
         if index is not None:

@@ -190,6 +190,16 @@ def test_repeats_are_interleaved_and_their_median_counts(tiny: Path, ints_only: 
     assert result.recommended.workers == 0  # tied: fewer threads
 
 
+def test_an_options_object_is_the_same_as_its_keywords(tiny: Path) -> None:
+    grid_keywords = {"workers": (0, 1), "prefetch": (2,), "orders": ("random",), "repeat": 1}
+    by_keywords = tune(tiny / "s.zarr", 5, 4, measure=Fixed({(1, 2, "random"): 0.9}), **grid_keywords)
+    opts = dlpack.TuneOptions(step_ms=5, batch_size=4, **grid_keywords)  # type: ignore[arg-type]
+    by_options = tune(tiny / "s.zarr", options=opts, measure=Fixed({(1, 2, "random"): 0.9}))
+    assert _cells(by_options) == _cells(by_keywords) and by_options.recommended == by_keywords.recommended
+    with pytest.raises(dlpack.OptionError, match="unknown keyword 'max_batch'; did you mean 'max_batches'"):
+        tune(tiny / "s.zarr", 5, max_batch=3, measure=Fixed())
+
+
 # ---------------------------------------------------------------- bad input
 
 

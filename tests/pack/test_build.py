@@ -216,7 +216,7 @@ def test_jpeg_exif_orientation_is_applied_once(make_tree: MakeTree, tmp_path: Pa
 
 
 def test_tiff_orientation_is_applied_once(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
-    # Library bug: OpenCV 5's imdecode(IMREAD_UNCHANGED) already turns a TIFF upright; dlpack turns it again.
+    # OpenCV 5's imdecode(IMREAD_UNCHANGED) already turns a TIFF upright; dlpack must not turn it again.
     rgb = images.pixels("rgb", seed=10)
     src = make_tree({"a/x.tif": tiff_with_orientation(rgb, 6), "a/y.png": ("rgb", 30, 40)})
     ds = build_open(src, tmp_path / "o.zarr", on_error="skip")
@@ -225,9 +225,8 @@ def test_tiff_orientation_is_applied_once(make_tree: MakeTree, tmp_path: Path, i
 
 
 def test_valid_image_with_header_past_64_kib_is_packed(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
-    # Library bug: a header the probe cannot see in the first 64 KiB is reported as "not an image",
-    # though the probe asks callers to fall back to decoding. OpenCV (libtiff) writes the TIFF
-    # directory after the pixels, so every TIFF over 64 KiB is refused.
+    # A header the probe cannot see in the first 64 KiB falls back to decoding, not "not an image":
+    # OpenCV (libtiff) writes the TIFF directory after the pixels, so any TIFF over 64 KiB has one.
     jpeg = images.encode(".jpg", images.pixels("rgb", seed=11))
     app = b"\xff\xe2" + struct.pack(">H", 2 + 40000) + bytes(40000)
     spec = {"a/big.tif": ("rgb", 200, 200), "a/meta.jpg": jpeg[:2] + app + app + jpeg[2:]}
@@ -241,8 +240,8 @@ def test_valid_image_with_header_past_64_kib_is_packed(make_tree: MakeTree, tmp_
 def test_image_with_bytes_after_its_end_marker_is_packed(
     make_tree: MakeTree, tmp_path: Path, images: Any, suffix: str
 ) -> None:
-    # Library bug: the truncation check looks for the end marker in the last 64 bytes only, so a
-    # complete image followed by a trailer (phones append motion-photo video to JPEGs) is refused.
+    # A complete image followed by a trailer (phones append motion-photo video to JPEGs) is packed:
+    # the truncation check does not look for the end marker in the last bytes only.
     data = images.encode(suffix, images.pixels("rgb", seed=12)) + b"trailer!" * 32
     src = make_tree({f"a/x{suffix}": data})
     result = dlpack.build(src, tmp_path / "o.zarr", on_error="skip", quiet=True, jobs=1)
@@ -312,7 +311,7 @@ def test_symlink_inside_the_tree_is_packed_when_following(make_tree: MakeTree, t
 
 
 def test_symlink_inside_the_tree_is_not_said_to_leave_it(make_tree: MakeTree, tmp_path: Path) -> None:
-    # Library bug: without follow_symlinks, an in-tree link is reported as "leaves the source folder".
+    # Without follow_symlinks, an in-tree link is skipped as a link, not as one that leaves the source folder.
     src = make_tree(GOOD)
     (src / "a/link.png").symlink_to(src / "a/good0.png")
     result = dlpack.build(src, tmp_path / "o.zarr", on_error="skip", quiet=True, jobs=1)
@@ -354,7 +353,7 @@ def test_fail_on_damaged_data_leaves_no_store_and_no_temporary(
 
 
 def test_fail_lists_damaged_data_along_with_header_errors(make_tree: MakeTree, tmp_path: Path, images: Any) -> None:
-    # Library bug: files that only fail to decode are not listed when others already failed the probe.
+    # Files that only fail to decode are listed with those that already failed the probe.
     src = make_tree({**GOOD, "a/damaged.png": corrupt_png(images), "a/empty.png": b""})
     with pytest.raises(BadInputsError) as info:
         dlpack.build(src, tmp_path / "o.zarr", quiet=True, jobs=1)
@@ -405,8 +404,8 @@ def test_skip_with_nothing_left_raises(make_tree: MakeTree, tmp_path: Path) -> N
 def test_skip_of_damaged_data_stores_as_if_absent(
     make_tree: MakeTree, tmp_path: Path, images: Any, damaged_spec: dict[str, Any], field: str
 ) -> None:
-    # Library bug: the plan (layout, channels) is made once, from every probed header, and kept for
-    # the rebuild without the files that failed to decode.
+    # The plan (layout, channels) is made again without the files that failed to decode, not kept
+    # from every probed header.
     good = {"a/good0.png": "rgb"} if field == "channels" else {"a/good0.png": "rgb", "a/good1.png": "rgb"}
     damaged = {rel: corrupt_png(images, w, h) for rel, (_, w, h) in damaged_spec.items()}
     ds = build_open(make_tree({**good, **damaged}), tmp_path / "skip.zarr", on_error="skip")
@@ -469,7 +468,7 @@ def test_jobs_do_not_change_store_bytes(
 def test_rebuild_a_second_later_writes_same_bytes(
     make_tree: MakeTree, tmp_path: Path, backend: str, snapshot: Any
 ) -> None:
-    # Library bug (HDF5): the uncompressed images dataset records its creation time.
+    # HDF5 datasets record their creation time unless told not to: two builds must give the same bytes.
     src = make_tree({"a/0.png": "rgb", "b/1.png": "rgb"})
     dlpack.build(src, tmp_path / "one" / backend, quiet=True, jobs=1)
     time.sleep(1.1)
@@ -597,7 +596,9 @@ def test_option_text_is_normalised() -> None:
     ("out", "fmt"), [("a.h5", "hdf5"), ("a.HDF5", "hdf5"), ("a.zarr", "zarr"), ("a.zarr/", "zarr"), ("a", "zarr")]
 )
 def test_format_follows_the_suffix(out: str, fmt: str) -> None:
-    assert BuildOptions().format_for(out) == fmt
+    from dlpack.backends import backend_for_path
+
+    assert backend_for_path(out, None).name == fmt
 
 
 def test_build_keywords_are_validated_before_anything_is_written(make_tree: MakeTree, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlpack.sources.folder import decode_image
+from dlpack.sources.decode import decode_image
 from dlpack.sources.probe import probe_header
 from dlpack.transforms.functional import (
     Geometry,

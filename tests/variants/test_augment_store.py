@@ -713,3 +713,11 @@ def test_gray_and_16_bit_stores_get_variants_of_their_own_type(
             top = np.iinfo(original.dtype).max
             want = np.clip(original[:, ::-1].astype(np.int64) + offset, 0, top).astype(original.dtype)
             assert np.array_equal(variant, want)
+
+
+def test_augment_takes_an_options_object_and_names_an_unknown_keyword(tmp_path: Path) -> None:
+    opts = dlpack.AugmentOptions(k=2, config="aug.json", seed=3)
+    with pytest.raises(dlpack.OptionError, match="unknown keyword 'sede'; did you mean 'seed'"):
+        dlpack.augment(tmp_path / "none.zarr", options=opts, sede=4)
+    with pytest.raises(dlpack.StoreNotFoundError, match="no store at"):
+        dlpack.augment(tmp_path / "none.zarr", options=opts, jobs=1)
