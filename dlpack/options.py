@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from .errors import OptionError
+from .transforms.engines import ENGINES
 
 __all__ = [
     "BuildOptions",
@@ -129,8 +130,6 @@ def _format_names() -> tuple[str, ...]:
 
 ResizeMode = Literal["stretch", "fit", "none"]
 _NEEDS_CONFIG = "augment (--augment K) needs augment_config (--augment-config FILE): the operations to apply"
-#: ``augment_engine`` values: dlpack's own operations, or the whole pipeline run by albumentations.
-ENGINES = ("dlpack", "albumentations")
 Compression = Literal["none", "lz4", "zstd"]
 
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from .._json import parse_json, read_text_file
 from ..errors import ConfigError, MissingExtraError
-from ..options import ENGINES  # what runs a config: dlpack's own operations, or albumentations (installed by the user)
 from .base import Pipeline, Targets
+from .engines import ENGINES
 
 __all__ = ["AugmentConfig", "AugmentEngine", "load_config", "read_operations", "register_operations", "ENGINES"]
 
