@@ -36,7 +36,6 @@ __all__ = [
     "partial_path",
     "old_path",
     "journal_path",
-    "records_path",
     "augment_stage_path",
     "augment_journal_path",
 ]
@@ -69,12 +68,6 @@ def journal_path(out: str | os.PathLike[str]) -> Path:
     """The journal of builds into ``out``: ``.NAME.dlpack-journal``, beside the partial store."""
     p = Path(out)
     return p.parent / f".{p.name}.dlpack-journal"
-
-
-def records_path(out: str | os.PathLike[str]) -> Path:
-    """Where a build of ``out`` spills its per-image records until the manifest is written:
-    ``.NAME.dlpack-records``, beside the partial store and removed with it (dlpack.pack.columns)."""
-    return _sibling(Path(out), "records")
 
 
 def augment_stage_path(out: str | os.PathLike[str]) -> Path:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _parallel
-from .._lock import BuildLock, journal_path, lock_path, old_path, partial_path, records_path
+from .._lock import BuildLock, journal_path, lock_path, old_path, partial_path
 from .._spill import give_back_freed, spilling_to
 from ..backends import Backend, backend_for_path, owned_store, remove_store
 from ..errors import DlpackError, OptionError, SourceError, StoreError, StoreExistsError
@@ -140,7 +140,7 @@ def _build_dldataset(src: Source | str | os.PathLike[str], out: Path, opts: Buil
 
 def _stage_names(stage: Path) -> tuple[Path, ...]:
     """The staging store of a DLDataset build and what a killed build of it leaves beside it."""
-    return (stage, partial_path(stage), journal_path(stage), old_path(stage), records_path(stage))
+    return (stage, partial_path(stage), journal_path(stage), old_path(stage))
 
 
 def _stage_left(stage: Path) -> bool:
@@ -403,7 +403,7 @@ def build(
         try:
             result = _finish(backend, out_path, tmp, opts, t0, scan, probes, plan, sel, samples, partial, resume)
         finally:
-            samples.close()  # the spilled records, with the partial store they describe
+            samples.close()  # the spilled records' files, with the partial store they describe
         return _with_variants(result, out_path, opts, variants, t0)
 
 

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from .._files import file_kind, irregular_entries
-from .._lock import journal_path, old_path, partial_path, records_path
+from .._lock import journal_path, old_path, partial_path
 from ..backends import Backend, foreign_reason, owned_store, remove_store
 from ..errors import StoreError, StoreExistsError
-from .columns import remove_records
 from .journal import Restart, is_journal, read_journal
 from .plan import BuildPlan
 from .workers import Sample
@@ -52,8 +51,7 @@ def clear_leftovers(out: Path) -> str | None:
     An overwritten store that was waiting for its replacement comes back to ``out`` (or is removed
     when the replacement made it). A stale partial proven to be dlpack's is kept when it has a
     journal (the build then continues it or starts over, see :func:`open_partial`), else removed;
-    a journal whose partial is gone is removed, and so is a records folder (dlpack.pack.columns),
-    which no build continues. Returns the plan fingerprint of a journal whose
+    a journal whose partial is gone is removed. Returns the plan fingerprint of a journal whose
     build had committed and then published its store (killed before it removed its journal), so
     that the same build run again can say it is done; else None.
     """
@@ -69,8 +67,6 @@ def clear_leftovers(out: Path) -> str | None:
             remove_store(old)
         else:
             os.replace(old, out)  # killed after OUT was moved aside: the old store comes back
-    # A killed build's spilled records: never continued (a resume rebuilds them from its journal).
-    remove_records(records_path(out))
     from ..backends._hdf5 import clear_compact_copy
 
     clear_compact_copy(out)  # a compact copy an HDF5 rewrite killed before its rename left

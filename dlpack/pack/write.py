@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .. import _parallel
-from .._lock import journal_path, partial_path, records_path
+from .._lock import journal_path, partial_path
 from .._parallel import Ticks
 from .._spill import Column
 from ..backends import ArraySpec, Backend, StoreWriter, remove_store
@@ -29,7 +29,7 @@ from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import SourceScan
-from .columns import SampleBlock, SampleTable, SpilledColumn, remove_records
+from .columns import SampleBlock, SampleTable
 from .inputs import Probe, Selection, bad_inputs
 from .journal import Journal, JournalState, Restart, read_journal
 from .plan import BuildPlan, image_array, plan_stage
@@ -269,9 +269,6 @@ def _keep_for_resume(exc: BaseException, partial: Partial) -> bool:
 def discard_partial(partial: Partial, out: Path, exc: BaseException | None = None) -> None:
     """Close the partial's writer and journal after ``exc``, and remove both unless they are kept for a resume."""
     keep = exc is not None and _keep_for_resume(exc, partial)
-    # The records are rebuilt from the journal by a resumed build: never kept.
-    with contextlib.suppress(Exception):
-        remove_records(records_path(out))
     if partial.journal is not None:
         partial.journal.close()
     if keep:
@@ -308,8 +305,8 @@ def write_images(
         from joblib import delayed
 
         starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
-        # Each block's records go into files as it lands (not held in memory until the manifest).
-        table = SampleTable.spilled(len(pairs), records_path(out))
+        # Each block's records are written as it lands (spilled beside OUT when many, dlpack._spill).
+        table = SampleTable(len(pairs))
         errors: dict[int, InputFileError] = {}
         for s, v in partial.done.items():
             table.put(s, v)
@@ -390,7 +387,7 @@ def write_images(
         raise
     if failed:
         try:
-            results = table.with_failures(errors)  # read before discard_partial removes the records
+            results = table.with_failures(errors)
         finally:
             discard_partial(partial, out)
         return results, None, partial.note
@@ -548,7 +545,7 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
             # of one shard in memory at a time (at most --shard-bytes), each written once, as from one array.
             if spec.ragged:
                 step = RAGGED_PART
-            elif isinstance(values, (SpilledColumn, Column)):
+            elif isinstance(values, Column) and values.spilled:
                 step = writer.shard_rows(spec.name)
             else:
                 step = max(1, len(values))
