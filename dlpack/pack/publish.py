@@ -7,6 +7,8 @@ import errno
 import functools
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,49 @@ def unmarked(path: Path) -> str:
     return f"{kind} without dlpack's marker"
 
 
+@dataclass(frozen=True)
+class Output:
+    """What is published at an output path: a store (builds, ``--update``, changes of a store's
+    arrays) or an export folder. Its sibling names, how a complete one is told from anything
+    else, and how one is removed; :func:`publish_stage` and :func:`clear_replaced` take it."""
+
+    #: where a replaced one waits while the new one moves in
+    old: Callable[[Path], Path]
+    #: the error for something left at one of its sibling names that is not dlpack's; None when it is
+    refuse: Callable[[Path], Exception | None]
+    #: whether ``path`` holds a complete one (the one that may come back to ``out``)
+    complete: Callable[[Path], bool]
+    #: raise unless ``out`` may be replaced
+    check_replaceable: Callable[[Path], None]
+    remove: Callable[[Path], None]
+
+
+def _refuse_old_store(old: Path) -> Exception | None:
+    reason = _not_ours(old)
+    if reason is None:
+        return None
+    return StoreError(
+        f"{old} is where a build keeps the store it replaces, but it is not a dlpack store ({reason}); "
+        "remove or rename it, then build again"
+    )
+
+
+def clear_replaced(out: Path, what: Output) -> None:
+    """Undo a publication of ``out`` that a kill cut short (call only under the lock on ``out``):
+    the one that was being replaced comes back to a missing ``out``, else it is removed; anything
+    else at its name is refused and left as it is."""
+    old = what.old(out)
+    if not (old.exists() or old.is_symlink()):
+        return
+    refused = what.refuse(old)
+    if refused is not None:
+        raise refused
+    if out.exists() or out.is_symlink() or not what.complete(old):
+        what.remove(old)
+    else:
+        os.replace(old, out)  # killed after OUT was moved aside: the old one comes back
+
+
 def clear_leftovers(out: Path) -> str | None:
     """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
 
@@ -55,18 +100,7 @@ def clear_leftovers(out: Path) -> str | None:
     build had committed and then published its store (killed before it removed its journal), so
     that the same build run again can say it is done; else None.
     """
-    old = old_path(out)
-    if old.exists() or old.is_symlink():
-        reason = _not_ours(old)
-        if reason is not None:
-            raise StoreError(
-                f"{old} is where a build keeps the store it replaces, but it is not a dlpack store ({reason}); "
-                "remove or rename it, then build again"
-            )
-        if out.exists() or out.is_symlink() or owned_store(old) is None:
-            remove_store(old)
-        else:
-            os.replace(old, out)  # killed after OUT was moved aside: the old store comes back
+    clear_replaced(out, STORE)
     from ..backends._hdf5 import clear_compact_copy
 
     clear_compact_copy(out)  # a compact copy an HDF5 rewrite killed before its rename left
@@ -143,13 +177,25 @@ def check_replaceable(out: Path) -> None:
         )
 
 
-def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
+#: A dlpack store, published by builds, ``--update`` and changes of its arrays.
+STORE = Output(
+    # Looked up when called, not bound here (the safety tests stand other functions in for them).
+    old=lambda out: old_path(out),
+    refuse=lambda old: _refuse_old_store(old),
+    complete=lambda path: owned_store(path) is not None,
+    check_replaceable=lambda out: check_replaceable(out),
+    remove=lambda path: remove_store(path),
+)
+
+
+def publish_stage(tmp: Path, out: Path, overwrite: bool, what: Output = STORE) -> None:
     """7. Move the finished store into place; an old store is replaced only after the new one is complete.
 
     Where the platform offers an atomic exchange (Linux ``renameat2``), OUT always holds a complete
     store: the new one waits under the old name, then trades places with OUT in one step. Elsewhere
     OUT is moved aside and the new store moved in, and a build killed in between leaves the old
     store under the old name, where the next build's :func:`clear_leftovers` brings it back.
+    ``what``: a store, or another kind of output (an export folder).
     """
     if not (out.exists() or out.is_symlink()):
         if not _rename_noreplace(tmp, out):
@@ -157,8 +203,8 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         raise StoreExistsError(f"{out} appeared while building; pass --overwrite to replace it")
-    check_replaceable(out)
-    old = old_path(out)
+    what.check_replaceable(out)
+    old = what.old(out)
     os.replace(tmp, old)
     try:
         exchanged = _exchange(old, out)
@@ -166,18 +212,18 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
         os.replace(old, tmp)
         raise
     if exchanged:
-        if owned_store(old) is None:  # something else was put at OUT since the check: put it back
+        if not what.complete(old):  # something else was put at OUT since the check: put it back
             _exchange(old, out)
             os.replace(old, tmp)
-            check_replaceable(out)
+            what.check_replaceable(out)
     else:
         os.replace(old, tmp)
         os.replace(out, old)
-        if owned_store(old) is None:
+        if not what.complete(old):
             os.replace(old, out)
-            check_replaceable(out)
+            what.check_replaceable(out)
         os.replace(tmp, out)
-    remove_store(old)
+    what.remove(old)
 
 
 class PublishedInterrupt(KeyboardInterrupt):
