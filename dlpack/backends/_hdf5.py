@@ -10,6 +10,7 @@ grows as it is appended.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import mmap
 import os
 import shutil
@@ -30,7 +31,7 @@ from ..errors import (
     StoreNotFoundError,
 )
 from ..manifest import ArraySpec, Manifest, sha256_hex
-from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, ArrayAccess, Backend, Mode, check_mode
+from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, ArrayAccess, ArrayChange, Backend, Mode, check_mode
 from .reader import StoreReader
 from .writer import StoreWriter
 
@@ -44,6 +45,24 @@ _PICKLED_BLOCK = 4 * 2**20
 #: when the disk fills while it writes its own metadata, so dlpack refuses before that can happen.
 SPACE_MARGIN = 64 * 2**20
 _MANIFEST_ATTR = "dlpack_manifest_sha256"
+
+
+#: Names a change of the arrays gives the arrays it writes or moves aside until its switch:
+#: users' names never start so (dlpack.dataset refuses them).
+STAGED_PREFIX = "dlpack_"
+
+
+def _tag(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+def staged_name(name: str) -> str:
+    """The name a change writes array ``name`` under until the switch: ``dlpack_new_<tag>``."""
+    return STAGED_PREFIX + "new_" + _tag(name)
+
+
+def _retired_name(name: str) -> str:
+    return STAGED_PREFIX + "old_" + _tag(name)
 
 
 def ensure_space(path: Path, nbytes: int, what: str) -> None:
@@ -682,6 +701,82 @@ class Hdf5Backend(Backend):
     @classmethod
     def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
         return Hdf5Writer(path, mode, shard_bytes)
+
+    # A change of the arrays: the new arrays are written into the store file under staged names,
+    # without keys, and committed; then one session of the HDF5 library (which writes the file
+    # when it closes it) renames the arrays they replace aside, the new ones into place, and writes
+    # the manifest; the arrays replaced are deleted last. Whatever fails in that session is undone
+    # in it.
+
+    @classmethod
+    def change_name(cls, name: str) -> str:
+        return staged_name(name)
+
+    @classmethod
+    def begin_change(cls, change: ArrayChange, resume: Sequence[ArraySpec]) -> None:
+        writer = change.opened = cls.open_writer(change.out, "r+", change.shard_bytes)
+        writer.open()
+        for spec in resume:
+            change.attach(spec)
+        writer.clear_debris()  # what killed writers left, but the arrays kept
+        kept = {staged_name(name) for name in change.created}
+        for leftover in [n for n in writer.arrays if n.startswith(STAGED_PREFIX) and n not in kept]:
+            writer.delete_array(leftover)  # committed by a call killed before its switch
+        writer.abort()  # closes the file: worker processes may read it and write raw blocks next
+
+    @classmethod
+    def commit_change(cls, change: ArrayChange, after: Manifest) -> Path | None:
+        writer, out, before = change.opened, change.out, change.manifest
+        assert writer is not None
+        writer.commit(before)  # the staged arrays' checksums; no sample shows them (no key)
+        change.committed = True
+        ensure_space(out, 4 * len(after.to_json().encode("utf-8")) + 2**20, "the manifest")
+        retired: dict[str, ArraySpec] = {}
+        renamed: list[str] = []
+        try:
+            for name in change.drop:
+                if name in writer.arrays:
+                    writer.rename_array(name, _retired_name(name))
+                    # No longer listed; deleted once the switch is written.
+                    retired[name] = writer.arrays.pop(_retired_name(name))
+            for name, spec in change.created.items():
+                writer.rename_array(staged_name(name), name, spec.key)
+                renamed.append(name)
+            writer.commit(after)  # the switch
+        except BaseException:
+            for name in reversed(renamed):
+                if name in writer.arrays and staged_name(name) not in writer.arrays:
+                    writer.rename_array(name, staged_name(name))
+            for name, old in retired.items():
+                writer.arrays[_retired_name(name)] = old
+                writer.rename_array(_retired_name(name), name, before.arrays[name].key)
+            raise
+        change.created = {}  # switched in: nothing of this change is left to undo
+        for name, old in retired.items():
+            writer.arrays[_retired_name(name)] = old
+            writer.delete_array(_retired_name(name))  # listed by no manifest: a kill before this leaves debris
+        writer.abort()
+        if retired:
+            # HDF5 never reuses the space of the arrays just deleted: without this, each replacement
+            # would grow the file by the size of what it replaced.
+            with writing(out):
+                compact(out)
+        return None
+
+    @classmethod
+    def abort_change(cls, change: ArrayChange, keep: bool) -> None:
+        writer = change.opened
+        if writer is None:
+            return  # it failed before the writer opened: nothing of this change was written
+        try:
+            staged = [staged_name(n) for n in change.created if staged_name(n) in writer.arrays]
+            if staged and (not keep or change.committed):
+                with contextlib.suppress(Exception):
+                    for name in staged:
+                        writer.delete_array(name)
+                    writer.commit(change.manifest)
+        finally:
+            writer.abort()
 
     @classmethod
     def carry_foreign(cls, store: Path, new: Path, manifest: Manifest) -> list[str]:

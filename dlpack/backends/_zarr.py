@@ -25,7 +25,7 @@ from .._files import NotRegularFileError, file_kind, irregular_entries, open_reg
 from ..errors import IncompleteStoreError, StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import ArraySpec, Manifest, sha256_hex
 from ._shard import ShardedArray, crc32c
-from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, ArrayAccess, Backend, Mode, changed_error, check_mode
+from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, ArrayAccess, ArrayChange, Backend, Mode, changed_error, check_mode
 from .reader import StoreReader
 from .writer import StoreWriter
 
@@ -823,6 +823,65 @@ class ZarrBackend(Backend):
     @classmethod
     def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
         return ZarrWriter(path, mode, shard_bytes)
+
+    # A change of the arrays: the next generation is prepared beside the store (every data file a
+    # hard link to the store's), written, committed, and published by the caller as a build is.
+
+    @classmethod
+    def begin_change(cls, change: ArrayChange, resume: Sequence[ArraySpec]) -> None:
+        stage = change.stage
+        if resume:
+            if not cls.is_own(stage) or stage.is_symlink():
+                raise StoreError(f"{stage} is not a dlpack store folder to continue")
+            if read_manifest(stage).to_json() != change.manifest.to_json():
+                raise StoreError(f"{stage} no longer holds a copy of {change.out}")
+            change.own_stage = True
+        else:
+            clear_beside(change.out, stage)
+            change.own_stage = True
+            listed = change.manifest.arrays
+            skip = [n for name in change.drop for n in (listed[name].stored_names() if name in listed else (name,))]
+            prepare_beside(change.out, stage, skip=skip)
+        writer = change.opened = cls.open_writer(stage, "r+", change.shard_bytes)
+        writer.open()
+        for name in change.drop:
+            if name in writer.arrays:
+                if resume:  # never copied into the stage: a folder of that name is a new array of this change
+                    del writer.arrays[name]
+                else:
+                    writer.delete_array(name)
+        for spec in resume:
+            change.attach(spec)
+        if resume:
+            writer.remove_temp_files()
+            writer.clear_debris()  # arrays the killed change began beside the kept ones
+
+    @classmethod
+    def check_new_array(cls, change: ArrayChange, spec: ArraySpec) -> None:
+        known = change.opened.arrays if change.opened is not None else {}
+        taken = [
+            n
+            for n in spec.stored_names()
+            if ((change.stage / n).exists() or (change.stage / n).is_symlink()) and n not in known
+        ]
+        if taken:
+            raise StoreError(
+                f"{change.out} holds {', '.join(taken)}, which is not one of its arrays; choose another array name"
+            )
+
+    @classmethod
+    def commit_change(cls, change: ArrayChange, after: Manifest) -> Path | None:
+        assert change.opened is not None
+        change.opened.commit(after)
+        change.committed = True
+        return change.stage
+
+    @classmethod
+    def abort_change(cls, change: ArrayChange, keep: bool) -> None:
+        if change.opened is not None:
+            change.opened.abort()
+        if not keep and change.own_stage and change.stage.exists():
+            shutil.rmtree(change.stage, ignore_errors=True)  # made by this change, under the lock
 
     @classmethod
     def carry_foreign(cls, store: Path, new: Path, manifest: Manifest) -> list[str]:

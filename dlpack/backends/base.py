@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .writer import StoreWriter
 
 __all__ = [
-    "ArrayAccess", "ArraySpec", "Backend", "Mode", "StoreReader", "StoreWriter", "DEFAULT_SHARD_BYTES",
+    "ArrayAccess", "ArrayChange", "ArraySpec", "Backend", "Mode", "StoreReader", "StoreWriter", "DEFAULT_SHARD_BYTES",
 ]  # fmt: skip
 
 Mode = Literal["r", "r+", "a", "w-"]
@@ -128,6 +128,24 @@ class ArrayAccess(Protocol):
     def nbytes_on_disk(self) -> int: ...
 
 
+class ArrayChange(Protocol):
+    """A change of a complete store's arrays as its backend's half sees it
+    (:class:`~dlpack.storage.transaction.ArrayTransaction`): what it reads, and what it sets
+    (``opened``, ``committed``, ``own_stage``)."""
+
+    out: Path
+    manifest: Manifest
+    drop: tuple[str, ...]
+    stage: Path
+    shard_bytes: int
+    created: dict[str, ArraySpec]
+    opened: StoreWriter | None
+    committed: bool
+    own_stage: bool
+
+    def attach(self, spec: ArraySpec) -> None: ...
+
+
 class Backend(ABC):
     """A registry entry: recognises, opens and creates one kind of store."""
 
@@ -189,3 +207,36 @@ class Backend(ABC):
     @abstractmethod
     def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
         """A writer for ``path``; call its ``open()`` once in the main process before writing."""
+
+    # A change of a complete store's arrays (dlpack.add_array, dlpack augment): the backend's half
+    # of dlpack.storage.transaction, which holds what both share and publishes a staged store.
+
+    @classmethod
+    def change_name(cls, name: str) -> str:
+        """The name new array ``name`` has in a change's writer until the change is switched in."""
+        return name
+
+    @classmethod
+    def begin_change(cls, change: ArrayChange, resume: Sequence[ArraySpec]) -> None:
+        """Open ``change.opened`` for writing the new arrays, the arrays ``change.drop`` gone from
+        what it lists, the fixed arrays ``resume`` of a killed change attached and whatever else
+        that change left removed (a StoreError when they cannot be kept)."""
+        raise StoreError(f"{cls.name} stores cannot change their arrays")
+
+    @classmethod
+    def check_new_array(cls, change: ArrayChange, spec: ArraySpec) -> None:
+        """Refuse new array ``spec`` where something not the store's already takes its place."""
+        return None
+
+    @classmethod
+    def commit_change(cls, change: ArrayChange, after: Manifest) -> Path | None:
+        """Switch the new arrays in with manifest ``after``: the staged store the caller publishes
+        at ``change.out``, or None when the store itself was switched (it is then the new one)."""
+        raise StoreError(f"{cls.name} stores cannot change their arrays")
+
+    @classmethod
+    def abort_change(cls, change: ArrayChange, keep: bool) -> None:
+        """Undo a change that failed: the store stays as it was (``keep``: the new arrays written
+        so far stay for a resumed change to attach)."""
+        if change.opened is not None:
+            change.opened.abort()

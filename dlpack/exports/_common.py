@@ -19,6 +19,8 @@ import numpy as np
 from .. import schema
 from .._names import shown
 from ..errors import OptionError, StoreError, StoreExistsError, StoreLockedError
+from ..storage.lock import sibling
+from ..storage.publish import Output, clear_replaced, publish_stage
 
 #: The tasks a store can hold (the manifest's ``task``).
 TASKS = ("classification", "detection", "segmentation", "anomaly", "none")
@@ -311,27 +313,54 @@ def _is_export(path: Path) -> bool:
     return export_marker(path) is not None
 
 
-def _sibling(out: Path, kind: str) -> Path:
-    return out.parent / f".{out.name}.dlpack-export-{kind}"
+def _partial(out: Path) -> Path:
+    return sibling(out, "export-partial")
 
 
-def clear_export_leftovers(out: Path) -> tuple[Path, Path]:
+def _old(out: Path) -> Path:
+    return sibling(out, "export-old")
+
+
+def _refuse(leftover: Path) -> Exception | None:
+    """None when ``leftover`` (at an export's sibling name) is dlpack's: a folder being written,
+    an export, or an empty folder; else the error that refuses it."""
+    folder = leftover.is_dir() and not leftover.is_symlink()
+    if folder and ((leftover / PARTIAL_MARKER).exists() or _is_export(leftover) or not any(leftover.iterdir())):
+        return None
+    return StoreExistsError(f"{leftover} is in the way and is not a dlpack export; move it away")
+
+
+def _check_replaceable(out: Path) -> None:
+    if not (out.is_dir() and not out.is_symlink() and _is_export(out)):
+        raise StoreExistsError(
+            f"{out} is not empty and is not a dlpack export; choose an empty or new folder (dlpack replaces only "
+            "its own exports)"
+        )
+
+
+#: An export folder, as :func:`~dlpack.storage.publish.publish_stage` publishes it.
+EXPORT = Output(
+    old=_old,
+    refuse=_refuse,
+    complete=lambda path: path.is_dir() and not path.is_symlink() and _is_export(path),
+    check_replaceable=_check_replaceable,
+    remove=lambda path: shutil.rmtree(path, ignore_errors=True),
+)
+
+
+def clear_export_leftovers(out: Path) -> Path:
     """Undo what a killed export to ``out`` left beside it (call only while holding the lock on
     ``out``: nobody writes them then): a previous export moved aside goes back to a missing ``out``,
     a half-written or replaced export is removed; anything else at those names is refused and kept.
-    Returns the two names, (partial, old)."""
-    stage, old = _sibling(out, "partial"), _sibling(out, "old")
-    if not os.path.lexists(out) and old.is_dir() and not old.is_symlink() and _is_export(old):
-        os.rename(old, out)  # a kill in the middle of a replacement: the previous export goes back
-    for leftover in (stage, old):
-        if leftover.is_dir() and not leftover.is_symlink():
-            if (leftover / PARTIAL_MARKER).exists() or _is_export(leftover) or not any(leftover.iterdir()):
-                shutil.rmtree(leftover)
-            else:
-                raise StoreExistsError(f"{leftover} is in the way and is not a dlpack export; move it away")
-        elif os.path.lexists(leftover):
-            raise StoreExistsError(f"{leftover} is in the way and is not a dlpack export; move it away")
-    return stage, old
+    Returns the name the export is written under before it is published."""
+    clear_replaced(out, EXPORT)
+    stage = _partial(out)
+    if os.path.lexists(stage):
+        refused = _refuse(stage)
+        if refused is not None:
+            raise refused
+        shutil.rmtree(stage)
+    return stage
 
 
 def export_marker(path: Path) -> dict[str, Any] | None:
@@ -348,8 +377,8 @@ def staged_output(
     out: Path, store: Path, overwrite: bool, marker: dict[str, Any], locked: bool = False
 ) -> Iterator[Path]:
     """Yield an empty folder beside ``out`` to write the export into; on success write the marker
-    and rename the folder to ``out`` (replacing a previous export only with ``overwrite``); on
-    failure remove it, so nothing that looks complete is left.
+    and publish the folder at ``out`` as a build publishes its store (replacing a previous export
+    only with ``overwrite``); on failure remove it, so nothing that looks complete is left.
 
     ``locked``: the caller already holds the lock on ``out`` (``build --format dldataset``, which
     holds it from before its staging store is built until that store is removed)."""
@@ -368,39 +397,24 @@ def staged_output(
     except StoreLockedError as exc:
         raise StoreLockedError(f"another dlpack process is writing {out}: {exc}") from None
     try:
-        stage, old = clear_export_leftovers(out)
-        replace = False
+        stage = clear_export_leftovers(out)
         if out.is_symlink() or (out.exists() and not out.is_dir()):
             raise StoreExistsError(f"{out} exists and is not a folder; choose another export folder")
         if out.is_dir() and any(out.iterdir()):
-            if not _is_export(out):
-                raise StoreExistsError(
-                    f"{out} is not empty and is not a dlpack export; choose an empty or new folder (dlpack replaces only "
-                    "its own exports)"
-                )
+            _check_replaceable(out)
             if not overwrite:
                 raise StoreExistsError(
                     f"{out} holds a previous dlpack export; pass --overwrite (overwrite=True) to replace it"
                 )
-            replace = True
         stage.mkdir()
         (stage / PARTIAL_MARKER).write_text("a dlpack export being written\n", encoding="utf-8")
         try:
             yield stage
             write_json(stage / MARKER, {"dlpack_export": 1, **marker})
             (stage / PARTIAL_MARKER).unlink()
-            if replace:
-                os.rename(out, old)
-                try:
-                    os.rename(stage, out)
-                except BaseException:
-                    os.rename(old, out)
-                    raise
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                if out.is_dir():
-                    out.rmdir()  # empty (checked above)
-                os.rename(stage, out)
+            if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+                out.rmdir()  # empty (checked above)
+            publish_stage(stage, out, overwrite, EXPORT)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise

@@ -17,7 +17,7 @@ from ..pack import BuildResult
 from ..pack.inputs import as_source, probe_stage, probed, scan_stage, source_options, split_stage
 from ..pack.plan import plan_stage
 from ..sources.base import Source
-from ..storage.lock import BuildLock, journal_path, lock_path, old_path, partial_path, records_path
+from ..storage.lock import BuildLock, journal_path, lock_path, old_path, partial_path
 from ..storage.publish import _not_ours, clear_leftovers
 
 __all__ = ["DLDATASET_FORMAT", "build_dldataset", "dldataset_staging"]
@@ -102,7 +102,7 @@ def build_dldataset(
 
 def _stage_names(stage: Path) -> tuple[Path, ...]:
     """The staging store of a DLDataset build and what a killed build of it leaves beside it."""
-    return (stage, partial_path(stage), journal_path(stage), old_path(stage), records_path(stage))
+    return (stage, partial_path(stage), journal_path(stage), old_path(stage))
 
 
 def _stage_left(stage: Path) -> bool:

@@ -26,17 +26,15 @@ from typing import Any, Protocol
 
 from .. import _parallel
 from ..backends import Backend, backend_for_path, owned_store, remove_store
-from ..errors import OptionError, SourceNotFoundError, StoreExistsError
+from ..errors import OptionError, SourceNotFoundError, StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
 from ..storage.lock import BuildLock, journal_path, partial_path
 from ..storage.publish import (
     PublishedInterrupt,
-    built_by_plan,
     check_replaceable,
     clear_leftovers,
     publish,
-    published_by_killed_build,
 )
 from ..storage.spill import give_back_freed, spilling_to
 from .arrays import manifest_stage
@@ -77,6 +75,23 @@ class AfterBuild(Protocol):
     def run(
         self, result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
     ) -> BuildResult: ...
+
+
+def published_by_killed_build(backend: type[Backend], out: Path, plan: BuildPlan, published: str | None) -> bool:
+    """Whether ``out`` is the store a killed build of this very ``plan`` committed and published
+    (``published``: its journal's fingerprint, from :func:`clear_leftovers`)."""
+    return published == plan.fingerprint() and built_by_plan(backend, out, plan)
+
+
+def built_by_plan(backend: type[Backend], out: Path, plan: BuildPlan) -> bool:
+    """Whether the complete store ``out`` records ``plan`` as the plan it was built by: the same
+    source listing, geometry and layout, so building it again would write the same store."""
+    try:
+        with backend.open_reader(out) as reader:
+            recorded = reader.manifest.plan
+        return bool(recorded) and BuildPlan.from_dict(recorded).fingerprint() == plan.fingerprint()
+    except StoreError:
+        return False
 
 
 def _existing_result(
@@ -218,7 +233,7 @@ def build(
         try:
             result = _finish(backend, out_path, tmp, opts, t0, scan, probes, plan, sel, samples, partial, resume)
         finally:
-            samples.close()  # the spilled records, with the partial store they describe
+            samples.close()  # the spilled records' files, with the partial store they describe
         return finish_step(result, out_path, opts, variants, t0)
 
 

@@ -7,35 +7,27 @@ fixed-width columns (about 115 bytes per image), and an object is made only for 
 being read. The manifest's arrays are built from these columns directly, so the store's bytes are
 those the objects gave.
 
-A build's columns are not held in memory at all: :meth:`SampleTable.spilled` writes each block's
-rows into one file per column, in a folder of dlpack's own beside the partial store
-(:func:`~dlpack.storage.lock.records_path`), as the blocks land, and the commit reads them back a part at
-a time. What stays in memory is one flag per sample (was it put) and the rare labelled samples.
+Each column is a :class:`~dlpack.storage.spill.Column` of the table's length: a large build's columns
+spill into anonymous files beside the output (:func:`~dlpack.storage.spill.spilling_to`), written by
+position as the blocks land, and the commit reads them back a part at a time. What stays in
+memory is the spans of samples put and the rare labelled samples. Nothing of them has a name, so
+nothing is left to clear: a resumed build rebuilds them from its journal.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
 
-from .._files import writing
-from ..errors import InputFileError, StoreError
+from ..errors import InputFileError
+from ..storage.spill import PART, Column
 from .workers import Sample
 
-__all__ = ["SampleBlock", "SampleTable", "SpilledColumn", "RECORD_PART", "remove_records"]
+__all__ = ["SampleBlock", "SampleTable"]
 
-#: Rows of spilled records read back at once. 65,536 rows of the widest column (``sha256``, 32
-#: bytes) are 2 MiB, and of all seven columns about 7 MiB: small against the two image blocks a
-#: build holds anyway (a shard each, 32 MiB by default), large enough that a part costs one read
-#: per column (reading a million records back takes 16 parts).
-RECORD_PART = 65536
-
-#: The columns, by file name: dtype and per-sample shape (``conv`` indexes the table's conversion lists).
+#: The columns, by name: dtype and per-sample shape (``conv`` indexes the table's conversion lists).
 _COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
     "original_size": ("<i4", (2,)),
     "shape": ("<i4", (3,)),
@@ -45,120 +37,6 @@ _COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
     "sha256": ("|u1", (32,)),
     "conv": ("<i4", ()),
 }
-
-#: The file that marks a records folder as dlpack's own, and its whole content.
-_MARKER = "dlpack-records"
-_MARKER_TEXT = b"dlpack build records: per-sample columns of a build in progress; removed with its partial store\n"
-_SUFFIX = ".col"
-
-
-def _own_names() -> set[str]:
-    return {_MARKER, *(name + _SUFFIX for name in _COLUMNS)}
-
-
-def _not_ours(path: Path) -> str | None:
-    """Why ``path`` cannot be proven to be a records folder a build of dlpack made; None when it is."""
-    if path.is_symlink():
-        return "it is a symbolic link"
-    if not path.is_dir():
-        return "it is not a folder"
-    with os.scandir(path) as it:
-        entries = list(it)
-    names = {e.name for e in entries}
-    odd = sorted(e.name for e in entries if not e.is_file(follow_symlinks=False))
-    if odd:
-        return f"{odd[0]} in it is not a regular file"
-    if _MARKER not in names:
-        return f"it has no {_MARKER} marker file"
-    if (path / _MARKER).read_bytes() != _MARKER_TEXT:
-        return f"its {_MARKER} file is not dlpack's marker"
-    others = sorted(names - _own_names())
-    if others:
-        return f"it holds files dlpack does not write there ({', '.join(others[:3])})"
-    return None
-
-
-def remove_records(path: Path) -> None:
-    """Remove the records folder ``path`` when it is proven dlpack's own (nothing happens when there
-    is none); raise :class:`~dlpack.errors.StoreError` naming it and the reason when it is not."""
-    if not os.path.lexists(path):
-        return
-    reason = _not_ours(path)
-    if reason is not None:
-        raise StoreError(
-            f"{path} is where this build keeps its per-sample records, but it is not dlpack's ({reason}); "
-            "it was left untouched: remove or rename it, then build again"
-        )
-    # The marker goes last: a removal cut short still leaves a folder that is provably ours.
-    for name in sorted(_own_names() - {_MARKER}):
-        with contextlib.suppress(FileNotFoundError):
-            (path / name).unlink()
-    with contextlib.suppress(FileNotFoundError):
-        (path / _MARKER).unlink()
-    with contextlib.suppress(FileNotFoundError):
-        path.rmdir()
-
-
-class SpilledColumn:
-    """One column of a :class:`SampleTable` kept in a file: ``dtype``, ``shape`` and ``len`` of the
-    array it stands for, and rows read from the file when sliced (``col[a:b]`` is a NumPy array).
-
-    Rows never written read as zeros, like the in-memory columns (the file is made at its full
-    length, sparse).
-    """
-
-    __slots__ = ("path", "dtype", "shape", "_row")
-
-    def __init__(self, path: Path, dtype: str, row: tuple[int, ...], n: int) -> None:
-        self.path = path
-        self.dtype = np.dtype(dtype)
-        self.shape = (n, *row)
-        self._row = row
-        with writing(path), open(path, "xb") as f:
-            f.truncate(n * self.row_nbytes)
-
-    @property
-    def row_nbytes(self) -> int:
-        return int(self.dtype.itemsize * int(np.prod(self._row, dtype=np.int64)))
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def write(self, start: int, rows: np.ndarray) -> None:
-        """Rows ``start .. start + len(rows)``."""
-        data = np.ascontiguousarray(rows, dtype=self.dtype)
-        # A full disk is a StoreError naming the records file (the OS error names none).
-        with writing(self.path), open(self.path, "r+b") as f:
-            f.seek(start * self.row_nbytes)
-            f.write(data.data.cast("B") if data.size else b"")
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start .. stop`` (clipped to the column), as a new array."""
-        start, stop = max(0, start), min(stop, len(self))
-        count = max(0, stop - start)
-        with open(self.path, "rb") as f:
-            f.seek(start * self.row_nbytes)
-            data = f.read(count * self.row_nbytes)
-        if len(data) != count * self.row_nbytes:
-            raise StoreError(
-                f"{self.path}: the build's records end early ({len(data)} of {count * self.row_nbytes} bytes)"
-            )
-        return np.frombuffer(bytearray(data), dtype=self.dtype).reshape(count, *self._row)
-
-    def __getitem__(self, k: slice) -> np.ndarray:
-        if not isinstance(k, slice) or k.step not in (None, 1):
-            raise TypeError(f"a spilled column is read by a plain slice, got {k!r}")
-        start, stop, _ = k.indices(len(self))
-        return self.read(start, stop)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        # np.asarray(column) reads it whole: for the few callers that need it so (small tables).
-        whole = self.read(0, len(self))
-        return whole if dtype is None else whole.astype(dtype)
 
 
 class _Spans:
@@ -200,48 +78,27 @@ class _Spans:
 class SampleTable(Sequence[Sample]):
     """The samples of a build, in sample order, as the columns of the manifest's arrays.
 
-    ``SampleTable(n)`` keeps the columns in memory; :meth:`spilled` keeps them in files. A sample
-    with labels (boxes, masks, defects) is kept whole besides, in memory, with neither pixels nor
-    mask: its ragged label fields have no fixed width.
+    Its columns are :class:`~dlpack.storage.spill.Column` s of ``n`` rows, in memory while small, else in
+    anonymous files (``spill``: from the start; ``in_memory``: never, as for a worker's block). A sample with labels (boxes, masks, defects) is kept whole besides, in
+    memory, with neither pixels nor mask: its ragged label fields have no fixed width.
     """
 
-    __slots__ = ("_n", "_filled", "_cols", "_conv_names", "_labelled", "_dir")
+    __slots__ = ("_n", "_filled", "_cols", "_conv_names", "_labelled")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, *, spill: bool = False, in_memory: bool = False) -> None:
         self._n = n
         self._filled = _Spans()
-        self._cols: dict[str, Any] = {name: np.zeros((n, *row), dtype=dtype) for name, (dtype, row) in _COLUMNS.items()}
+        self._cols = {
+            name: Column(dtype, row, length=n, spill=spill, in_memory=in_memory)
+            for name, (dtype, row) in _COLUMNS.items()
+        }
         self._conv_names: dict[tuple[str, ...], int] = {(): 0}
         self._labelled: dict[int, Sample] = {}
-        self._dir: Path | None = None
-
-    @classmethod
-    def spilled(cls, n: int, folder: Path) -> SampleTable:
-        """A table of ``n`` samples whose columns are files in ``folder``, made here (a records
-        folder of an earlier attempt is removed first, when it is provably dlpack's)."""
-        remove_records(folder)
-        folder.mkdir()
-        (folder / _MARKER).write_bytes(_MARKER_TEXT)
-        table = cls.__new__(cls)
-        table._n = n
-        table._filled = _Spans()
-        table._conv_names = {(): 0}
-        table._labelled = {}
-        table._dir = folder
-        table._cols = {
-            name: SpilledColumn(folder / (name + _SUFFIX), dtype, row, n) for name, (dtype, row) in _COLUMNS.items()
-        }
-        return table
-
-    @property
-    def folder(self) -> Path | None:
-        """The folder of the spilled columns (None when they are in memory)."""
-        return self._dir
 
     def close(self) -> None:
-        """Remove the spilled columns' folder (nothing to do for a table in memory)."""
-        if self._dir is not None:
-            remove_records(self._dir)
+        """Give back the columns' files now (they go by themselves when the table is collected)."""
+        for col in self._cols.values():
+            col.close()
 
     @classmethod
     def of(cls, samples: Sequence[Sample]) -> SampleTable:
@@ -251,7 +108,7 @@ class SampleTable(Sequence[Sample]):
         table.put(0, samples)
         return table
 
-    # The columns the manifest's arrays are written from (NumPy arrays, or SpilledColumn).
+    # The columns the manifest's arrays are written from.
     original_size = property(lambda self: self._cols["original_size"])
     shape = property(lambda self: self._cols["shape"])
     transform = property(lambda self: self._cols["transform"])
@@ -275,11 +132,7 @@ class SampleTable(Sequence[Sample]):
             "conv": np.array([codes.setdefault(tuple(s.conversions), len(codes)) for s in samples], dtype="<i4"),
         }
         for name, rows in block.items():
-            col = self._cols[name]
-            if isinstance(col, SpilledColumn):
-                col.write(start, rows)
-            else:
-                col[start : start + m] = rows
+            self._cols[name].write(start, rows)
         for k, s in enumerate(samples, start):
             if s.labelled:
                 self._labelled[k] = Sample(
@@ -301,11 +154,7 @@ class SampleTable(Sequence[Sample]):
             rows = np.asarray(other._cols[name])
             if name == "conv":
                 rows = remap[rows]
-            col = self._cols[name]
-            if isinstance(col, SpilledColumn):
-                col.write(start, rows)
-            else:
-                col[start : start + m] = rows
+            self._cols[name].write(start, rows)
         for k, sample in other._labelled.items():
             self._labelled[start + k] = sample
         for a, b in other._filled.spans:
@@ -332,14 +181,13 @@ class SampleTable(Sequence[Sample]):
         return self._filled.covers(0, self._n)
 
     def _rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        col = self._cols[name]
-        return col.read(start, stop) if isinstance(col, SpilledColumn) else col[start:stop]
+        return self._cols[name].read(start, stop)
 
     def conversion_counts(self) -> dict[str, int]:
         """How many samples each conversion was applied to."""
         per_code = np.zeros(len(self._conv_names), dtype=np.int64)
-        for a in range(0, self._n, RECORD_PART):
-            per_code += np.bincount(self._rows("conv", a, a + RECORD_PART), minlength=len(self._conv_names))
+        for a in range(0, self._n, PART):
+            per_code += np.bincount(self._rows("conv", a, a + PART), minlength=len(self._conv_names))
         out: dict[str, int] = {}
         for names, code in self._conv_names.items():
             for name in names:
@@ -352,8 +200,8 @@ class SampleTable(Sequence[Sample]):
     def with_failures(self, failed: dict[int, InputFileError]) -> list[Sample | InputFileError]:
         """Every position's sample, or its failure from ``failed`` (a block that failed to decode)."""
         out: list[Sample | InputFileError] = []
-        for a in range(0, self._n, RECORD_PART):
-            out.extend(self._part(a, min(self._n, a + RECORD_PART), failed))
+        for a in range(0, self._n, PART):
+            out.extend(self._part(a, min(self._n, a + PART), failed))
         return out
 
     def _part(self, start: int, stop: int, failed: dict[int, InputFileError] | None = None) -> Iterator[Any]:
@@ -406,8 +254,8 @@ class SampleTable(Sequence[Sample]):
         return self._sample(j)
 
     def __iter__(self) -> Iterator[Sample]:
-        for a in range(0, self._n, RECORD_PART):
-            yield from self._part(a, min(self._n, a + RECORD_PART))
+        for a in range(0, self._n, PART):
+            yield from self._part(a, min(self._n, a + PART))
 
 
 class SampleBlock:
@@ -421,7 +269,7 @@ class SampleBlock:
     __slots__ = ("table", "failed")
 
     def __init__(self, results: Sequence[Sample | InputFileError]) -> None:
-        self.table = SampleTable(len(results))
+        self.table = SampleTable(len(results), in_memory=True)
         self.failed = self.table.put_results(0, results)
 
     def __len__(self) -> int:

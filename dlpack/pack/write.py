@@ -26,10 +26,10 @@ from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.base import SourceScan
 from ..storage.journal import Journal, JournalState, Restart
-from ..storage.lock import journal_path, partial_path, records_path
+from ..storage.lock import journal_path, partial_path
 from ..storage.runner import resume_journal, run_blocks
 from ..storage.spill import Column
-from .columns import SampleBlock, SampleTable, SpilledColumn, remove_records
+from .columns import SampleBlock, SampleTable
 from .inputs import Probe, Selection, bad_inputs
 from .plan import BuildPlan, image_array, plan_stage
 from .stats import with_pixel_stats
@@ -268,9 +268,6 @@ def _keep_for_resume(exc: BaseException, partial: Partial) -> bool:
 def discard_partial(partial: Partial, out: Path, exc: BaseException | None = None) -> None:
     """Close the partial's writer and journal after ``exc``, and remove both unless they are kept for a resume."""
     keep = exc is not None and _keep_for_resume(exc, partial)
-    # The records are rebuilt from the journal by a resumed build: never kept.
-    with contextlib.suppress(Exception):
-        remove_records(records_path(out))
     if partial.journal is not None:
         partial.journal.close()
     if keep:
@@ -304,8 +301,8 @@ def write_images(
         in_workers = fixed and writer.parallel_safe(images.name)
         step = writer.shard_rows(images.name) if fixed else 16
         starts = [s for s in range(0, len(pairs), step) if s not in partial.done]
-        # Each block's records go into files as it lands (not held in memory until the manifest).
-        table = SampleTable.spilled(len(pairs), records_path(out))
+        # Each block's records are written as it lands (spilled beside OUT when many, dlpack.storage.spill).
+        table = SampleTable(len(pairs))
         errors: dict[int, InputFileError] = {}
         for s, v in partial.done.items():
             table.put(s, v)
@@ -346,7 +343,7 @@ def write_images(
         raise
     if failed:
         try:
-            results = table.with_failures(errors)  # read before discard_partial removes the records
+            results = table.with_failures(errors)
         finally:
             discard_partial(partial, out)
         return results, None, partial.note
@@ -520,7 +517,7 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
             # of one shard in memory at a time (at most --shard-bytes), each written once, as from one array.
             if spec.ragged:
                 step = RAGGED_PART
-            elif isinstance(values, (SpilledColumn, Column)):
+            elif isinstance(values, Column) and values.spilled:
                 step = writer.shard_rows(spec.name)
             else:
                 step = max(1, len(values))

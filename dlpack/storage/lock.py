@@ -32,11 +32,11 @@ from ..errors import StoreError, StoreLockedError
 
 __all__ = [
     "BuildLock",
+    "sibling",
     "lock_path",
     "partial_path",
     "old_path",
     "journal_path",
-    "records_path",
     "augment_stage_path",
     "augment_journal_path",
 ]
@@ -46,23 +46,25 @@ __all__ = [
 _WINDOWS_LOCK_OFFSET = 2**30
 
 
-def _sibling(out: Path, kind: str) -> Path:
-    return out.parent / f".{out.name}.dlpack-{kind}"
+def sibling(out: str | os.PathLike[str], kind: str) -> Path:
+    """dlpack's file or folder of ``kind`` for the output ``out``: ``.NAME.dlpack-KIND`` next to it."""
+    p = Path(out)
+    return p.parent / f".{p.name}.dlpack-{kind}"
 
 
 def lock_path(out: str | os.PathLike[str]) -> Path:
     """The lock file of builds into ``out``: ``.NAME.dlpack-lock`` next to it."""
-    return _sibling(Path(out), "lock")
+    return sibling(Path(out), "lock")
 
 
 def partial_path(out: str | os.PathLike[str]) -> Path:
     """Where a build of ``out`` writes before publishing: ``.NAME.dlpack-partial`` next to it."""
-    return _sibling(Path(out), "partial")
+    return sibling(Path(out), "partial")
 
 
 def old_path(out: str | os.PathLike[str]) -> Path:
     """Where an overwritten store waits while the new one is moved into place: ``.NAME.dlpack-old``."""
-    return _sibling(Path(out), "old")
+    return sibling(Path(out), "old")
 
 
 def journal_path(out: str | os.PathLike[str]) -> Path:
@@ -71,21 +73,15 @@ def journal_path(out: str | os.PathLike[str]) -> Path:
     return p.parent / f".{p.name}.dlpack-journal"
 
 
-def records_path(out: str | os.PathLike[str]) -> Path:
-    """Where a build of ``out`` spills its per-image records until the manifest is written:
-    ``.NAME.dlpack-records``, beside the partial store and removed with it (dlpack.pack.columns)."""
-    return _sibling(Path(out), "records")
-
-
 def augment_stage_path(out: str | os.PathLike[str]) -> Path:
     """Where ``dlpack augment`` prepares the next generation of a Zarr store: ``.NAME.dlpack-augment``."""
-    return _sibling(Path(out), "augment")
+    return sibling(Path(out), "augment")
 
 
 def augment_journal_path(out: str | os.PathLike[str]) -> Path:
     """The journal of ``dlpack augment`` runs on ``out``: ``.NAME.dlpack-augment-journal`` (a build's
     journal is another file, so neither ever takes the other's for its own)."""
-    return _sibling(Path(out), "augment-journal")
+    return sibling(Path(out), "augment-journal")
 
 
 def _try_lock(fd: int) -> bool:

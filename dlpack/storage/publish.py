@@ -7,17 +7,16 @@ import errno
 import functools
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._files import file_kind, irregular_entries
-from ..backends import Backend, foreign_reason, owned_store, remove_store
+from ..backends import foreign_reason, owned_store, remove_store
 from ..errors import StoreError, StoreExistsError
 from .journal import Restart, is_journal, read_journal
-from .lock import journal_path, old_path, partial_path, records_path
-
-if TYPE_CHECKING:
-    from ..pack.plan import BuildPlan
+from .lock import journal_path, old_path, partial_path
 
 
 def _not_ours(path: Path) -> str | None:
@@ -56,33 +55,60 @@ class _Fields:
         return self.fields
 
 
+@dataclass(frozen=True)
+class Output:
+    """What is published at an output path: a store (builds, ``--update``, changes of a store's
+    arrays) or an export folder. Its sibling names, how a complete one is told from anything
+    else, and how one is removed; :func:`publish_stage` and :func:`clear_replaced` take it."""
+
+    #: where a replaced one waits while the new one moves in
+    old: Callable[[Path], Path]
+    #: the error for something left at one of its sibling names that is not dlpack's; None when it is
+    refuse: Callable[[Path], Exception | None]
+    #: whether ``path`` holds a complete one (the one that may come back to ``out``)
+    complete: Callable[[Path], bool]
+    #: raise unless ``out`` may be replaced
+    check_replaceable: Callable[[Path], None]
+    remove: Callable[[Path], None]
+
+
+def _refuse_old_store(old: Path) -> Exception | None:
+    reason = _not_ours(old)
+    if reason is None:
+        return None
+    return StoreError(
+        f"{old} is where a build keeps the store it replaces, but it is not a dlpack store ({reason}); "
+        "remove or rename it, then build again"
+    )
+
+
+def clear_replaced(out: Path, what: Output) -> None:
+    """Undo a publication of ``out`` that a kill cut short (call only under the lock on ``out``):
+    the one that was being replaced comes back to a missing ``out``, else it is removed; anything
+    else at its name is refused and left as it is."""
+    old = what.old(out)
+    if not (old.exists() or old.is_symlink()):
+        return
+    refused = what.refuse(old)
+    if refused is not None:
+        raise refused
+    if out.exists() or out.is_symlink() or not what.complete(old):
+        what.remove(old)
+    else:
+        os.replace(old, out)  # killed after OUT was moved aside: the old one comes back
+
+
 def clear_leftovers(out: Path) -> str | None:
     """Undo what a killed build of ``out`` left behind; call only while holding the build lock.
 
     An overwritten store that was waiting for its replacement comes back to ``out`` (or is removed
     when the replacement made it). A stale partial proven to be dlpack's is kept when it has a
     journal (the build then continues it or starts over, see :func:`open_partial`), else removed;
-    a journal whose partial is gone is removed, and so is a records folder (dlpack.pack.columns),
-    which no build continues. Returns the plan fingerprint of a journal whose
+    a journal whose partial is gone is removed. Returns the plan fingerprint of a journal whose
     build had committed and then published its store (killed before it removed its journal), so
     that the same build run again can say it is done; else None.
     """
-    old = old_path(out)
-    if old.exists() or old.is_symlink():
-        reason = _not_ours(old)
-        if reason is not None:
-            raise StoreError(
-                f"{old} is where a build keeps the store it replaces, but it is not a dlpack store ({reason}); "
-                "remove or rename it, then build again"
-            )
-        if out.exists() or out.is_symlink() or owned_store(old) is None:
-            remove_store(old)
-        else:
-            os.replace(old, out)  # killed after OUT was moved aside: the old store comes back
-    # A killed build's spilled records: never continued (a resume rebuilds them from its journal).
-    from ..pack.columns import remove_records
-
-    remove_records(records_path(out))
+    clear_replaced(out, STORE)
     from ..backends._hdf5 import clear_compact_copy
 
     clear_compact_copy(out)  # a compact copy an HDF5 rewrite killed before its rename left
@@ -121,25 +147,6 @@ def clear_leftovers(out: Path) -> str | None:
     return published
 
 
-def published_by_killed_build(backend: type[Backend], out: Path, plan: BuildPlan, published: str | None) -> bool:
-    """Whether ``out`` is the store a killed build of this very ``plan`` committed and published
-    (``published``: its journal's fingerprint, from :func:`clear_leftovers`)."""
-    return published == plan.fingerprint() and built_by_plan(backend, out, plan)
-
-
-def built_by_plan(backend: type[Backend], out: Path, plan: BuildPlan) -> bool:
-    """Whether the complete store ``out`` records ``plan`` as the plan it was built by: the same
-    source listing, geometry and layout, so building it again would write the same store."""
-    from ..pack.plan import BuildPlan
-
-    try:
-        with backend.open_reader(out) as reader:
-            recorded = reader.manifest.plan
-        return bool(recorded) and BuildPlan.from_dict(recorded).fingerprint() == plan.fingerprint()
-    except StoreError:
-        return False
-
-
 def check_replaceable(out: Path) -> None:
     """Refuse to replace ``out`` unless it is a complete or partial dlpack store (its marker says so).
 
@@ -161,13 +168,25 @@ def check_replaceable(out: Path) -> None:
         )
 
 
-def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
+#: A dlpack store, published by builds, ``--update`` and changes of its arrays.
+STORE = Output(
+    # Looked up when called, not bound here (the safety tests stand other functions in for them).
+    old=lambda out: old_path(out),
+    refuse=lambda old: _refuse_old_store(old),
+    complete=lambda path: owned_store(path) is not None,
+    check_replaceable=lambda out: check_replaceable(out),
+    remove=lambda path: remove_store(path),
+)
+
+
+def publish_stage(tmp: Path, out: Path, overwrite: bool, what: Output = STORE) -> None:
     """7. Move the finished store into place; an old store is replaced only after the new one is complete.
 
     Where the platform offers an atomic exchange (Linux ``renameat2``), OUT always holds a complete
     store: the new one waits under the old name, then trades places with OUT in one step. Elsewhere
     OUT is moved aside and the new store moved in, and a build killed in between leaves the old
     store under the old name, where the next build's :func:`clear_leftovers` brings it back.
+    ``what``: a store, or another kind of output (an export folder).
     """
     if not (out.exists() or out.is_symlink()):
         if not _rename_noreplace(tmp, out):
@@ -175,8 +194,8 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         raise StoreExistsError(f"{out} appeared while building; pass --overwrite to replace it")
-    check_replaceable(out)
-    old = old_path(out)
+    what.check_replaceable(out)
+    old = what.old(out)
     os.replace(tmp, old)
     try:
         exchanged = _exchange(old, out)
@@ -184,18 +203,18 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool) -> None:
         os.replace(old, tmp)
         raise
     if exchanged:
-        if owned_store(old) is None:  # something else was put at OUT since the check: put it back
+        if not what.complete(old):  # something else was put at OUT since the check: put it back
             _exchange(old, out)
             os.replace(old, tmp)
-            check_replaceable(out)
+            what.check_replaceable(out)
     else:
         os.replace(old, tmp)
         os.replace(out, old)
-        if owned_store(old) is None:
+        if not what.complete(old):
             os.replace(old, out)
-            check_replaceable(out)
+            what.check_replaceable(out)
         os.replace(tmp, out)
-    remove_store(old)
+    what.remove(old)
 
 
 class PublishedInterrupt(KeyboardInterrupt):

@@ -7,6 +7,10 @@ in memory while they are few (:data:`SPILL_BYTES`), then moves them to an anonym
 that has no name, so nothing is left behind however the process ends) and reads them back a part
 at a time. Readers walk the rows in order, so each :data:`PART` rows are read once.
 
+A column is filled either by appending rows in order, or (made with its ``length``) by writing
+rows at any position (:meth:`Column.write`), as a build's per-sample records are when its blocks
+land out of order; rows never written read as zeros.
+
 The files go where :func:`spilling_to` says (a build puts them beside its output, on the disk the
 store is written to), else into the system's temporary folder.
 """
@@ -60,22 +64,34 @@ def _anonymous_file(folder: str | None) -> BinaryIO:
 
 
 class Column:
-    """Rows of one dtype and row shape, appended in order, read back by slices.
+    """Rows of one dtype and row shape, appended in order or written by position, read back by slices.
 
     In memory until they exceed :data:`SPILL_BYTES`, then in an anonymous file made in the folder
-    :func:`spilling_to` names where the column was made.
+    :func:`spilling_to` names where the column was made. ``length`` rows (zeros) exist from the
+    start, for :meth:`write`; ``spill`` puts the rows in a file from the first one (a column known
+    to be large), ``in_memory`` never (a small column that travels between processes).
     """
 
-    __slots__ = ("dtype", "row", "_n", "_parts", "_file", "_where", "_part", "_part_at")
+    __slots__ = ("dtype", "row", "_n", "_parts", "_file", "_where", "_part", "_part_at", "_in_memory")
 
-    def __init__(self, dtype: Any, row: tuple[int, ...] = (), *, spill: bool = False) -> None:
+    def __init__(
+        self, dtype: Any, row: tuple[int, ...] = (), *, length: int = 0, spill: bool = False, in_memory: bool = False
+    ) -> None:
         self.dtype = np.dtype(dtype)
         self.row = tuple(row)
-        self._n = 0
-        self._parts: list[np.ndarray] = []
+        self._n = length
+        self._in_memory = in_memory
         self._where = _where.get()
-        #: ``spill``: in a file from the first row (a column known to be large)
-        self._file: BinaryIO | None = _anonymous_file(self._where) if spill else None
+        big = not in_memory and (spill or length * self.row_nbytes > SPILL_BYTES)
+        self._file: BinaryIO | None = _anonymous_file(self._where) if big else None
+        self._parts: list[np.ndarray] = []
+        if self._file is not None and length:
+            try:
+                self._file.truncate(length * self.row_nbytes)  # sparse: unwritten rows read as zeros
+            except OSError as exc:
+                raise self._failed(exc) from exc
+        elif length:
+            self._parts.append(np.zeros((length, *self.row), dtype=self.dtype))
         #: the part of rows last read (its first row in ``_part_at``), for :meth:`at`
         self._part: np.ndarray | None = None
         self._part_at = -1
@@ -112,40 +128,64 @@ class Column:
         data = np.ascontiguousarray(np.asarray(rows, dtype=self.dtype).reshape(-1, *self.row))
         if not len(data):
             return
-        if self._file is None and (self._n + len(data)) * self.row_nbytes > SPILL_BYTES:
+        if self._file is None and not self._in_memory and (self._n + len(data)) * self.row_nbytes > SPILL_BYTES:
             self._file = _anonymous_file(self._where)
             held, self._parts = self._parts, []
+            at = 0
             for part in held:
-                self._write(part)
+                self._write(at, part)
+                at += len(part)
         if self._file is None:
             self._parts.append(data)
         else:
-            self._write(data)
+            self._write(self._n, data)
         self._n += len(data)
         self._part, self._part_at = None, -1
 
-    def _write(self, data: np.ndarray) -> None:
+    def write(self, start: int, rows: Any) -> None:
+        """Rows ``start .. start + len(rows)``, in place of those there (all within the column's length)."""
+        data = np.ascontiguousarray(np.asarray(rows, dtype=self.dtype).reshape(-1, *self.row))
+        if start < 0 or start + len(data) > self._n:
+            raise IndexError(f"rows {start} .. {start + len(data)} of a column of {self._n}")
+        if self._file is None:
+            self._whole()[start : start + len(data)] = data
+        elif len(data):
+            self._write(start, data)
+        self._part, self._part_at = None, -1
+
+    def _whole(self) -> np.ndarray:
+        """The rows in memory as one array."""
+        if len(self._parts) > 1:
+            self._parts = [np.concatenate(self._parts)]
+        if not self._parts:
+            self._parts = [np.zeros((0, *self.row), dtype=self.dtype)]
+        return self._parts[0]
+
+    def _write(self, start: int, data: np.ndarray) -> None:
+        """``data`` into the file from row ``start``."""
         assert self._file is not None
+        view = data.data.cast("B")
+        at = start * self.row_nbytes
         try:
-            self._file.write(data.data.cast("B"))  # a buffered file writes it all or raises
-            self._file.flush()
+            while view:  # a regular file writes short only when full; the next call then says why
+                done = os.pwrite(self._file.fileno(), view, at)
+                view, at = view[done:], at + done
         except OSError as exc:
-            where = self._where or tempfile.gettempdir()
-            raise StoreError(
-                f"cannot write the build's per-image records in {where}: {exc.strerror or exc}; "
-                "make room there or build into another folder"
-            ) from exc
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: OSError) -> StoreError:
+        where = self._where or tempfile.gettempdir()
+        return StoreError(
+            f"cannot write the build's per-image records in {where}: {exc.strerror or exc}; "
+            "make room there or build into another folder"
+        )
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start .. stop`` (clipped to the column): a view of the rows in memory, a new array from a file."""
         start, stop = max(0, start), max(0, min(stop, self._n))
         stop = max(start, stop)
         if self._file is None:
-            if len(self._parts) > 1:
-                self._parts = [np.concatenate(self._parts)]
-            if not self._parts:
-                return np.zeros((0, *self.row), dtype=self.dtype)
-            return self._parts[0][start:stop]
+            return self._whole()[start:stop]
         size = self.row_nbytes
         want = (stop - start) * size
         data = os.pread(self._file.fileno(), want, start * size) if want else b""
@@ -189,6 +229,10 @@ class Column:
         whole = np.array(self.read(0, self._n))
         return whole if dtype is None else whole.astype(dtype)
 
+    def tobytes(self) -> bytes:
+        """Every row's bytes, in order (as NumPy's ``tobytes`` of the whole column)."""
+        return np.asarray(self).tobytes()
+
     def close(self) -> None:
         """Give the file back now (it goes by itself when the column is collected)."""
         if self._file is not None:
@@ -196,7 +240,13 @@ class Column:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A spilled column travels as its rows (its file is this process's).
-        return (Column.of, (np.asarray(self), self.dtype.str, self.row))
+        return (_rebuilt, (np.asarray(self), self.dtype.str, self.row, self._in_memory))
+
+
+def _rebuilt(rows: np.ndarray, dtype: str, row: tuple[int, ...], in_memory: bool) -> Column:
+    col = Column(dtype, row, in_memory=in_memory)
+    col.append(rows)
+    return col
 
 
 def give_back_freed() -> None:

@@ -18,7 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 from .. import schema
 from ..errors import OptionError
 from ..manifest import ArraySpec, Manifest, sha256_hex
-from ..options import ENGINES, check_choice, check_int, check_jobs
+from ..options import check_choice, check_int, check_jobs
+from ..transforms.engines import ENGINES
 
 __all__ = [
     "ENGINES",

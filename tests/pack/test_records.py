@@ -1,10 +1,10 @@
-"""A build spills its per-sample records to files of its own beside the partial store.
+"""A large build keeps its per-sample records in anonymous files beside its output.
 
-The workers' records (:class:`SampleTable`) go into one file per column as the blocks land, in
-``.NAME.dlpack-records`` (dlpack's marker inside), and are read back a part at a time when the
-manifest's arrays are written; the folder goes away with the partial store, on publication, on
-failure and on Ctrl-C, and a killed build's is cleared by the next build. The store's bytes are
-those of the in-memory table (tests/pack/test_columns.py compares whole stores too).
+The workers' records (:class:`SampleTable`) are :class:`~dlpack.storage.spill.Column` s of the table's
+length, written by position as the blocks land; past ``SPILL_BYTES`` a column is an anonymous
+file beside OUT, read back a part at a time when the manifest's arrays are written. Nothing of
+them has a name, so nothing is left behind on publication, failure, Ctrl-C or a kill. The store's
+bytes are those of the in-memory table (tests/pack/test_columns.py compares whole stores too).
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from dlpack.backends import ArraySpec, backend_for_path
 from dlpack.errors import InputFileError, StoreError
 from dlpack.manifest import ImageSpec, Manifest
 from dlpack.pack import columns
-from dlpack.pack.columns import RECORD_PART, SampleTable, SpilledColumn, remove_records
+from dlpack.pack.columns import SampleTable
 from dlpack.pack.workers import Sample
 from dlpack.pack.write import Partial, commit_store
-from dlpack.storage.lock import partial_path, records_path
+from dlpack.storage import spill as _spill
+from dlpack.storage.lock import partial_path
+from dlpack.storage.spill import PART, Column
 
 MakeTree = Callable[..., Path]
 
@@ -47,7 +49,7 @@ def _files(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*")}
 
 
-def test_the_records_are_dlpacks_files_beside_the_partial_and_vanish_with_it(
+def test_the_records_are_anonymous_files_beside_the_partial_and_leave_nothing(
     make_tree: MakeTree, tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = make_tree(SPEC)
@@ -55,26 +57,39 @@ def test_the_records_are_dlpacks_files_beside_the_partial_and_vanish_with_it(
     out = tmp_path / "stores" / backend
     seen: dict[str, Any] = {}
     commit = commit_store
+    made = []
+    anonymous = _spill.tempfile.TemporaryFile
+
+    def watching_files(*args: Any, **kwargs: Any) -> Any:
+        made.append(kwargs.get("dir"))
+        return anonymous(*args, **kwargs)
 
     def watching(partial: Any, out_: Path, arrays: Any, manifest: Any) -> None:
-        folder = records_path(out_)
-        seen["partial"] = partial_path(out_).exists()
-        seen["files"] = sorted(os.listdir(folder))
-        seen["fixed"] = {name: type(values).__name__ for name, (spec, values) in arrays.items() if not spec.ragged}
+        seen["beside"] = sorted(os.listdir(out_.parent))
+        seen["fixed"] = {
+            name: isinstance(values, Column) and values.spilled
+            for name, (spec, values) in arrays.items()
+            if not spec.ragged
+        }
         commit(partial, out_, arrays, manifest)
 
+    monkeypatch.setattr(_spill, "SPILL_BYTES", 0)
+    monkeypatch.setattr(_spill.tempfile, "TemporaryFile", watching_files)
     monkeypatch.setattr(dlpack.pack, "commit_store", watching)
     dlpack.build(src, out, **OPTS)
-    # While committing: the records folder beside the partial, with dlpack's marker and one file per column.
-    assert seen["partial"] and records_path(out).parent == partial_path(out).parent == out.parent
-    assert seen["files"] == sorted(["dlpack-records", *(f"{c}.col" for c in columns._COLUMNS)])
-    assert seen["fixed"]["transform"] == "SpilledColumn" and seen["fixed"]["source_sha256"] == "SpilledColumn"
+    # While committing: the columns are in files made beside OUT, and none of them has a name there.
+    assert seen["fixed"]["transform"] and seen["fixed"]["source_sha256"] and made
+    assert set(made) == {os.fspath(out.parent)}
+    assert seen["beside"] == sorted(
+        p.name
+        for p in (partial_path(out), out.parent / f".{backend}.dlpack-journal", out.parent / f".{backend}.dlpack-lock")
+    )
     # After publication: nothing of the build's own is left, and the source folder was not written to.
     assert sorted(os.listdir(out.parent)) == [backend]
     assert _files(src) == before
 
 
-def test_a_failed_or_interrupted_build_leaves_no_records_and_resumes_byte_identical(
+def test_a_failed_or_interrupted_build_resumes_byte_identical(
     make_tree: MakeTree, tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch, snapshot: Any
 ) -> None:
     src = make_tree(SPEC)
@@ -89,78 +104,49 @@ def test_a_failed_or_interrupted_build_leaves_no_records_and_resumes_byte_identi
         m.setattr(dlpack.pack, "manifest_stage", broken)
         with pytest.raises(OSError, match="disk gone"):
             dlpack.build(src, out, **OPTS)
-    assert not os.path.lexists(records_path(out)) and not os.path.lexists(partial_path(out))
+    assert not os.path.lexists(partial_path(out))
     interrupt_build(monkeypatch, 1, lambda: dlpack.build(src, out, **OPTS))
-    # Ctrl-C keeps the partial and its journal to resume from, not the records: a resume rebuilds them.
-    assert not os.path.lexists(records_path(out))
+    # Ctrl-C keeps the partial and its journal to resume from: a resume rebuilds the records from it.
     result = dlpack.build(src, out, **OPTS)
-    assert result.resume.startswith("resumed") and not os.path.lexists(records_path(out))
+    assert result.resume.startswith("resumed")
     assert snapshot(out) == snapshot(ref)
-
-
-def test_a_killed_builds_records_are_cleared_and_anyone_elses_folder_is_refused(
-    make_tree: MakeTree, tmp_path: Path
-) -> None:
-    src = make_tree(SPEC)
-    out = tmp_path / "out.zarr"
-    stale = SampleTable.spilled(3, records_path(out))  # what a killed build leaves
-    stale.put(0, [_sample(0)])
-    dlpack.build(src, out, **OPTS)
-    assert not os.path.lexists(records_path(out)) and backend_for_path(out).open_reader(out).manifest.count == 24
-
-    foreign = records_path(tmp_path / "other.zarr")
-    foreign.mkdir()
-    (foreign / "notes.txt").write_text("mine")
-    with pytest.raises(StoreError, match=r"dlpack-records.*not dlpack's \(it has no dlpack-records marker file\)"):
-        dlpack.build(src, tmp_path / "other.zarr", **OPTS)
-    assert (foreign / "notes.txt").read_text() == "mine"
-    (foreign / "dlpack-records").write_bytes(columns._MARKER_TEXT)
-    with pytest.raises(StoreError, match=r"holds files dlpack does not write there \(notes.txt\)"):
-        remove_records(foreign)
-    assert (foreign / "notes.txt").exists()
-    (foreign / "notes.txt").unlink()
-    (foreign / "transform.col").mkdir()  # a folder under a column's name is not what a build writes
-    with pytest.raises(StoreError, match=r"transform.col in it is not a regular file"):
-        remove_records(foreign)
-    assert (foreign / "transform.col").is_dir()
 
 
 @pytest.mark.slow
 def test_a_spilled_table_is_file_backed_and_reads_as_the_in_memory_one(tmp_path: Path) -> None:
-    n = 2 * RECORD_PART + 5  # three read-back parts, the last a short one
+    n = 2 * PART + 5  # three read-back parts, the last a short one
     samples = [_sample(k) for k in range(n)]
-    spilled = SampleTable.spilled(n, tmp_path / "rec")
-    held = SampleTable(n)
+    spilled = SampleTable(n, spill=True)
+    held = SampleTable(n, in_memory=True)
     for s in [*range(4096, n, 4096), 0]:  # out of order, as a resumed build puts its kept blocks first
         for t in (spilled, held):
             t.put(s, samples[s : s + 4096])
-    assert spilled.complete and spilled.folder == tmp_path / "rec"
+    assert spilled.complete
     for name in ("original_size", "shape", "transform", "checksum", "stat", "sha256"):
-        col = getattr(spilled, name)
-        assert isinstance(col, SpilledColumn) and not isinstance(col, np.ndarray)
-        assert col.shape == getattr(held, name).shape and col.dtype == getattr(held, name).dtype
+        col, kept = getattr(spilled, name), getattr(held, name)
+        assert col.spilled and not kept.spilled
+        assert col.shape == kept.shape and col.dtype == kept.dtype
         # The file holds the rows, little-endian and C order, as the store's array will.
-        assert (tmp_path / "rec" / f"{name}.col").read_bytes() == getattr(held, name).tobytes()
+        assert np.asarray(col).tobytes() == np.asarray(kept).tobytes()
     assert spilled.conversion_counts() == held.conversion_counts() == {"gray to rgb": n - len(range(0, n, 3))}
     assert spilled[n - 1] == samples[-1] and spilled[5:8] == samples[5:8]
 
     reads: list[int] = []
-    read = SpilledColumn.read
+    read = Column.read
 
-    def counted(self: SpilledColumn, start: int, stop: int) -> np.ndarray:
+    def counted(self: Column, start: int, stop: int) -> np.ndarray:
         reads.append(min(stop, len(self)) - start)
         return read(self, start, stop)
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(SpilledColumn, "read", counted)
+        m.setattr(Column, "read", counted)
         assert list(spilled) == samples
     # Read back a bounded part at a time, never whole.
-    assert reads and max(reads) == RECORD_PART and sum(reads) == n * len(columns._COLUMNS)
+    assert reads and max(reads) == PART and sum(reads) == n * len(columns._COLUMNS)
     err = InputFileError("x.png", "damaged")
     assert spilled.with_failures({1: err})[:3] == [samples[0], err, samples[2]]
     spilled.close()
-    assert not (tmp_path / "rec").exists()
-    spilled.close()  # once gone, nothing to do
+    spilled.close()  # once given back, nothing to do
 
 
 def _counting(write: Any, parts: list[tuple[str, int, int]]) -> Any:
@@ -178,9 +164,10 @@ def test_commit_writes_a_spilled_column_one_shard_at_a_time_with_the_bytes_of_on
     # least; HDF5: 2,048 rows); 4-byte rows: one shard in Zarr (262,144-row chunks), many in HDF5.
     n = 70000
     samples = [_sample(k) for k in range(n)]
-    held = SampleTable.of(samples)
-    spilled = SampleTable.spilled(n, tmp_path / "rec")
-    spilled.put(0, samples)
+    held = SampleTable(n, in_memory=True)
+    spilled = SampleTable(n, spill=True)
+    for table in (held, spilled):
+        table.put(0, samples)
     manifest = Manifest(
         count=n, image=ImageSpec("fixed", 3, "|u1", 16, 16), backend=backend_for_path(Path(backend)).name
     )
@@ -211,12 +198,13 @@ def test_commit_writes_a_spilled_column_one_shard_at_a_time_with_the_bytes_of_on
     assert stores[0] == stores[1]
 
 
-def test_a_full_disk_while_spilling_names_the_records_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    table = SampleTable.spilled(4, tmp_path / "rec")
+def test_a_full_disk_while_spilling_names_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with _spill.spilling_to(tmp_path):
+        table = SampleTable(4, spill=True)
 
-    def full(path: Any, mode: str = "r") -> Any:
+    def full(fd: int, data: Any, at: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(columns, "open", full, raising=False)
-    with pytest.raises(StoreError, match=r"cannot write .*rec.original_size\.col: the disk is full"):
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(StoreError, match=f"cannot write the build's per-image records in {tmp_path}: No space left"):
         table.put(0, [_sample(0)])

@@ -235,7 +235,7 @@ def test_a_worker_block_travels_as_columns_and_lands_as_its_samples(tmp_path: Pa
     assert len(packed) == 5 and packed.failed == {2: err}
     assert list(packed.samples()) == [r for r in results if r is not err] and packed.results() == results
     # Put at an offset into a table that already has other conversions: the codes are remapped.
-    by_columns, by_objects = SampleTable.spilled(9, tmp_path / "a"), SampleTable(9)
+    by_columns, by_objects = SampleTable(9, spill=True), SampleTable(9)
     for table in (by_columns, by_objects):
         table.put(0, [_sample(5), _sample(6)])
     by_columns.put_table(3, packed.table)
