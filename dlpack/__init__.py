@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from .building import build
     from .exports import ExportResult, export
     from .pack import BuildResult
+    from .pack.user_arrays import add_array
     from .ragged import RaggedBatch
-    from .read.dataset import Dataset, add_array, open
+    from .read.dataset import Dataset, open
     from .read.loader import BatchSource, Loader, LoaderOptions
     from .timing import EpochStats
     from .tuning import TuneResult, tune
@@ -45,7 +46,7 @@ _LAZY: dict[str, str] = {
     "BenchReport": "bench",
     "open": "read.dataset",
     "Dataset": "read.dataset",
-    "add_array": "read.dataset",
+    "add_array": "pack.user_arrays",
     "export": "exports",
     "ExportResult": "exports",
     "BatchSource": "read.loader",
