@@ -345,6 +345,7 @@ EXPORT = Output(
     complete=lambda path: path.is_dir() and not path.is_symlink() and _is_export(path),
     check_replaceable=_check_replaceable,
     remove=lambda path: shutil.rmtree(path, ignore_errors=True),
+    place=lambda tmp, out: os.rename(tmp, out),
 )
 
 

@@ -70,6 +70,8 @@ class Output:
     #: raise unless ``out`` may be replaced
     check_replaceable: Callable[[Path], None]
     remove: Callable[[Path], None]
+    #: moves the finished one ``tmp`` to a missing ``out``
+    place: Callable[[Path, Path], None]
 
 
 def _refuse_old_store(old: Path) -> Exception | None:
@@ -176,7 +178,14 @@ STORE = Output(
     complete=lambda path: owned_store(path) is not None,
     check_replaceable=lambda out: check_replaceable(out),
     remove=lambda path: remove_store(path),
+    place=lambda tmp, out: _place_store(tmp, out),
 )
+
+
+def _place_store(tmp: Path, out: Path) -> None:
+    """Move ``tmp`` to ``out`` unless something appeared there (atomically where the platform can)."""
+    if not _rename_noreplace(tmp, out):
+        os.replace(tmp, out)
 
 
 def publish_stage(tmp: Path, out: Path, overwrite: bool, what: Output = STORE) -> None:
@@ -189,8 +198,7 @@ def publish_stage(tmp: Path, out: Path, overwrite: bool, what: Output = STORE) -
     ``what``: a store, or another kind of output (an export folder).
     """
     if not (out.exists() or out.is_symlink()):
-        if not _rename_noreplace(tmp, out):
-            os.replace(tmp, out)
+        what.place(tmp, out)
         return
     if not overwrite:
         raise StoreExistsError(f"{out} appeared while building; pass --overwrite to replace it")
