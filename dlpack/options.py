@@ -76,6 +76,18 @@ def with_keywords(
     return dataclasses.replace(base, **kwargs)  # type: ignore[type-var]
 
 
+def check_rate(value: object, name: str = "original_rate") -> float:
+    """``value`` as a probability in 0..1, or an OptionError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise OptionError(
+            f"{name} must be a number in 0..1 (the share of epochs that serve the original), got {value!r}"
+        )
+    rate = float(value)
+    if not 0.0 <= rate <= 1.0:  # also refuses NaN
+        raise OptionError(f"{name} must be in 0..1, got {value!r}")
+    return rate
+
+
 def check_int(name: str, value: object, minimum: int, *, wanted: str | None = None) -> int:
     """``value`` as an ``int`` if it is an integer (NumPy's too, never a bool) >= ``minimum``; else an
     :class:`OptionError` "``name`` must be ``wanted`` (an integer >= ``minimum``), got ``value``"."""
@@ -743,8 +755,6 @@ class LoaderOptions:
                 f"views_per_batch images, {m} rows each"
             )
         if self.original_rate is not None:
-            from .variants.schedule import check_rate
-
             object.__setattr__(self, "original_rate", check_rate(self.original_rate))
             if self.augment != "cached":
                 raise OptionError(

@@ -213,3 +213,23 @@ def test_the_schema_imports_nothing_of_dlpack() -> None:
     assert _graph()["dlpack.schema"] == set()
     for module in ("dlpack.manifest", "dlpack.backends.reader", "dlpack.read.dataset"):
         assert "dlpack.schema" in _graph()[module], module
+
+
+def test_every_import_of_dlpack_names_a_module_that_exists() -> None:
+    """A lazy import of a module that moved fails only when its line runs: found here instead."""
+    modules = {_module_name(p) for p in ROOT.rglob("*.py")}
+    missing = []
+    for path in ROOT.rglob("*.py"):
+        me = _module_name(path)
+        package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dlpack":
+                target = node.module or ""
+            else:
+                continue
+            if target not in modules:
+                missing.append(f"{me}:{node.lineno} imports {target}")
+    assert not missing, "; ".join(missing)

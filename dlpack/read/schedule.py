@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import OptionError
+from ..options import check_rate
 
 __all__ = ["ViewSchedule", "view_gap", "view_schedule", "hash64"]
 
@@ -294,18 +295,6 @@ class ViewSchedule:
         if idx.size and idx.max() >= self.count:
             raise OptionError(f"sample index {int(idx.max())} is out of range for {self.count} samples")
         return self.table(epoch).take(idx, axis=0).astype(np.int64)
-
-
-def check_rate(value: object, name: str = "original_rate") -> float:
-    """``value`` as a probability in 0..1, or an OptionError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise OptionError(
-            f"{name} must be a number in 0..1 (the share of epochs that serve the original), got {value!r}"
-        )
-    rate = float(value)
-    if not 0.0 <= rate <= 1.0:  # also refuses NaN
-        raise OptionError(f"{name} must be in 0..1, got {value!r}")
-    return rate
 
 
 def view_schedule(

@@ -22,7 +22,7 @@ from dlpack.options import BuildOptions
 
 MakeTree = Callable[..., Path]
 Capsys = pytest.CaptureFixture[str]
-build_module = importlib.import_module("dlpack.pack")
+build_module = importlib.import_module("dlpack.building")
 
 
 def siblings(folder: Path) -> list[str]:
