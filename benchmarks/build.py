@@ -55,7 +55,7 @@ import numpy as np
 
 import dlpack
 from dlpack.options import BuildOptions, parse_size
-from dlpack.sources.folder import scan_folder
+from dlpack.sources.folder import FolderSource
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _cpu import busy_cpu_s as _busy_cpu_s  # noqa: E402
@@ -299,7 +299,7 @@ def cli_mode(
     wall time."""
     import subprocess
 
-    count = len(scan_folder(src)[0])
+    count = len(FolderSource(src).scan().items)
     trees: list[Path | None] = list(code) if code else [None]
     arms = [(c, j) for c in range(len(trees)) for j in jobs]
     name = {arm: (f"c{arm[0]}-" if code else "") + f"j{arm[1]}" for arm in arms}
@@ -674,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
                 cli_doc.update(benchmark="build-cli", command=" ".join(sys.argv), machine=machine_info(workdir))
                 args.json.write_text(json.dumps(cli_doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             return 0
-        items, _, _ = scan_folder(src)
+        items = list(FolderSource(src).scan().items)
         # An untimed build finds the files dlpack rejects; the bare loop leaves them out too, so every
         # variant handles the same images. It also warms the page cache and the imports, and starts
         # joblib's worker pool (reused by later builds: worker start-up is not in the figures).

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .pack.user_arrays import add_array
     from .ragged import RaggedBatch
     from .read.dataset import Dataset, open
-    from .read.loader import BatchSource, Loader, LoaderOptions
+    from .read.loader import BatchSource, Loader
     from .timing import EpochStats
     from .tuning import TuneResult, tune
     from .variants import AugmentResult, augment
@@ -59,6 +59,8 @@ _LAZY: dict[str, str] = {
     "AugmentResult": "variants",
 }
 
+# Spelled out (not derived from _LAZY): type checkers and linters read __all__ and the imports above
+# statically; tests/test_public_api.py checks that every name here resolves.
 __all__ = [
     "__version__",
     "build",
