@@ -601,14 +601,25 @@ class StoreReader(ABC):
         self._offsets_twin.clear()
         self._sources = None
 
-    def __getstate__(self) -> dict[str, Any]:
+    @property
+    def pin(self) -> str | None:
+        """The SHA-256 of the manifest this reader reads (read now if not yet; None for a backend that
+        does not pin): a reader pinned to it (:meth:`pin_to`) reads this very store generation or refuses."""
         if self._pin is None:
-            _ = self.manifest  # pin what this reader sees, so the copy reads the same store or refuses
-        return {"path": self.path, "mode": self.mode, "pin": self._pin}
+            _ = self.manifest
+        return self._pin
+
+    def pin_to(self, digest: str | None) -> None:
+        """Read only the store generation whose manifest has SHA-256 ``digest`` (None: any)."""
+        self._pin = digest
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The copy reads the same store generation or refuses.
+        return {"path": self.path, "mode": self.mode, "pin": self.pin}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], state["mode"])  # type: ignore[misc]
-        self._pin = state.get("pin")
+        self.pin_to(state.get("pin"))
 
     def __enter__(self) -> StoreReader:
         return self

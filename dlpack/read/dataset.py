@@ -94,7 +94,7 @@ class Dataset:
     def _setup(self, path: Path, pin: str | None) -> None:
         self.path = path
         self._reader: StoreReader = open_reader(self.path)
-        self._reader._pin = pin  # a copy must read the very store its original opened
+        self._reader.pin_to(pin)  # a copy must read the very store its original opened
         self._warm_skip: frozenset[str] | None = None  # what warm() leaves cold (the variants), found once
         m = self._reader.manifest  # fail now, not at the first sample, on incomplete or newer stores
         missing = [n for n in schema.required_arrays(m.image.layout) if n not in m.arrays]
@@ -114,7 +114,7 @@ class Dataset:
         ]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "pin": self._reader.__getstate__()["pin"]}
+        return {"path": self.path, "pin": self._reader.pin}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(state["path"], state.get("pin"))

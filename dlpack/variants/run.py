@@ -262,7 +262,7 @@ def _read_store(
     reader = open_reader(out)
     try:
         m = reader.manifest
-        pin = reader.__getstate__()["pin"]
+        pin = reader.pin
         inputs = input_arrays(m, out)
         rows = _label_rows(reader, inputs)
         shard_bytes = int((m.plan or {}).get("shard_bytes") or DEFAULT_SHARD_BYTES)

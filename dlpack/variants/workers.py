@@ -243,7 +243,7 @@ def variant_block(
     stop = start + n
     if inputs is None:
         reader = open_reader(plan.store)
-        reader._pin = plan.pin  # the very store the run planned, or a StoreError
+        reader.pin_to(plan.pin)  # the very store the run planned, or a StoreError
         try:
             originals = np.empty((n, *plan.shape), dtype=plan.dtype)
             reader.read_into(schema.IMAGES, list(range(start, stop)), originals)
