@@ -178,10 +178,11 @@ def test_first_use_loads_the_module_behind_a_name() -> None:
 
 @pytest.mark.slow
 def test_build_stays_the_function_when_its_package_is_imported_first() -> None:
-    # The build lives in dlpack.pack: importing it binds the attribute "pack", never "build".
+    # dlpack.build lives in dlpack.building (the pipeline in dlpack.pack): importing them binds the
+    # attributes "building" and "pack", never "build".
     code = (
-        "import dlpack.pack, dlpack; from dlpack.pack import BuildResult; "
-        "print(callable(dlpack.build), dlpack.build is dlpack.pack.build, dlpack.BuildResult is BuildResult)"
+        "import dlpack.pack, dlpack.building, dlpack; from dlpack.pack import BuildResult; "
+        "print(callable(dlpack.build), dlpack.build is dlpack.building.build, dlpack.BuildResult is BuildResult)"
     )
     assert _fresh_python(code).split() == ["True", "True", "True"]
 
