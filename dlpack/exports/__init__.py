@@ -61,6 +61,8 @@ def export(
         ``read_dl_dataset_*`` procedure for the store's task reads).
     out
         A new or empty folder, or a previous dlpack export with ``overwrite=True``.
+    overwrite
+        Replace ``out`` when it holds a previous dlpack export; anything else there is still refused.
     include_variants
         ``dldataset`` only: the store's augmentation variants of its training samples become extra
         samples, each pointing back at its original (docs/export.md).

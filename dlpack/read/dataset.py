@@ -379,7 +379,7 @@ class Dataset:
     def cached_views(
         self, seed: int = 0, *, original_rate: float | None = None, views_per_batch: int = 1
     ) -> CachedViews:
-        """This store's augmentation views as a batch source (what ``loader(augment="cached")``
+        """The augmentation views of this store as a batch source (what ``loader(augment="cached")``
         reads; docs/loader.md, "Cached augmentation views"). An OptionError without variants."""
         from .views import CachedViews
 

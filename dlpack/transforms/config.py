@@ -128,7 +128,7 @@ def load_config(
 
 
 def _is_albumentations(doc: Mapping[str, Any]) -> bool:
-    """albumentations' ``to_dict`` documents have both keys (``is_albumentations`` says the same)."""
+    """An albumentations ``to_dict`` document has both keys (``is_albumentations`` says the same)."""
     return "__version__" in doc and "transform" in doc
 
 
