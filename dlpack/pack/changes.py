@@ -463,7 +463,7 @@ def codes_outside(codes: np.ndarray, names: Sequence[str]) -> bool:
 
 
 def split_counts(splits: Sequence[str], codes: np.ndarray | None) -> dict[str, int]:
-    """Samples per split name as the manifest records them: splits without samples left out."""
+    """Samples per split name, as a BuildResult reports them: splits without samples left out."""
     if codes is None or not len(splits):
         return {}
     counts = np.bincount(codes[codes >= 0].astype(np.int64), minlength=len(splits))
