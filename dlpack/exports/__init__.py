@@ -36,6 +36,7 @@ class ExportResult:
     notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
+        """The one line the CLI prints: what was exported where, and the counts that are not zero."""
         extra = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.counts.items() if k != "samples" and v)
         head = f"exported {self.samples} sample(s) of {self.store} ({self.task}) as {self.to} to {self.out}"
         return head + (f" ({extra})" if extra else "")

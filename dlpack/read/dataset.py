@@ -126,6 +126,7 @@ class Dataset:
 
     @property
     def manifest(self) -> Manifest:
+        """The store's manifest, as the reader pinned it when the store was opened."""
         return self._reader.manifest
 
     @property
@@ -410,6 +411,7 @@ class Dataset:
             yield self[i]
 
     def close(self) -> None:
+        """Release open handles and maps; the store reopens lazily if used again."""
         self._reader.close()
 
     def __enter__(self) -> Dataset:
