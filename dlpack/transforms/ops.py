@@ -1010,7 +1010,7 @@ class GaussNoise(_Op):
         return {"std": std, "mean": mean, "seed": int(rng.integers(0, 2**31))}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
-        """Add the noise drawn from ``seed``, rounded and saturated; without ``per_channel`` every channel gets the same."""
+        """Add the noise drawn from ``seed``, saturated; without ``per_channel`` all channels get the same."""
         image = color.gauss_noise(
             t.image, float(params["std"]), float(params["mean"]), int(params["seed"]), self.per_channel
         )
