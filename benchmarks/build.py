@@ -1,10 +1,10 @@
-"""Benchmark ``dlpack build``: images/s with --jobs 1 and 2 against a bare decode + resize loop.
+r"""Benchmark ``dlpack build``: images/s with --jobs 1 and 2 against a bare decode + resize loop.
 
 Run by hand (not part of the tests)::
 
-    python benchmarks/build.py --count 300 --size 512x512 --repeat 3 --max-other 0.15 \\
+    python benchmarks/build.py --count 300 --size 512x512 --repeat 3 --max-other 0.15 \
         --json bench-out/build-sample.json
-    python benchmarks/build.py --images /tmp/dlpack-datasets/stellarium_nebulae \\
+    python benchmarks/build.py --images /tmp/dlpack-datasets/stellarium_nebulae \
         --size 512x512 --resize fit --repeat 3 --max-other 0.15 --json bench-out/build-stellarium.json
 
 Each repeat runs every variant once, side by side in one process: the bare loop (read bytes,

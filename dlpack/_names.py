@@ -18,16 +18,16 @@ def _escape(ch: str) -> str:
 
 
 def shown(name: object) -> str:
-    """``name`` with every character that is not printable as its escape (``\\n``, ``\\x1b``, ``\\u202e``).
+    r"""``name`` with every character that is not printable as its escape (``\n``, ``\x1b``, ``\u202e``).
 
-    A lone surrogate (a file name that is not UTF-8) becomes its ``\\udcXX`` escape, so the text can
+    A lone surrogate (a file name that is not UTF-8) becomes its ``\udcXX`` escape, so the text can
     always be printed.
     """
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in str(name))
 
 
 def code_points(name: str) -> str:
-    """``name`` with every character outside ASCII as its escape: ``caf\\xe9`` and ``cafe\\u0301`` differ visibly."""
+    r"""``name`` with every character outside ASCII as its escape: ``caf\xe9`` and ``cafe\u0301`` differ visibly."""
     return "".join(ch if ch.isascii() and ch.isprintable() else _escape(ch) for ch in name)
 
 

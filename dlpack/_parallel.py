@@ -156,7 +156,7 @@ _STOP_WAIT = 60.0
 
 
 def _executor() -> Any:
-    """joblib's reusable loky executor, the one the pool runs in (None before the first pool)."""
+    """The reusable loky executor of joblib, the one the pool runs in (None before the first pool)."""
     from joblib.externals.loky import reusable_executor
 
     return getattr(reusable_executor, "_executor", None)

@@ -273,7 +273,7 @@ class _SubParser(_Parser):
         return ns, extras
 
     def _unrecognized(self, extras: list[str]) -> str:
-        """argparse's "unrecognized arguments" with the flags of this command nearest to each typo."""
+        """The "unrecognized arguments" message of argparse, with the flags of this command nearest to each typo."""
         flags = [f for f in self._option_string_actions if f.startswith("--")]
         hints = []
         for arg in extras:

@@ -134,6 +134,7 @@ class ArraySpec:
         return (self.name,)
 
     def to_dict(self) -> dict[str, Any]:
+        """The manifest entry (the name is its key); ``sha256`` only once the array's checksums are recorded."""
         d: dict[str, Any] = {
             "dtype": self.dtype,
             "shape": list(self.shape),
@@ -147,6 +148,7 @@ class ArraySpec:
 
     @classmethod
     def from_dict(cls, name: str, d: dict[str, Any]) -> ArraySpec:
+        """The spec of manifest entry ``d``, every field checked: a StoreError names the array and the field."""
         if not isinstance(d, dict):
             raise StoreError(f"array {name!r}: its entry must be an object, got {type(d).__name__}")
         if d.get("layout") not in ("fixed", "ragged"):

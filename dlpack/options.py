@@ -764,6 +764,7 @@ class LoaderOptions:
 
     @property
     def effective_order(self) -> Order:
+        """``order`` when set, else what ``shuffle`` asks for."""
         if self.order is not None:
             return self.order
         return "random" if self.shuffle else "sequential"

@@ -95,12 +95,15 @@ class BackendTests:
 
     @property
     def cls(self) -> type[Backend]:
+        """The registered class of ``backend``."""
         return get_backend(self.backend)
 
     def store_path(self, tmp_path: Path, name: str = "store") -> Path:
+        """Where store ``name`` goes under ``tmp_path``, with the backend's first suffix if it has any."""
         return tmp_path / (name + (self.cls.suffixes[0] if self.cls.suffixes else ""))
 
     def new_writer(self, path: Path, mode: str = "w-") -> StoreWriter:
+        """An opened writer with small shards (SHARD_BYTES), so every array spans several."""
         writer = self.cls.open_writer(path, mode, SHARD_BYTES)  # type: ignore[arg-type]
         writer.open()
         return writer
@@ -130,6 +133,7 @@ class BackendTests:
         return path
 
     def assert_reads_back(self, reader: StoreReader, arrays: dict[str, Any]) -> None:
+        """Every read path gives ``arrays`` back: single rows, batches in any order (repeats too), rows= targets."""
         order = [N - 1, 0, 7, 7, 3, 22, 11]
         for name, value in arrays.items():
             spec = reader.spec(name)

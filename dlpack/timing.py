@@ -46,10 +46,12 @@ class EpochStats:
 
     @property
     def images_per_s(self) -> float:
+        """Images over wall seconds (0.0 for an epoch that took no time)."""
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def bytes_per_s(self) -> float:
+        """Decoded bytes over wall seconds."""
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
     def line(self) -> str:

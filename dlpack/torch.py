@@ -186,6 +186,7 @@ class TorchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     @property
     def ds(self) -> Dataset:
+        """The store, opened on first use in each process (a pickled copy reopens it)."""
         if self._ds is None:
             self._ds = Dataset(self.path)
         return self._ds
@@ -464,12 +465,15 @@ class TorchLoader:
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
+        """:meth:`dlpack.Loader.set_epoch`: start ``epoch`` from its first batch."""
         self.loader.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
+        """:meth:`dlpack.Loader.state_dict`: resume after the last batch handed out."""
         return self.loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """:meth:`dlpack.Loader.load_state_dict`: refuses a state of other data, selection or order."""
         self.loader.load_state_dict(state)
 
     def stats(self) -> list[Any]:

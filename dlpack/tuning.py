@@ -261,6 +261,7 @@ class TuneResult:
         return "\n".join(lines)
 
     def trial_table(self) -> str:
+        """The rebuild trials as a text table, one row per size and codec (unmeasured ones with the reason)."""
         lines = [f"{'size':<10}  {'codec':<5}  {'KB/image':>8}  {'read img/s':>10}  {'x store':>7}  {'busy %':>6}"]
         for t in self.trials:
             size = "source" if t.size is None else f"{t.size[0]}x{t.size[1]}"

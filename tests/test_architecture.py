@@ -18,7 +18,7 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path) -> set[str]:
-    """dlpack modules ``path`` imports anywhere (also inside functions), except under TYPE_CHECKING."""
+    """The dlpack modules ``path`` imports anywhere (also inside functions), except under TYPE_CHECKING."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     me = _module_name(path)
     package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]

@@ -130,7 +130,7 @@ def _settle_io() -> None:
 
 
 def _marker(group_meta: Any) -> dict[str, Any] | None:
-    """dlpack's marker in a group's zarr.json, or None."""
+    """The dlpack marker in a group's zarr.json, or None."""
     attrs = group_meta.get("attributes") if isinstance(group_meta, dict) else None
     marker = attrs.get("dlpack") if isinstance(attrs, dict) else None
     return marker if isinstance(marker, dict) and marker.get("format") == "dlpack" else None

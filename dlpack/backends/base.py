@@ -113,19 +113,29 @@ class ArrayAccess(Protocol):
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
 
-    def read_rows(self, start: int, stop: int) -> np.ndarray: ...
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start .. stop`` as a new array; a damaged chunk is a StoreError."""
+        ...
 
-    def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray: ...
+    def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+        """Rows ``positions`` into ``out`` (row k, or ``rows[k]``), returning ``out``."""
+        ...
 
     # Optional: ``row_source() -> (views, rows_per_view) | None``, where row ``i`` is
     # ``views[i // rows_per_view][i % rows_per_view]`` (raw, in-memory rows; None when not so), so
     # that :meth:`StoreReader.read_into_from` can mix arrays in one pass.
 
-    def warm(self) -> None: ...
+    def warm(self) -> None:
+        """Open what reading needs now, so threads can share it (a no-op where nothing is lazy)."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the array holds open (file handles, maps)."""
+        ...
 
-    def nbytes_on_disk(self) -> int: ...
+    def nbytes_on_disk(self) -> int:
+        """Bytes the array takes in the store (compressed, as stored)."""
+        ...
 
 
 class ArrayChange(Protocol):
@@ -143,7 +153,9 @@ class ArrayChange(Protocol):
     committed: bool
     own_stage: bool
 
-    def attach(self, spec: ArraySpec) -> None: ...
+    def attach(self, spec: ArraySpec) -> None:
+        """Keep fixed array ``spec`` that a killed transaction of the same change left staged."""
+        ...
 
 
 class Backend(ABC):
@@ -172,7 +184,9 @@ class Backend(ABC):
 
     @classmethod
     @abstractmethod
-    def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader: ...
+    def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader:
+        """A reader of the store at ``path``; ``mode`` can only be ``"r"``."""
+        ...
 
     @classmethod
     def remove(cls, path: Path) -> None:

@@ -64,7 +64,9 @@ class StoreReader(ABC):
 
     @property
     @abstractmethod
-    def manifest(self) -> Manifest: ...
+    def manifest(self) -> Manifest:
+        """The store's manifest, read once and pinned: a reader sees one generation of the store."""
+        ...
 
     def _pin_manifest(self, text: str | bytes) -> None:
         """Record the manifest this reader sees, or refuse one that differs from what it pinned."""
@@ -101,6 +103,7 @@ class StoreReader(ABC):
         return self.manifest.arrays
 
     def spec(self, name: str) -> ArraySpec:
+        """The spec of array ``name``; a StoreError lists the arrays the store has."""
         try:
             return self.arrays[name]
         except KeyError:

@@ -18,7 +18,7 @@ __all__ = ["plot_report", "require_matplotlib"]
 
 
 def require_matplotlib() -> Any:
-    """matplotlib's Figure and Agg canvas classes, or a MissingExtraError naming the [plot] extra."""
+    """The Figure and Agg canvas classes of matplotlib, or a MissingExtraError naming the [plot] extra."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

@@ -88,6 +88,7 @@ class BenchReport:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """The document ``dlpack bench --json`` prints, tagged with ``SCHEMA``."""
         return {
             "schema": SCHEMA,
             "dlpack_version": self.dlpack_version,
@@ -104,14 +105,17 @@ class BenchReport:
         }
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text; NaN and infinity become null."""
         return json.dumps(_finite(self.to_dict()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_json` to ``path`` atomically."""
         from .._output import write_atomic
 
         write_atomic(path, self.to_json())
 
     def machine_line(self) -> str:
+        """One line on the machine: CPU, cores, memory, the first disk's file system, VM, Python."""
         m = self.machine
         mem = f", {m['memory_gb']:.0f} GB RAM" if m.get("memory_gb") else ""
         disk = (m.get("disks") or [{}])[0]

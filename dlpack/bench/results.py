@@ -37,10 +37,12 @@ class BenchRun:
 
     @property
     def images_per_s(self) -> float:
+        """Images over wall seconds (0.0 for a run that took no time)."""
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def busy_fraction(self) -> float | None:
+        """The share of wall time spent in the simulated training step; None without ``step_ms``."""
         if self.busy_seconds is None or self.seconds <= 0:
             return None
         return min(1.0, self.busy_seconds / self.seconds)
@@ -52,9 +54,11 @@ class BenchRun:
 
     @property
     def eviction_verified(self) -> bool:
+        """Whether a cold run really started cold (at most EVICTED_MAX of the pages still cached)."""
         return self.resident_at_start is not None and self.resident_at_start <= EVICTED_MAX
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields, plus the derived rates and fractions."""
         d = asdict(self)
         d["images_per_s"] = self.images_per_s
         d["busy_fraction"] = self.busy_fraction
@@ -107,6 +111,7 @@ class BenchCell:
     step_runs: tuple[BenchRun, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields with each run as its own ``to_dict``."""
         d = {k: v for k, v in asdict(self).items() if k not in ("runs", "step_runs")}
         d["runs"] = [r.to_dict() for r in self.runs]
         d["step_runs"] = [r.to_dict() for r in self.step_runs]

@@ -31,7 +31,9 @@ def run_bench(
         dlpack stores (Zarr folder, HDF5 file) and/or plain folders of images (the scattered
         baseline, decoded and resized on the fly to the first store's resolution or ``size``).
     options
-        A :class:`BenchOptions`; keyword arguments override its fields
+        A :class:`BenchOptions`.
+    **kwargs
+        Fields of :class:`BenchOptions` that override those of ``options``
         (``run_bench(["train.zarr"], repeat=1, caches="warm")``).
 
     Returns

@@ -36,6 +36,7 @@ class ExportResult:
     notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
+        """The one line the CLI prints: what was exported where, and the counts that are not zero."""
         extra = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.counts.items() if k != "samples" and v)
         head = f"exported {self.samples} sample(s) of {self.store} ({self.task}) as {self.to} to {self.out}"
         return head + (f" ({extra})" if extra else "")
@@ -61,6 +62,8 @@ def export(
         ``read_dl_dataset_*`` procedure for the store's task reads).
     out
         A new or empty folder, or a previous dlpack export with ``overwrite=True``.
+    overwrite
+        Replace ``out`` when it holds a previous dlpack export; anything else there is still refused.
     include_variants
         ``dldataset`` only: the store's augmentation variants of its training samples become extra
         samples, each pointing back at its original (docs/export.md).

@@ -193,8 +193,8 @@ def checked_source(view: StoreView, s: Sample) -> PurePosixPath:
 
 
 def folder_name(view: StoreView, name: str, what: str) -> str:
-    """``name`` (a class or defect name) as one folder level, refused when it could not be one
-    (empty, ``.``/``..``, or holding ``/``, ``\\`` or NUL: a COCO category may be named anything)."""
+    r"""``name`` (a class or defect name) as one folder level, refused when it could not be one
+    (empty, ``.``/``..``, or holding ``/``, ``\`` or NUL: a COCO category may be named anything)."""
     if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
         raise OptionError(
             f"store {view.path}: the {what} {shown(name)!r} cannot be a folder name; export with --to dldataset or "

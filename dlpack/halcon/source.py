@@ -404,6 +404,7 @@ class DLDatasetSource:
 
     @property
     def root(self) -> Path:
+        """The folder image paths are relative to: ``images_root`` when given, else the dataset's ``image_dir``."""
         return self.images_root if self.images_root is not None else self.info().image_dir
 
     def scan(self) -> SourceScan:

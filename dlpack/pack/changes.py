@@ -365,6 +365,7 @@ def dropped_variants_note(m: Manifest, out: Path) -> str:
 
 
 def unfilled_error(missing: Sequence[ArraySpec], appended: int, replaced: int, out: Path) -> OptionError:
+    """The refusal of an update that has no value for user arrays ``missing`` on new or replaced samples."""
     names = ", ".join(s.name for s in missing)
     what = " and ".join(
         p for p in (f"{appended} appended" if appended else "", f"{replaced} replaced" if replaced else "") if p
@@ -462,6 +463,7 @@ def codes_outside(codes: np.ndarray, names: Sequence[str]) -> bool:
 
 
 def split_counts(splits: Sequence[str], codes: np.ndarray | None) -> dict[str, int]:
+    """Samples per split name, as a BuildResult reports them: splits without samples left out."""
     if codes is None or not len(splits):
         return {}
     counts = np.bincount(codes[codes >= 0].astype(np.int64), minlength=len(splits))

@@ -102,6 +102,7 @@ class SampleTable(Sequence[Sample]):
 
     @classmethod
     def of(cls, samples: Sequence[Sample]) -> SampleTable:
+        """``samples`` as a table (a SampleTable is returned as it is)."""
         if isinstance(samples, SampleTable):
             return samples
         table = cls(len(samples))

@@ -64,6 +64,7 @@ class BuildResult:
 
     @property
     def images_per_s(self) -> float:
+        """Samples over wall seconds (infinite for a build that took no time: nothing to do)."""
         return self.count / self.seconds if self.seconds > 0 else float("inf")
 
     @property

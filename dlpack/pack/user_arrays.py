@@ -69,12 +69,16 @@ def add_array(
         row shape.
     key
         The key under which ``ds[i]`` and loader batches carry it; ``None`` means the name.
+    ragged
+        Store rows of varying count per sample (``values`` is then a sequence of arrays).
     replace
         Replace an existing array of that name. The arrays of codes (``labels``, ``split``,
         ``defect``, ``box_labels``: :data:`dlpack.schema.CODED`) take only codes of the list they
         index (``classes``, ``splits``, ``defects``), stored with the format's dtype and key; the
         images, sources, checksums and what ``--update`` relies on (``source_stat``,
         ``source_sha256``, ``transform``, ``original_size``, ``orientation``) never.
+    compression
+        ``"none"``, ``"lz4"`` or ``"zstd"``: the codec of the array's stored blocks.
     lock_timeout
         Seconds to wait while another dlpack process (a build, another ``add_array``) holds the
         store's lock, before raising :class:`~dlpack.errors.StoreLockedError`.

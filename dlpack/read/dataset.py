@@ -126,6 +126,7 @@ class Dataset:
 
     @property
     def manifest(self) -> Manifest:
+        """The store's manifest, as the reader pinned it when the store was opened."""
         return self._reader.manifest
 
     @property
@@ -379,7 +380,7 @@ class Dataset:
     def cached_views(
         self, seed: int = 0, *, original_rate: float | None = None, views_per_batch: int = 1
     ) -> CachedViews:
-        """This store's augmentation views as a batch source (what ``loader(augment="cached")``
+        """The augmentation views of this store as a batch source (what ``loader(augment="cached")``
         reads; docs/loader.md, "Cached augmentation views"). An OptionError without variants."""
         from .views import CachedViews
 
@@ -410,6 +411,7 @@ class Dataset:
             yield self[i]
 
     def close(self) -> None:
+        """Release open handles and maps; the store reopens lazily if used again."""
         self._reader.close()
 
     def __enter__(self) -> Dataset:

@@ -62,13 +62,21 @@ class BatchSource(Protocol):
 
     def __len__(self) -> int: ...
 
-    def get_batch(self, indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]: ...
+    def get_batch(self, indices: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+        """The samples at ``indices`` of ``epoch``, at least ``image`` and ``index``; images into ``out`` when given."""
+        ...
 
-    def warm(self) -> None: ...
+    def warm(self) -> None:
+        """Build lazy maps and indexes before reader threads start."""
+        ...
 
-    def fingerprint(self) -> str: ...
+    def fingerprint(self) -> str:
+        """An id of the content, so a loader state is never restored onto other data."""
+        ...
 
-    def image_layout(self) -> tuple[tuple[int, ...], str] | None: ...
+    def image_layout(self) -> tuple[tuple[int, ...], str] | None:
+        """``((H, W, C), dtype)`` when every image has that shape, else None."""
+        ...
 
 
 #: Tags keep the loader's random streams independent of each other.
@@ -197,7 +205,7 @@ def remaining_order(
 
 
 def rank_indices(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
-    """This rank's contiguous share of the epoch order, equal in size on every rank.
+    """The contiguous share of the epoch order for ``rank``, equal in size on every rank.
 
     ``drop_last`` drops the last ``n % world_size`` samples of the epoch; otherwise the order is
     padded by repeating its first samples (as torch's DistributedSampler does), so shards are
@@ -522,7 +530,7 @@ class Loader:
         return rest
 
     def _rank_order(self, epoch: int, segments: tuple[tuple[int, int], ...]) -> np.ndarray:
-        """This rank's sample indices of ``epoch`` (a pure function: it may run on a reader thread)."""
+        """The sample indices of ``epoch`` for this rank (a pure function: it may run on a reader thread)."""
         o = self.options
         return rank_indices(self._rest(epoch, segments), o.rank, o.world_size, o.drop_last)
 

@@ -91,6 +91,7 @@ class CachedViews:
 
     @property
     def manifest(self) -> Any:
+        """The store's manifest."""
         return self.ds.manifest
 
     def __len__(self) -> int:
@@ -182,6 +183,7 @@ class CachedViews:
         return r.read_into_from(self._names[base], views, idx, out)
 
     def warm(self) -> None:
+        """Warm every array, the variants' included, and the view schedule."""
         # Every array, the variants' included (Dataset.warm leaves those out): the reader threads
         # then never open an array themselves.
         self.ds.reader.warm()
@@ -200,6 +202,7 @@ class CachedViews:
         return self._fingerprint
 
     def image_layout(self) -> tuple[tuple[int, ...], str] | None:
+        """The store's layout: a variant has its original's shape."""
         return self.ds.image_layout()
 
     def cached_views(

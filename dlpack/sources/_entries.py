@@ -57,9 +57,9 @@ def name_problem(name: str) -> str | None:
 
 
 def relative_name(name: object) -> tuple[str | None, str | None]:
-    """``(rel, None)``: ``name`` as a clean relative path with ``/`` separators; or ``(None, reason)``.
+    r"""``(rel, None)``: ``name`` as a clean relative path with ``/`` separators; or ``(None, reason)``.
 
-    Refused: anything not a non-empty string, absolute paths (``/x``, ``C:/x``, ``\\\\host\\x``) and
+    Refused: anything not a non-empty string, absolute paths (``/x``, ``C:/x``, ``\\host\x``) and
     names with a ``..`` part, which would read files outside the image folder.
     """
     if not isinstance(name, str) or not name.strip():

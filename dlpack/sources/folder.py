@@ -99,7 +99,7 @@ LABEL_FILE_PATTERN = "*_mask.*"
 
 
 def _shown(rel: str) -> str:
-    """``rel`` as printable UTF-8: bytes that are not UTF-8 (surrogate-escaped by the OS layer) become ``\\xNN``."""
+    r"""``rel`` as printable UTF-8: bytes that are not UTF-8 (surrogate-escaped by the OS layer) become ``\xNN``."""
     return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 

@@ -203,10 +203,10 @@ def _probe_jpeg(data: bytes) -> ImageHeader | None:
 
 
 def _exif_orientation(tiff: bytes) -> int:
-    """Return the orientation tag of an Exif TIFF block, or 1 when it is absent or unreadable.
+    r"""Return the orientation tag of an Exif TIFF block, or 1 when it is absent or unreadable.
 
     PNG ``eXIf`` and WebP ``EXIF`` chunks hold the TIFF block itself; some writers put JPEG's
-    ``Exif\\0\\0`` prefix before it, which is skipped.
+    ``Exif\0\0`` prefix before it, which is skipped.
     """
     if tiff.startswith(b"Exif\x00\x00"):
         tiff = tiff[6:]

@@ -39,7 +39,9 @@ JOURNAL_VERSION = 1
 class Record(Protocol):
     """What a journal line holds per sample: a JSON list that a reader's function turns back into it."""
 
-    def record(self) -> list[Any]: ...
+    def record(self) -> list[Any]:
+        """The JSON list a journal line holds for this sample."""
+        ...
 
 
 R = TypeVar("R", bound=Record)
@@ -103,6 +105,7 @@ class Journal(Generic[R]):
             os.fsync(self._f.fileno())
 
     def close(self) -> None:
+        """Close the file; what was appended is already on disk (each line is fsynced)."""
         self._f.close()
 
 

@@ -47,7 +47,7 @@ _WINDOWS_LOCK_OFFSET = 2**30
 
 
 def sibling(out: str | os.PathLike[str], kind: str) -> Path:
-    """dlpack's file or folder of ``kind`` for the output ``out``: ``.NAME.dlpack-KIND`` next to it."""
+    """The file or folder of ``kind`` dlpack keeps for the output ``out``: ``.NAME.dlpack-KIND`` next to it."""
     p = Path(out)
     return p.parent / f".{p.name}.dlpack-{kind}"
 

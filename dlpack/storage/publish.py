@@ -287,7 +287,7 @@ _RENAME_EXCHANGE = 2
 
 @functools.cache
 def _renameat2_function() -> Any:
-    """libc's ``renameat2`` (Linux, glibc 2.28+ or musl), or None."""
+    """The ``renameat2`` of libc (Linux, glibc 2.28+ or musl), or None."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes

@@ -105,14 +105,17 @@ class Column:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """``(rows, *row)``, as NumPy's."""
         return (self._n, *self.row)
 
     @property
     def ndim(self) -> int:
+        """1 plus the row's dimensions."""
         return 1 + len(self.row)
 
     @property
     def row_nbytes(self) -> int:
+        """Bytes of one row."""
         return int(self.dtype.itemsize * int(np.prod(self.row, dtype=np.int64)))
 
     @property

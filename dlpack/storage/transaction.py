@@ -64,6 +64,7 @@ class ArrayTransaction:
 
     @property
     def writer(self) -> StoreWriter:
+        """The writer of the new arrays; a StoreError before :meth:`begin`."""
         if self.opened is None:
             raise StoreError(f"the change of {self.out} has not begun")
         return self.opened

@@ -293,6 +293,8 @@ class AlbumentationsEngine:
         return compose
 
     def __call__(self, t: Targets, rng: np.random.Generator) -> tuple[Targets, list[dict[str, Any]]]:
+        """One variant from albumentations seeded by ``rng``; the record is that seed and what it reports
+        it applied (a ConfigError names the file when albumentations fails)."""
         compose = self._compose()
         seed = int(rng.integers(0, 2**32 - 1))
         if hasattr(compose, "set_random_seed"):

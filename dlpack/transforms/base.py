@@ -81,6 +81,7 @@ class Targets:
         return int(self.image.shape[0]), int(self.image.shape[1])
 
     def replace(self, **changes: Any) -> Targets:
+        """A copy with ``changes`` (the dataclass fields by name)."""
         return dataclasses.replace(self, **changes)
 
     def moved(self, boxes: np.ndarray, visible: np.ndarray, keep: np.ndarray | None = None, **changes: Any) -> Targets:
@@ -233,13 +234,16 @@ class OneOf(Transform):
         return members[int(rng.choice(len(members), p=weights / weights.sum()))]
 
     def changes(self, t: Targets) -> bool:
+        """Whether any member can change ``t``."""
         return any(op.changes(t) for op in self.transforms)
 
     def to_dict(self) -> dict[str, Any]:
+        """The albumentations form: ``p`` and the members' own ``to_dict``."""
         return {"__class_fullname__": self.name, "p": self.p, "transforms": [t.to_dict() for t in self.transforms]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> Transform:
+        """Reads ``transforms`` (each entry by :func:`transform_from_dict`) and ``p`` (0.5 when absent)."""
         items = d.get("transforms")
         if not isinstance(items, list):
             raise ConfigError(f"{where}.transforms must be a list of transforms")

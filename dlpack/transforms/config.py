@@ -35,9 +35,13 @@ class AugmentEngine(Protocol):
 
     engine: ClassVar[str]
 
-    def __call__(self, t: Targets, rng: np.random.Generator) -> tuple[Targets, list[dict[str, Any]]]: ...
+    def __call__(self, t: Targets, rng: np.random.Generator) -> tuple[Targets, list[dict[str, Any]]]:
+        """One variant of ``t`` and the record of what was applied, as :meth:`Pipeline.__call__`."""
+        ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The operations as the manifest records them."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ def load_config(
 
 
 def _is_albumentations(doc: Mapping[str, Any]) -> bool:
-    """albumentations' ``to_dict`` documents have both keys (``is_albumentations`` says the same)."""
+    """An albumentations ``to_dict`` document has both keys (``is_albumentations`` says the same)."""
     return "__version__" in doc and "transform" in doc
 
 

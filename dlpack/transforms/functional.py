@@ -56,10 +56,12 @@ class Geometry:
 
     @property
     def scale_y(self) -> float:
+        """Resized over original height (> 1: upscaled)."""
         return self.new_h / self.src_h
 
     @property
     def scale_x(self) -> float:
+        """Resized over original width (> 1: upscaled)."""
         return self.new_w / self.src_w
 
 

@@ -210,12 +210,14 @@ class Mirror(Transform):
         check_probability(self.p, "mirror.p")
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``{"axes": "r" | "c" | "rc"}``: the axes mirrored this time."""
         chosen = ""
         while not chosen:
             chosen = "".join(a for a in self.axes if rng.random() < 1.0 / len(self.axes))
         return {"axes": chosen}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Exact: pixels, mask and boxes mirrored without resampling."""
         axes = str(params["axes"])
         h, w = t.shape
         image, mask = t.image, t.mask
@@ -252,11 +254,13 @@ class Rotate(Transform):
         check_probability(self.p, "rotate.p")
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``{"angle": degrees}``, a multiple of ``step``; only 180 for a non-square image."""
         h, w = t.shape
         angles = [a for a in range(int(self.step), 360, int(self.step)) if w == h or a == 180]
         return {"angle": angles[int(rng.integers(len(angles)))]}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Exact quarter turns."""
         return _quarter_turns(t, int(params["angle"]))
 
 
@@ -277,10 +281,13 @@ class RotateRange(Transform):
         check_probability(self.p, "rotate_range.p")
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``{"angle": degrees}``, a whole number, never 0."""
         angle = int(rng.integers(1, int(self.max_angle) + 1))
         return {"angle": -angle if rng.random() < 0.5 else angle}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Multiples of 180 (or of 90 on a square image) turn exactly; other angles are a bilinear warp of
+        the inner rectangle, the mask by nearest neighbour."""
         angle = int(params["angle"])
         h, w = t.shape
         if angle % 180 == 0 or (angle % 90 == 0 and w == h):
@@ -301,6 +308,7 @@ class _Crop(Transform):
     geometric: ClassVar[bool] = True
 
     def window(self, w: int, h: int) -> tuple[int, int]:
+        """The window's width and height in pixels for a ``w x h`` image."""
         raise NotImplementedError
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
@@ -332,6 +340,7 @@ class CropPercentage(_Crop):
         check_probability(self.p, "crop_percentage.p")
 
     def window(self, w: int, h: int) -> tuple[int, int]:
+        """``percentage`` % of each side, rounded, at least one pixel."""
         share = float(self.percentage) / 100.0
         return max(1, min(w, round(share * w))), max(1, min(h, round(share * h)))
 
@@ -351,6 +360,7 @@ class CropPixel(_Crop):
         check_probability(self.p, "crop_pixel.p")
 
     def window(self, w: int, h: int) -> tuple[int, int]:
+        """``pixels`` on each side, cut to the image."""
         return min(int(self.pixels), w), min(int(self.pixels), h)
 
 
@@ -375,9 +385,11 @@ class BrightnessVariation(Transform):
         check_probability(self.p, f"{self.name}.p")
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``{"offset": gray values}`` in 8-bit units."""
         return {"offset": float(rng.uniform(-self.value, self.value))}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Add ``offset`` (times 257 on a 16-bit image), saturated."""
         return t.replace(image=add_brightness(t.image, float(params["offset"])))
 
 
@@ -397,6 +409,7 @@ class BrightnessVariationSpot(Transform):
         check_probability(self.p, f"{self.name}.p")
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """The spot's peak ``amplitude`` (8-bit gray values), its ``size`` and centre ``x``, ``y`` in pixels."""
         h, w = t.shape
         return {
             "amplitude": float(rng.uniform(-self.value, self.value)),
@@ -406,6 +419,7 @@ class BrightnessVariationSpot(Transform):
         }
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Add the spot, saturated; labels stay."""
         spot = brightness_spot(
             t.image, float(params["amplitude"]), float(params["size"]), float(params["x"]), float(params["y"])
         )
@@ -427,9 +441,11 @@ class ContrastVariation(Transform):
         check_probability(self.p, f"{self.name}.p")
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``{"factor": f}``, uniform in ``[1 - value, 1 + value]``."""
         return {"factor": float(rng.uniform(1.0 - self.value, 1.0 + self.value))}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Scale the distances from the mean gray value by ``factor``, saturated."""
         return t.replace(image=scale_contrast(t.image, float(params["factor"])))
 
 
@@ -448,12 +464,15 @@ class SaturationVariation(Transform):
         check_probability(self.p, f"{self.name}.p")
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``{"factor": f}``, uniform in ``[1 - value, 1 + value]``."""
         return {"factor": float(rng.uniform(1.0 - self.value, 1.0 + self.value))}
 
     def changes(self, t: Targets) -> bool:
+        """Only an RGB image has saturation."""
         return t.image.ndim == 3 and t.image.shape[2] == 3  # a gray image has no saturation
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Scale the HSV saturation by ``factor``; hue and value stay."""
         return t.replace(image=scale_saturation(t.image, float(params["factor"])))
 
 

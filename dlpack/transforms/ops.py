@@ -350,6 +350,7 @@ class HorizontalFlip(_Op):
     p: float = 0.5
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Exact: pixels, mask and boxes mirrored without resampling (no parameters)."""
         h, w = t.shape
         mask = geometric.hflip(t.mask) if t.mask is not None else None
         return _moved(t, geometric.flip_matrix(w, h, True, False), w, h, image=geometric.hflip(t.image), mask=mask)
@@ -365,6 +366,7 @@ class VerticalFlip(_Op):
     p: float = 0.5
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Exact: pixels, mask and boxes mirrored without resampling (no parameters)."""
         h, w = t.shape
         mask = geometric.vflip(t.mask) if t.mask is not None else None
         return _moved(t, geometric.flip_matrix(w, h, False, True), w, h, image=geometric.vflip(t.image), mask=mask)
@@ -386,9 +388,11 @@ class RandomRotate90(_Op):
         return {"p": r.probability(1.0)}
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``{"k": quarter turns}``, 0..3 with equal odds."""
         return {"k": int(rng.integers(0, 4))}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Exact; an odd ``k`` swaps width and height."""
         k = int(params["k"]) % 4
         h, w = t.shape
         out_w, out_h = (h, w) if k % 2 else (w, h)
@@ -484,6 +488,7 @@ class Affine(_Op):
     balanced_scale: bool = False
 
     def to_dict(self) -> dict[str, Any]:
+        """Per-axis ranges as albumentations writes them: ``{"x": [lo, hi], "y": [lo, hi]}``."""
         d = super().to_dict()
         for key in ("scale", "translate_percent", "translate_px", "shear"):
             v = getattr(self, key)
@@ -523,6 +528,7 @@ class Affine(_Op):
         }
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``angle`` and ``shear`` in degrees, per-axis ``scale``, ``translate`` in whole pixels."""
         h, w = t.shape
         return _affine_draw_matrix(
             rng,
@@ -538,6 +544,7 @@ class Affine(_Op):
         )
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """One warp of pixels, mask and boxes by the matrix of ``params``."""
         return _affine_apply(t, params, self)
 
 
@@ -581,6 +588,7 @@ class ShiftScaleRotate(_Op):
         }
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """The :class:`Affine` record: one scale for both axes, no shear, the shift in whole pixels."""
         h, w = t.shape
         lo, hi = self.scale_limit
         return _affine_draw_matrix(
@@ -597,6 +605,7 @@ class ShiftScaleRotate(_Op):
         )
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """The :class:`Affine` warp."""
         return _affine_apply(t, params, self)
 
 
@@ -630,9 +639,11 @@ class Rotate(_Op):
         }
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``{"angle": degrees}``, uniform in ``limit``."""
         return {"angle": float(rng.uniform(*self.limit))}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """The :class:`Affine` warp with scale 1 and no shift or shear."""
         return _affine_apply(t, params, self)
 
 
@@ -676,6 +687,8 @@ class RandomCrop(_Op):
         }
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """The window's top-left ``x``, ``y`` in pixels of the image (negative into the padding); a ConfigError
+        when the window is larger than the image and ``pad_if_needed`` is off."""
         h, w = t.shape
         ch, cw = self.height, self.width
         if (ch > h or cw > w) and not self.pad_if_needed:
@@ -699,6 +712,7 @@ class RandomCrop(_Op):
         return {"x": x, "y": y}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """The window becomes the canvas; pixels outside the image come from ``border_mode`` and ``fill``."""
         x, y = int(params["x"]), int(params["y"])
         cw, ch = self.width, self.height
         b = BORDER_NAMES[self.border_mode]
@@ -755,6 +769,7 @@ class RandomResizedCrop(_Op):
         }
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """The window ``x``, ``y``, ``w``, ``h`` in pixels of the image."""
         h, w = t.shape
         area = float(h * w)
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
@@ -775,6 +790,8 @@ class RandomResizedCrop(_Op):
         return {"x": (w - cw) // 2, "y": (h - ch) // 2, "w": cw, "h": ch}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Crop, then resize to ``size`` (``area`` when ``area_for_downscale="image"`` shrinks); the mask by
+        nearest neighbour."""
         x, y, cw, ch = (int(params[k]) for k in ("x", "y", "w", "h"))
         out_h, out_w = self.size
         window = geometric.crop(t.image, x, y, cw, ch)
@@ -823,6 +840,8 @@ class Perspective(_Op):
         }
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """The four source corners ``points`` (pixels, clockwise from top-left) and the output ``width`` and
+        ``height`` (the image's with ``keep_size``, else the moved corners' longest sides)."""
         h, w = t.shape
         sigma = float(rng.uniform(*self.scale))
         j = np.mod(np.abs(rng.normal(0.0, sigma, (4, 2))), 0.32)
@@ -838,6 +857,7 @@ class Perspective(_Op):
         return {"points": points, "width": out_w, "height": out_h}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """One perspective warp of pixels, mask and boxes, onto a ``width`` x ``height`` canvas."""
         out_w, out_h = int(params["width"]), int(params["height"])
         dst = np.array([[0.0, 0.0], [out_w, 0.0], [out_w, out_h], [0.0, out_h]])
         m = geometric.perspective_matrix(np.asarray(params["points"], np.float64), dst)
@@ -880,15 +900,18 @@ class RandomBrightnessContrast(_Op):
         }
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``alpha`` (the contrast factor) and ``beta`` (the offset in the image's own units)."""
         alpha = 1.0 + float(rng.uniform(*self.contrast_limit))
         beta = float(rng.uniform(*self.brightness_limit))
         base = color.max_value(t.image.dtype) if self.brightness_by_max else float(np.mean(t.image))
         return {"alpha": alpha, "beta": beta * float(base)}
 
     def changes(self, t: Targets) -> bool:
+        """False when both limits are 0."""
         return any(self.brightness_limit) or any(self.contrast_limit)
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """``x * alpha + beta``, rounded and saturated to the dtype."""
         return t.replace(image=color.brightness_contrast(t.image, float(params["alpha"]), float(params["beta"])))
 
 
@@ -914,6 +937,7 @@ class HueSaturationValue(_Op):
         }
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``hue``, ``sat``, ``val`` shifts in 8-bit HSV units."""
         return {
             "hue": float(rng.uniform(*self.hue_shift_limit)),
             "sat": float(rng.uniform(*self.sat_shift_limit)),
@@ -921,12 +945,14 @@ class HueSaturationValue(_Op):
         }
 
     def changes(self, t: Targets) -> bool:
+        """A gray image changes only through value."""
         if any(self.val_shift_limit):
             return True
         colour = t.image.ndim == 3 and t.image.shape[2] == 3
         return colour and (any(self.hue_shift_limit) or any(self.sat_shift_limit))  # gray: only value moves it
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Shift in HSV and back; a gray image moves only in value."""
         hsv = (float(params[k]) for k in ("hue", "sat", "val"))
         return t.replace(image=color.shift_hsv(t.image, *hsv))
 
@@ -966,12 +992,14 @@ class GaussNoise(_Op):
         return kw
 
     def to_dict(self) -> dict[str, Any]:
+        """Writes only the keys of the form the config used (1.x ``var_limit``/``mean`` or 2.0 ranges)."""
         d = super().to_dict()
         for key in ("var_limit", "mean") if self.var_limit is None else ("std_range", "mean_range"):
             del d[key]
         return d
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``std`` and ``mean`` in the image's own units, and the ``seed`` of the noise."""
         top = float(color.max_value(t.image.dtype))
         if self.var_limit is not None:
             std = math.sqrt(float(rng.uniform(*self.var_limit))) * top / 255.0
@@ -982,6 +1010,7 @@ class GaussNoise(_Op):
         return {"std": std, "mean": mean, "seed": int(rng.integers(0, 2**31))}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Add the noise drawn from ``seed``, saturated; without ``per_channel`` all channels get the same."""
         image = color.gauss_noise(
             t.image, float(params["std"]), float(params["mean"]), int(params["seed"]), self.per_channel
         )
@@ -1014,6 +1043,7 @@ class GaussianBlur(_Op):
         return {"p": r.probability(0.5), "blur_limit": (int(blur[0]), int(blur[1])), "sigma_limit": sigma}
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``ksize`` (odd, or 0 to derive it from sigma) and ``sigma`` in pixels."""
         sigma = float(rng.uniform(*self.sigma_limit))
         ksize = int(rng.integers(self.blur_limit[0], self.blur_limit[1] + 1))
         if ksize and ksize % 2 == 0:
@@ -1021,6 +1051,7 @@ class GaussianBlur(_Op):
         return {"ksize": ksize, "sigma": sigma}
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Blur with the drawn kernel; the mask and boxes stay."""
         return t.replace(image=color.gaussian_blur(t.image, int(params["ksize"]), float(params["sigma"])))
 
 
@@ -1093,6 +1124,7 @@ class CoarseDropout(_Op):
         return span
 
     def draw(self, rng: np.random.Generator, t: Targets) -> dict[str, Any]:
+        """``holes`` as ``[x0, y0, x1, y1]`` pixels, and a ``seed`` when ``fill`` is random."""
         h, w = t.shape
         n = int(rng.integers(self.num_holes_range[0], self.num_holes_range[1] + 1))
 
@@ -1111,6 +1143,7 @@ class CoarseDropout(_Op):
         return params
 
     def apply(self, t: Targets, params: Mapping[str, Any]) -> Targets:
+        """Fill the holes in the image, and in the mask when ``fill_mask`` is set; boxes stay."""
         holes = [[int(v) for v in hole] for hole in params["holes"]]
         img = t.image
         top = color.max_value(img.dtype)

@@ -50,6 +50,8 @@ def augment(
     options
         An :class:`~dlpack.options.AugmentOptions`; ``k``, ``config`` and the keywords below replace
         its fields.
+    **keywords
+        Fields of :class:`~dlpack.options.AugmentOptions` by name, these:
     seed
         The variants' seed (``--augment-seed``).
     jobs

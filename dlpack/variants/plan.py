@@ -52,11 +52,17 @@ class AugmentConfigLike(Protocol):
     """
 
     @property
-    def augmenter(self) -> Any: ...
+    def augmenter(self) -> Any:
+        """The callable ``(targets, rng) -> (targets, record)`` that makes one variant."""
+        ...
 
-    def manifest_record(self) -> dict[str, Any]: ...
+    def manifest_record(self) -> dict[str, Any]:
+        """The manifest's ``config`` entry: ``kind``, ``format``, ``text`` verbatim, ``name``."""
+        ...
 
-    def operations(self) -> Any: ...
+    def operations(self) -> Any:
+        """The normalised operation list (a pipeline's ``to_dict()``)."""
+        ...
 
 
 def check_arguments(k: Any, seed: Any, jobs: Any, engine: Any) -> None:
@@ -125,6 +131,7 @@ class VariantPlan:
         return unit // self.count + 1, unit % self.count
 
     def rows(self, start: int) -> int:
+        """Rows of the block at ``start`` (the last block of a variant may be short)."""
         return min(self.block_len, self.count - start)
 
 

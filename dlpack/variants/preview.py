@@ -57,6 +57,7 @@ class PreviewResult:
     classes: tuple[str, ...] = ()
 
     def summary(self) -> str:
+        """The one line the CLI prints: where the preview went and what it shows."""
         views = f"the original and {self.variants} variant(s)" if self.variants else "the original (no variants)"
         return f"wrote {self.out}: {len(self.samples)} sample(s) of {self.store}, {views} each"
 

@@ -43,6 +43,7 @@ class AugmentResult:
 
     @property
     def variants_per_s(self) -> float:
+        """Variant images this run computed, per wall second (infinite when nothing took time)."""
         return self.written / self.seconds if self.seconds > 0 else float("inf")
 
     def summary(self) -> str:

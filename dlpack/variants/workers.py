@@ -73,6 +73,7 @@ class VariantRecord:
 
     @classmethod
     def from_record(cls, rec: Sequence[Any]) -> VariantRecord:
+        """The record of a journal line (the inverse of :meth:`record`)."""
         checksum, mask_crc, text, boxes, labels, crowd, attempt, copy = rec
         return cls(
             int(checksum),

@@ -224,7 +224,7 @@ def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tmp_path, capsy
 def test_a_newline_in_a_name_is_escaped_in_the_summary_info_and_errors(
     make_tree: Callable[..., Path], tmp_path: Path, capsys: Capsys
 ) -> None:
-    """A folder named ``new<newline>line`` cannot fake a line of output: it prints as ``new\\nline``."""
+    r"""A folder named ``new<newline>line`` cannot fake a line of output: it prints as ``new\nline``."""
     src = make_tree({"new\nline/0.png": "rgb", "b/1.png": "rgb", "new\nline/bad\n.png": b""})
     out = tmp_path / "o.zarr"
     assert main(["build", str(src), str(out), "--on-error", "skip", "--jobs", "1"]) == 1

@@ -46,14 +46,14 @@ def run(argv: list[str], code: str | None = None, **kwargs: Any) -> subprocess.C
 
 
 def one_document(stdout: str) -> dict[str, Any]:
-    """stdout holds exactly one JSON document (json.loads refuses anything after it)."""
+    """The one JSON document ``stdout`` holds (json.loads refuses anything after it)."""
     doc = json.loads(stdout)
     assert isinstance(doc, dict)
     return doc
 
 
 def dlpack_message(stderr: str, lines: int | None = 1) -> str:
-    """stderr is a ``dlpack: ...`` message (of ``lines`` lines), never a traceback."""
+    """``stderr``, checked to be a ``dlpack: ...`` message (of ``lines`` lines), never a traceback."""
     assert "Traceback" not in stderr and stderr.startswith("dlpack: "), stderr
     if lines is not None:
         assert len(stderr.rstrip("\n").splitlines()) == lines, stderr

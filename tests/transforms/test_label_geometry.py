@@ -225,7 +225,7 @@ def test_polygons_union_clip_to_the_mask_and_take_wide_values() -> None:
 
 
 def test_polygons_match_the_centre_rule_on_random_shapes() -> None:
-    """fillPoly's rounding near edges and its clamping at the canvas border are both corrected."""
+    """The rounding of cv2.fillPoly near edges and its clamping at the canvas border are both corrected."""
     rng = np.random.default_rng(3)
     h, w = 23, 31
     rows, cols = np.mgrid[0:h, 0:w]
