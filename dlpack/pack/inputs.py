@@ -489,7 +489,7 @@ def _rels(items: Sequence[SourceItem], start: int, stop: int) -> list[str]:
     return [rel(k) for k in range(start, stop)] if rel is not None else [it.rel for it in items[start:stop]]
 
 
-def probe_stage(root: Path, items: Sequence[SourceItem], opts: BuildOptions) -> ProbeTable:
+def probe_stage(root: Path, items: Sequence[SourceItem], *, max_pixels: int, n_jobs: int, quiet: bool) -> ProbeTable:
     """2. Read every file's header (in workers): size, channels, depth, and why a file is unusable.
 
     The paths of a call are listed only when the pool asks for it, and its probes go into columns.
@@ -499,14 +499,13 @@ def probe_stage(root: Path, items: Sequence[SourceItem], opts: BuildOptions) -> 
     step = PROBE_STEP
     n = len(items)
     calls = (
-        delayed(_probe_files)(os.fspath(root), _rels(items, s, min(s + step, n)), opts.max_pixels)
-        for s in range(0, n, step)
+        delayed(_probe_files)(os.fspath(root), _rels(items, s, min(s + step, n)), max_pixels) for s in range(0, n, step)
     )
     n_calls = -(-n // step)
     probes = ProbeTable(n)
     # While the pool is still starting (see build), reading headers here beats waiting for it.
-    jobs = 1 if _parallel.warming() else min(opts.n_jobs, max(1, n_calls))
-    with _parallel.progress(n, "checking", opts.quiet) as bar:
+    jobs = 1 if _parallel.warming() else min(n_jobs, max(1, n_calls))
+    with _parallel.progress(n, "checking", quiet) as bar:
         for block in _parallel.parallel(jobs, calls, n_calls):
             probes.extend(block)
             bar.update(len(block))

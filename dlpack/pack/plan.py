@@ -289,17 +289,19 @@ def source_digest(scan: SourceScan, probes: Sequence[Probe]) -> str:
 MAX_BLOCK_BYTES = 2**31
 
 
-def _check_block_bytes(backend: type[Backend], spec: ImageSpec, count: int, opts: BuildOptions) -> None:
+def _check_block_bytes(
+    backend: type[Backend], spec: ImageSpec, count: int, *, compression: str, shard_bytes: int
+) -> None:
     """Refuse a plan whose write block (one shard's images, held in memory at once) is too large."""
-    images = image_array(spec, opts.compression)
+    images = image_array(spec, compression)
     if images.ragged:
         return  # variable sizes are written in runs of a few images, each within max_pixels
     item = images.item_nbytes
-    block = backend.shard_rows(images, count, opts.shard_bytes) * item
+    block = backend.shard_rows(images, count, shard_bytes) * item
     if block > max(MAX_BLOCK_BYTES, item):
         raise OptionError(
             f"one write block would take {block / 2**30:.1f} GiB ({block // item} images of {item} bytes); "
-            f"lower shard_bytes (--shard-bytes, now {opts.shard_bytes}) to at most {MAX_BLOCK_BYTES}"
+            f"lower shard_bytes (--shard-bytes, now {shard_bytes}) to at most {MAX_BLOCK_BYTES}"
         )
 
 
@@ -313,7 +315,7 @@ def _label_image_depth(path: Path) -> int:
     return header.bit_depth if header is not None else 8
 
 
-def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str, opts: BuildOptions) -> LabelPlan | None:
+def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str) -> LabelPlan | None:
     """The label arrays the items' annotations call for (None for classification and unlabelled sources).
 
     The mask is ``|u1`` (ignore value 255) unless an id it stores can exceed 254 (a class id, an
@@ -432,8 +434,10 @@ def plan_stage(
     else:
         spec = ImageSpec("variable", target.channels, target.dtype)
     kept = _Kept(scan.items, sel.keep)
-    _check_block_bytes(get_backend(backend), spec, len(kept), opts)
-    labels = label_plan(scan, kept, root, opts)
+    _check_block_bytes(
+        get_backend(backend), spec, len(kept), compression=opts.compression, shard_bytes=opts.shard_bytes
+    )
+    labels = label_plan(scan, kept, root)
     if labels is not None and labels.mask_dtype is not None and spec.shape is None:
         raise OptionError(
             f"the {scan.task} labels are stored as masks, which need one image size for the whole store, but the "

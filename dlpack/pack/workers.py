@@ -24,7 +24,6 @@ from .. import _parallel
 from .._parallel import Ticks
 from ..backends import StoreWriter
 from ..errors import InputFileError
-from ..options import BuildOptions
 from ..sources.decode import DecodeError, prepare_image
 from ..sources.labels import prepare_labels
 from ..sources.probe import ImageHeader
@@ -278,15 +277,17 @@ def decode_block(
     return results
 
 
-def validate_stage(root: str, plan: BuildPlan, pairs: Sequence[Job], opts: BuildOptions) -> list[InputFileError]:
+def validate_stage(
+    root: str, plan: BuildPlan, pairs: Sequence[Job], *, n_jobs: int, quiet: bool
+) -> list[InputFileError]:
     """Decode every file without writing; the failures (so one error can list every bad file)."""
     from joblib import delayed
 
     step = 16
     calls = (delayed(decode_block)(root, plan, pairs[s : s + step]) for s in range(0, len(pairs), step))
     found: list[InputFileError] = []
-    with _parallel.progress(len(pairs), "checking pixels", opts.quiet) as bar:
-        for block in _parallel.parallel(opts.n_jobs, calls, -(-len(pairs) // step)):
+    with _parallel.progress(len(pairs), "checking pixels", quiet) as bar:
+        for block in _parallel.parallel(n_jobs, calls, -(-len(pairs) // step)):
             found.extend(r for r in block if isinstance(r, InputFileError))
             bar.update(len(block))
     return found
