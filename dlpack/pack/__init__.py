@@ -70,11 +70,15 @@ class AfterBuild(Protocol):
     (``finish``). It is passed in by the caller, so the build pipeline imports none of its users.
     """
 
-    def config(self, opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> Any: ...
+    def config(self, opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> Any:
+        """The step's config for this build, checked before anything is packed (None: no step)."""
+        ...
 
     def run(
         self, result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
-    ) -> BuildResult: ...
+    ) -> BuildResult:
+        """Run the step on the published store ``out``; the build's result, with the step's."""
+        ...
 
 
 def published_by_killed_build(backend: type[Backend], out: Path, plan: BuildPlan, published: str | None) -> bool:
@@ -170,7 +174,7 @@ def build(
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
     out_path = Path(out)
-    check_out_suffix(out_path, opts)
+    check_out_suffix(out_path, format=opts.format, update=opts.update)
     backend = backend_for_path(out_path, opts.format, write=True)
     from_path = isinstance(src, (str, os.PathLike))
     if from_path and opts.update:

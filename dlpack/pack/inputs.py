@@ -308,6 +308,8 @@ def split_per_file(scan: SourceScan, percent: Sequence[int], seed: int, where: s
 
 @dataclass(frozen=True)
 class Probe:
+    """One file's probe: its header (None when unreadable), its size in bytes, why it is unusable."""
+
     header: ImageHeader | None
     nbytes: int
     error: str | None
@@ -337,11 +339,13 @@ class ProbeTable(Sequence[Probe]):
 
     @classmethod
     def of(cls, probes: Iterable[Probe], n: int = 0) -> ProbeTable:
+        """A table of ``probes``."""
         table = cls(n)
         table.extend(probes)
         return table
 
     def extend(self, probes: Iterable[Probe]) -> None:
+        """Append ``probes`` as rows (an odd header or an error kept by position beside them)."""
         block = list(probes)
         rows = np.zeros(len(block), dtype=_PROBE_ROW)
         first = len(self._rows)
@@ -367,6 +371,7 @@ class ProbeTable(Sequence[Probe]):
         return len(self._rows)
 
     def header(self, k: int) -> ImageHeader | None:
+        """File ``k``'s header, made from its row without making its :class:`Probe`."""
         row = self._rows.at(k)
         if not row["has"]:
             return None
@@ -555,13 +560,13 @@ def check_paths(source: Source, out: Path) -> None:
         )
 
 
-def check_out_suffix(out: Path, opts: BuildOptions) -> None:
+def check_out_suffix(out: Path, *, format: str | None, update: bool) -> None:
     """Refuse an OUT whose suffix names no format (``x.txt``): it would silently become a Zarr folder of that name.
 
     A suffix-less OUT gets the default format; ``format`` names the format whatever the suffix, and
     an update keeps the format of the store already there.
     """
-    if opts.format is not None or opts.update:
+    if format is not None or update:
         return
     suffix = os.path.splitext(os.fspath(out).rstrip("/\\"))[1].lower()
     known = {s: b.name for b in BACKENDS.values() for s in b.suffixes}

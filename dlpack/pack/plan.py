@@ -50,6 +50,7 @@ class LabelPlan:
     label_root: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The label plan as the manifest's plan records it."""
         return {
             "task": self.task,
             "boxes": self.boxes,
@@ -60,6 +61,7 @@ class LabelPlan:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], instance_masks: bool) -> LabelPlan:
+        """The label plan a manifest records (:meth:`to_dict`), checked; a malformed one is a ``TypeError``."""
         mask = d.get("mask")
         if mask is not None and (not isinstance(mask, Mapping) or mask.get("dtype") not in ("|u1", "<u2")):
             raise TypeError(f"labels.mask must be null or {{dtype: |u1 or <u2, ignore}}, got {mask!r}")
@@ -263,6 +265,7 @@ def _json_default(value: Any) -> Any:
 
 
 def source_digest(scan: SourceScan, probes: Sequence[Probe]) -> str:
+    """SHA-256 of what the scan and the probes say of the source, so a plan names the source it was made from."""
     h = hashlib.sha256()
     head: dict[str, Any] = {
         "classes": list(scan.classes),
@@ -365,14 +368,14 @@ def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str) -> Labe
     )
 
 
-def label_options(opts: BuildOptions) -> dict[str, str]:
+def label_options(labels: str, class_folder: str, anomaly_masks: str | None) -> dict[str, str]:
     """The plan's record of the label source a folder path was read with (paths made absolute)."""
-    kind, path = parse_labels(opts.labels)
-    out: dict[str, str] = {"class_folder": str(opts.class_folder)}
+    kind, path = parse_labels(labels)
+    out: dict[str, str] = {"class_folder": str(class_folder)}
     if kind not in ("auto", "folders", "none"):
         out["label_source"] = kind + (":" + os.path.abspath(path) if path is not None else "")
-    if opts.anomaly_masks:
-        out["anomaly_masks"] = os.path.abspath(opts.anomaly_masks)
+    if anomaly_masks:
+        out["anomaly_masks"] = os.path.abspath(anomaly_masks)
     return out
 
 
@@ -458,7 +461,7 @@ def plan_stage(
         split=opts.split or (),
         split_seed=(opts.split_seed or 0) if opts.split else 0,
         labels=labels,
-        **label_options(opts),
+        **label_options(opts.labels, opts.class_folder, opts.anomaly_masks),
     )
     return plan, sel
 

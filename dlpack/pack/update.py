@@ -676,6 +676,7 @@ class StoredLabels:
             self.ragged[name] = (reader.meta(name + "_data"), reader.meta(name + "_offsets"))
 
     def rows(self, name: str, i: int) -> np.ndarray:
+        """The rows of ragged array ``name`` that old sample ``i`` holds."""
         data, off = self.ragged[name]
         return np.asarray(data[int(off[i]) : int(off[i + 1])])
 

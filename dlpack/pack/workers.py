@@ -133,6 +133,7 @@ class Sample:
 
     @property
     def labelled(self) -> bool:
+        """Whether the sample has label outputs (its labels' digest)."""
         return bool(self.label_sha256)
 
     def record(self) -> list[Any]:
@@ -158,6 +159,7 @@ class Sample:
 
     @classmethod
     def from_record(cls, rec: Sequence[Any]) -> Sample:
+        """The sample a journal line (:meth:`record`) holds."""
         size, shape, transform, checksum, conversions, stat, sha = rec[:7]
         lab: Mapping[str, Any] = rec[7] if len(rec) > 7 else {}
         boxes, crowd, crc = lab.get("boxes"), lab.get("box_crowd"), lab.get("mask_crc")
@@ -294,6 +296,7 @@ def validate_stage(
 
 
 def fixed_block(plan: BuildPlan, n: int) -> np.ndarray:
+    """A zeroed block of ``n`` images of the plan's fixed size (the padding of a short block stays zero)."""
     shape = plan.image.shape
     if shape is None:
         raise ValueError("a variable-size store has no fixed block")

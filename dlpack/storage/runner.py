@@ -34,9 +34,13 @@ class Progress(Protocol):
 
     bar: Any
 
-    def ticks(self, slot: int) -> Any: ...
+    def ticks(self, slot: int) -> Any:
+        """What block ``slot``'s task tells the bar by as it works (picklable)."""
+        ...
 
-    def finished(self, slot: int, n: int) -> None: ...
+    def finished(self, slot: int, n: int) -> None:
+        """Block ``slot`` landed, with ``n`` samples."""
+        ...
 
 
 class Pool(Protocol):
