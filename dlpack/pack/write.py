@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from ..manifest import Manifest
 from ..sources.base import SourceScan
 from ..storage.journal import Journal, JournalState, Restart
 from ..storage.lock import journal_path, partial_path
-from ..storage.runner import resume_journal, run_blocks
+from ..storage.runner import block_checks_out, resume_journal, run_blocks
 from ..storage.spill import Column
 from .columns import SampleBlock, SampleTable
 from .inputs import Probe, Selection, bad_inputs
@@ -93,17 +92,7 @@ def _verified_blocks(
             continue
         if any((st.st_size, st.st_mtime_ns) != s.stat for st, s in zip(stats, samples, strict=True)):
             continue
-        try:
-            stored = writer.read_block(images.name, start, stop)
-            masks = writer.read_block("mask", start, stop) if "mask" in writer.arrays else None
-        except StoreError:
-            continue
-        if all(
-            zlib.crc32(np.ascontiguousarray(row).data) == s.checksum for row, s in zip(stored, samples, strict=True)
-        ) and (
-            masks is None
-            or all(zlib.crc32(np.ascontiguousarray(m).data) == s.mask_crc for m, s in zip(masks, samples, strict=True))
-        ):
+        if block_checks_out(writer, start, samples, images.name, "mask" if "mask" in writer.arrays else None):
             done[start] = samples
     return done
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from ..options import available_cores
 from ..storage.journal import Journal, Restart, is_journal, read_journal
 from ..storage.lock import BuildLock, augment_journal_path, augment_stage_path
 from ..storage.publish import PublishedInterrupt, clear_leftovers
-from ..storage.runner import Call, resume_journal, run_blocks
+from ..storage.runner import Call, block_checks_out, resume_journal, run_blocks
 from ..storage.transaction import ArrayTransaction
 from .plan import (
     VariantPlan,
@@ -156,22 +155,10 @@ def _verified(
         if start % plan.block_len or len(records) != plan.rows(start):
             continue
         image_name, mask_name = fixed[v]
-        try:
-            stored = txn.writer.read_block(txn.name(image_name), start, start + len(records))
-            masks = (
-                None if mask_name is None else txn.writer.read_block(txn.name(mask_name), start, start + len(records))
-            )
-        except StoreError:
-            continue
-        if any(
-            zlib.crc32(np.ascontiguousarray(img).data) != r.checksum for img, r in zip(stored, records, strict=True)
+        if block_checks_out(
+            txn.writer, start, records, txn.name(image_name), None if mask_name is None else txn.name(mask_name)
         ):
-            continue
-        if masks is not None and any(
-            zlib.crc32(np.ascontiguousarray(mk).data) != r.mask_crc for mk, r in zip(masks, records, strict=True)
-        ):
-            continue
-        done[unit] = records
+            done[unit] = records
     return done
 
 
