@@ -148,7 +148,7 @@ def _exported_result(
     scan = scan_stage(source)
     if opts.split:
         scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(source.root))
-    probes = probe_stage(source.root, scan.items, opts)
+    probes = probe_stage(source.root, scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet)
     plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(source.root))
     if plan.fingerprint() != recorded:
         return None

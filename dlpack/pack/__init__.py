@@ -57,7 +57,7 @@ from .plan import BuildPlan, plan_stage
 from .result import BuildResult, label_summary
 from .update import recorded_label_options, update_stage
 from .workers import jobs_of, preload, validate_stage
-from .write import Partial, commit_store, discard_partial, pack_stage
+from .write import Partial, WriteOptions, commit_store, discard_partial, pack_stage
 
 __all__ = ["AfterBuild", "build", "BuildResult", "BuildPlan", "PublishedInterrupt"]
 
@@ -70,11 +70,15 @@ class AfterBuild(Protocol):
     (``finish``). It is passed in by the caller, so the build pipeline imports none of its users.
     """
 
-    def config(self, opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> Any: ...
+    def config(self, opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> Any:
+        """The step's config for this build, checked before anything is packed (None: no step)."""
+        ...
 
     def run(
         self, result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
-    ) -> BuildResult: ...
+    ) -> BuildResult:
+        """Run the step on the published store ``out``; the build's result, with the step's."""
+        ...
 
 
 def published_by_killed_build(backend: type[Backend], out: Path, plan: BuildPlan, published: str | None) -> bool:
@@ -170,7 +174,7 @@ def build(
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
     out_path = Path(out)
-    check_out_suffix(out_path, opts)
+    check_out_suffix(out_path, format=opts.format, update=opts.update)
     backend = backend_for_path(out_path, opts.format, write=True)
     from_path = isinstance(src, (str, os.PathLike))
     if from_path and opts.update:
@@ -205,7 +209,7 @@ def build(
         if opts.split:
             scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         give_back_freed()  # what the scan's sort freed, before the stages that hold large blocks
-        probes = probe_stage(root, scan.items, opts)
+        probes = probe_stage(root, scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet)
         give_back_freed()
         plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(root))
         variants = after.config(opts, plan, scan) if after is not None else None
@@ -226,10 +230,21 @@ def build(
             return finish_step(existing, out_path, opts, variants, t0, finish=True)
         if sel.errors and opts.on_error == "fail":
             pairs = jobs_of(scan.items, probes, sel.keep)
-            found = validate_stage(os.fspath(root), plan, pairs, opts)
+            found = validate_stage(os.fspath(root), plan, pairs, n_jobs=opts.n_jobs, quiet=opts.quiet)
             raise bad_inputs([*sel.errors, *found], root, nothing_left=len(found) == len(pairs))
         tmp = partial_path(out_path)
-        plan, sel, samples, partial, resume = pack_stage(backend, out_path, root, scan, probes, plan, sel, opts)
+        plan, sel, samples, partial, resume = pack_stage(
+            backend,
+            out_path,
+            root,
+            scan,
+            probes,
+            plan,
+            sel,
+            WriteOptions(opts.n_jobs, opts.quiet, opts.no_resume),
+            on_error=opts.on_error,
+            replan=lambda kept: plan_stage(scan, probes, kept, opts, backend.name, os.fspath(root)),
+        )
         try:
             result = _finish(backend, out_path, tmp, opts, t0, scan, probes, plan, sel, samples, partial, resume)
         finally:

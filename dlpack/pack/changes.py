@@ -304,7 +304,9 @@ _UPDATE_BUILT = frozenset(
 _LABEL_BUILT = frozenset({"boxes", "box_labels", "box_crowd", "mask", "defect", "orientation", "label_sha256"})
 
 
-def user_arrays(m: Manifest, opts: BuildOptions, out: Path) -> list[ArraySpec]:
+def user_arrays(
+    m: Manifest, fills: Mapping[str, float | None], drop_array: Sequence[str], out: Path
+) -> list[ArraySpec]:
     """The arrays the update carries over (every array it does not build, but those ``drop_array`` names),
     with every ``fill`` and ``drop_array`` name checked."""
     built = (
@@ -313,8 +315,7 @@ def user_arrays(m: Manifest, opts: BuildOptions, out: Path) -> list[ArraySpec]:
     user = {
         name: spec for name, spec in sorted(m.arrays.items()) if name not in built and schema.variant_of(name) is None
     }
-    fills = opts.fill_values
-    for name in (*fills, *opts.drop_array):
+    for name in (*fills, *drop_array):
         if schema.variant_of(name) is not None and name in m.arrays:
             raise OptionError(
                 f"array {name!r} of {out} belongs to its augmentation variants, which an update keeps or drops "
@@ -338,7 +339,7 @@ def user_arrays(m: Manifest, opts: BuildOptions, out: Path) -> list[ArraySpec]:
         cast = np.array(value).astype(spec.dtype)
         if float(cast.real if cast.dtype.kind == "c" else cast) != value:
             raise OptionError(f"fill value {value:g} does not fit array {name!r} of dtype {np.dtype(spec.dtype)}")
-    return [spec for name, spec in user.items() if name not in opts.drop_array]
+    return [spec for name, spec in user.items() if name not in drop_array]
 
 
 def variant_arrays(m: Manifest) -> list[ArraySpec]:

@@ -308,6 +308,8 @@ def split_per_file(scan: SourceScan, percent: Sequence[int], seed: int, where: s
 
 @dataclass(frozen=True)
 class Probe:
+    """One file's probe: its header (None when unreadable), its size in bytes, why it is unusable."""
+
     header: ImageHeader | None
     nbytes: int
     error: str | None
@@ -337,11 +339,13 @@ class ProbeTable(Sequence[Probe]):
 
     @classmethod
     def of(cls, probes: Iterable[Probe], n: int = 0) -> ProbeTable:
+        """A table of ``probes``."""
         table = cls(n)
         table.extend(probes)
         return table
 
     def extend(self, probes: Iterable[Probe]) -> None:
+        """Append ``probes`` as rows (an odd header or an error kept by position beside them)."""
         block = list(probes)
         rows = np.zeros(len(block), dtype=_PROBE_ROW)
         first = len(self._rows)
@@ -367,6 +371,7 @@ class ProbeTable(Sequence[Probe]):
         return len(self._rows)
 
     def header(self, k: int) -> ImageHeader | None:
+        """File ``k``'s header, made from its row without making its :class:`Probe`."""
         row = self._rows.at(k)
         if not row["has"]:
             return None
@@ -489,7 +494,7 @@ def _rels(items: Sequence[SourceItem], start: int, stop: int) -> list[str]:
     return [rel(k) for k in range(start, stop)] if rel is not None else [it.rel for it in items[start:stop]]
 
 
-def probe_stage(root: Path, items: Sequence[SourceItem], opts: BuildOptions) -> ProbeTable:
+def probe_stage(root: Path, items: Sequence[SourceItem], *, max_pixels: int, n_jobs: int, quiet: bool) -> ProbeTable:
     """2. Read every file's header (in workers): size, channels, depth, and why a file is unusable.
 
     The paths of a call are listed only when the pool asks for it, and its probes go into columns.
@@ -499,14 +504,13 @@ def probe_stage(root: Path, items: Sequence[SourceItem], opts: BuildOptions) -> 
     step = PROBE_STEP
     n = len(items)
     calls = (
-        delayed(_probe_files)(os.fspath(root), _rels(items, s, min(s + step, n)), opts.max_pixels)
-        for s in range(0, n, step)
+        delayed(_probe_files)(os.fspath(root), _rels(items, s, min(s + step, n)), max_pixels) for s in range(0, n, step)
     )
     n_calls = -(-n // step)
     probes = ProbeTable(n)
     # While the pool is still starting (see build), reading headers here beats waiting for it.
-    jobs = 1 if _parallel.warming() else min(opts.n_jobs, max(1, n_calls))
-    with _parallel.progress(n, "checking", opts.quiet) as bar:
+    jobs = 1 if _parallel.warming() else min(n_jobs, max(1, n_calls))
+    with _parallel.progress(n, "checking", quiet) as bar:
         for block in _parallel.parallel(jobs, calls, n_calls):
             probes.extend(block)
             bar.update(len(block))
@@ -556,13 +560,13 @@ def check_paths(source: Source, out: Path) -> None:
         )
 
 
-def check_out_suffix(out: Path, opts: BuildOptions) -> None:
+def check_out_suffix(out: Path, *, format: str | None, update: bool) -> None:
     """Refuse an OUT whose suffix names no format (``x.txt``): it would silently become a Zarr folder of that name.
 
     A suffix-less OUT gets the default format; ``format`` names the format whatever the suffix, and
     an update keeps the format of the store already there.
     """
-    if opts.format is not None or opts.update:
+    if format is not None or update:
         return
     suffix = os.path.splitext(os.fspath(out).rstrip("/\\"))[1].lower()
     known = {s: b.name for b in BACKENDS.values() for s in b.suffixes}

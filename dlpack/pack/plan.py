@@ -50,6 +50,7 @@ class LabelPlan:
     label_root: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The label plan as the manifest's plan records it."""
         return {
             "task": self.task,
             "boxes": self.boxes,
@@ -60,6 +61,7 @@ class LabelPlan:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], instance_masks: bool) -> LabelPlan:
+        """The label plan a manifest records (:meth:`to_dict`), checked; a malformed one is a ``TypeError``."""
         mask = d.get("mask")
         if mask is not None and (not isinstance(mask, Mapping) or mask.get("dtype") not in ("|u1", "<u2")):
             raise TypeError(f"labels.mask must be null or {{dtype: |u1 or <u2, ignore}}, got {mask!r}")
@@ -263,6 +265,7 @@ def _json_default(value: Any) -> Any:
 
 
 def source_digest(scan: SourceScan, probes: Sequence[Probe]) -> str:
+    """SHA-256 of what the scan and the probes say of the source, so a plan names the source it was made from."""
     h = hashlib.sha256()
     head: dict[str, Any] = {
         "classes": list(scan.classes),
@@ -289,17 +292,19 @@ def source_digest(scan: SourceScan, probes: Sequence[Probe]) -> str:
 MAX_BLOCK_BYTES = 2**31
 
 
-def _check_block_bytes(backend: type[Backend], spec: ImageSpec, count: int, opts: BuildOptions) -> None:
+def _check_block_bytes(
+    backend: type[Backend], spec: ImageSpec, count: int, *, compression: str, shard_bytes: int
+) -> None:
     """Refuse a plan whose write block (one shard's images, held in memory at once) is too large."""
-    images = image_array(spec, opts.compression)
+    images = image_array(spec, compression)
     if images.ragged:
         return  # variable sizes are written in runs of a few images, each within max_pixels
     item = images.item_nbytes
-    block = backend.shard_rows(images, count, opts.shard_bytes) * item
+    block = backend.shard_rows(images, count, shard_bytes) * item
     if block > max(MAX_BLOCK_BYTES, item):
         raise OptionError(
             f"one write block would take {block / 2**30:.1f} GiB ({block // item} images of {item} bytes); "
-            f"lower shard_bytes (--shard-bytes, now {opts.shard_bytes}) to at most {MAX_BLOCK_BYTES}"
+            f"lower shard_bytes (--shard-bytes, now {shard_bytes}) to at most {MAX_BLOCK_BYTES}"
         )
 
 
@@ -313,7 +318,7 @@ def _label_image_depth(path: Path) -> int:
     return header.bit_depth if header is not None else 8
 
 
-def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str, opts: BuildOptions) -> LabelPlan | None:
+def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str) -> LabelPlan | None:
     """The label arrays the items' annotations call for (None for classification and unlabelled sources).
 
     The mask is ``|u1`` (ignore value 255) unless an id it stores can exceed 254 (a class id, an
@@ -363,14 +368,14 @@ def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str, opts: B
     )
 
 
-def label_options(opts: BuildOptions) -> dict[str, str]:
+def label_options(labels: str, class_folder: str, anomaly_masks: str | None) -> dict[str, str]:
     """The plan's record of the label source a folder path was read with (paths made absolute)."""
-    kind, path = parse_labels(opts.labels)
-    out: dict[str, str] = {"class_folder": str(opts.class_folder)}
+    kind, path = parse_labels(labels)
+    out: dict[str, str] = {"class_folder": str(class_folder)}
     if kind not in ("auto", "folders", "none"):
         out["label_source"] = kind + (":" + os.path.abspath(path) if path is not None else "")
-    if opts.anomaly_masks:
-        out["anomaly_masks"] = os.path.abspath(opts.anomaly_masks)
+    if anomaly_masks:
+        out["anomaly_masks"] = os.path.abspath(anomaly_masks)
     return out
 
 
@@ -432,8 +437,10 @@ def plan_stage(
     else:
         spec = ImageSpec("variable", target.channels, target.dtype)
     kept = _Kept(scan.items, sel.keep)
-    _check_block_bytes(get_backend(backend), spec, len(kept), opts)
-    labels = label_plan(scan, kept, root, opts)
+    _check_block_bytes(
+        get_backend(backend), spec, len(kept), compression=opts.compression, shard_bytes=opts.shard_bytes
+    )
+    labels = label_plan(scan, kept, root)
     if labels is not None and labels.mask_dtype is not None and spec.shape is None:
         raise OptionError(
             f"the {scan.task} labels are stored as masks, which need one image size for the whole store, but the "
@@ -454,7 +461,7 @@ def plan_stage(
         split=opts.split or (),
         split_seed=(opts.split_seed or 0) if opts.split else 0,
         labels=labels,
-        **label_options(opts),
+        **label_options(opts.labels, opts.class_folder, opts.anomaly_masks),
     )
     return plan, sel
 

@@ -24,7 +24,6 @@ from .. import _parallel
 from .._parallel import Ticks
 from ..backends import StoreWriter
 from ..errors import InputFileError
-from ..options import BuildOptions
 from ..sources.decode import DecodeError, prepare_image
 from ..sources.labels import prepare_labels
 from ..sources.probe import ImageHeader
@@ -134,6 +133,7 @@ class Sample:
 
     @property
     def labelled(self) -> bool:
+        """Whether the sample has label outputs (its labels' digest)."""
         return bool(self.label_sha256)
 
     def record(self) -> list[Any]:
@@ -159,6 +159,7 @@ class Sample:
 
     @classmethod
     def from_record(cls, rec: Sequence[Any]) -> Sample:
+        """The sample a journal line (:meth:`record`) holds."""
         size, shape, transform, checksum, conversions, stat, sha = rec[:7]
         lab: Mapping[str, Any] = rec[7] if len(rec) > 7 else {}
         boxes, crowd, crc = lab.get("boxes"), lab.get("box_crowd"), lab.get("mask_crc")
@@ -278,21 +279,24 @@ def decode_block(
     return results
 
 
-def validate_stage(root: str, plan: BuildPlan, pairs: Sequence[Job], opts: BuildOptions) -> list[InputFileError]:
+def validate_stage(
+    root: str, plan: BuildPlan, pairs: Sequence[Job], *, n_jobs: int, quiet: bool
+) -> list[InputFileError]:
     """Decode every file without writing; the failures (so one error can list every bad file)."""
     from joblib import delayed
 
     step = 16
     calls = (delayed(decode_block)(root, plan, pairs[s : s + step]) for s in range(0, len(pairs), step))
     found: list[InputFileError] = []
-    with _parallel.progress(len(pairs), "checking pixels", opts.quiet) as bar:
-        for block in _parallel.parallel(opts.n_jobs, calls, -(-len(pairs) // step)):
+    with _parallel.progress(len(pairs), "checking pixels", quiet) as bar:
+        for block in _parallel.parallel(n_jobs, calls, -(-len(pairs) // step)):
             found.extend(r for r in block if isinstance(r, InputFileError))
             bar.update(len(block))
     return found
 
 
 def fixed_block(plan: BuildPlan, n: int) -> np.ndarray:
+    """A zeroed block of ``n`` images of the plan's fixed size (the padding of a short block stays zero)."""
     shape = plan.image.shape
     if shape is None:
         raise ValueError("a variable-size store has no fixed block")

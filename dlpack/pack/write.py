@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,15 +22,14 @@ from .._parallel import Ticks
 from ..backends import ArraySpec, Backend, StoreWriter, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
-from ..options import BuildOptions
 from ..sources.base import SourceScan
 from ..storage.journal import Journal, JournalState, Restart
 from ..storage.lock import journal_path, partial_path
-from ..storage.runner import resume_journal, run_blocks
+from ..storage.runner import block_checks_out, resume_journal, run_blocks
 from ..storage.spill import Column
 from .columns import SampleBlock, SampleTable
 from .inputs import Probe, Selection, bad_inputs
-from .plan import BuildPlan, image_array, plan_stage
+from .plan import BuildPlan, image_array
 from .stats import with_pixel_stats
 from .workers import (
     Job,
@@ -94,19 +92,18 @@ def _verified_blocks(
             continue
         if any((st.st_size, st.st_mtime_ns) != s.stat for st, s in zip(stats, samples, strict=True)):
             continue
-        try:
-            stored = writer.read_block(images.name, start, stop)
-            masks = writer.read_block("mask", start, stop) if "mask" in writer.arrays else None
-        except StoreError:
-            continue
-        if all(
-            zlib.crc32(np.ascontiguousarray(row).data) == s.checksum for row, s in zip(stored, samples, strict=True)
-        ) and (
-            masks is None
-            or all(zlib.crc32(np.ascontiguousarray(m).data) == s.mask_crc for m, s in zip(masks, samples, strict=True))
-        ):
+        if block_checks_out(writer, start, samples, images.name, "mask" if "mask" in writer.arrays else None):
             done[start] = samples
     return done
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """What the write stage takes of the build's options: its pool, its bar, whether it may resume."""
+
+    n_jobs: int = 1
+    quiet: bool = False
+    no_resume: bool = False
 
 
 @dataclass
@@ -132,7 +129,7 @@ def _continue_partial(
     images: ArraySpec,
     root: str,
     pairs: Sequence[Job],
-    opts: BuildOptions,
+    no_resume: bool,
 ) -> Partial:
     """Reopen a killed build's partial store to continue it, or raise :class:`Restart` saying why not."""
     jpath = journal_path(out)
@@ -142,7 +139,7 @@ def _continue_partial(
         return f"the plan changed ({_changed_fields(fields, plan.to_dict()) if isinstance(fields, dict) else 'fingerprint'})"
 
     header = {"fingerprint": plan.fingerprint()}
-    state = resume_journal(jpath, header, Sample.from_record, opts.no_resume, changed)
+    state = resume_journal(jpath, header, Sample.from_record, no_resume, changed)
     if images.ragged:
         raise Restart("variable-size images are written as one stream")
     writer = backend.open_writer(partial_path(out), "r+", plan.shard_bytes)
@@ -221,7 +218,7 @@ def open_partial(
     plan: BuildPlan,
     root: str,
     pairs: Sequence[Job],
-    opts: BuildOptions,
+    no_resume: bool,
 ) -> Partial:
     """5a. The partial store to write ``plan`` into, with the image array created or reopened.
 
@@ -235,7 +232,7 @@ def open_partial(
     note = ""
     if tmp.exists() or tmp.is_symlink():
         try:
-            return _continue_partial(backend, out, plan, images, root, pairs, opts)
+            return _continue_partial(backend, out, plan, images, root, pairs, no_resume)
         except Restart as exc:
             note = f"started over: {exc}"
     remove_store(jpath)
@@ -284,7 +281,7 @@ def write_images(
     plan: BuildPlan,
     root: str,
     pairs: Sequence[Job],
-    opts: BuildOptions,
+    opts: WriteOptions,
 ) -> tuple[Sequence[Sample | InputFileError], Partial | None, str]:
     """5. Write every image into the partial store of ``out``, decoded by workers.
 
@@ -293,7 +290,7 @@ def write_images(
     partial, and what became of an earlier partial (for the summary). When any file failed to
     decode, the partial is removed and None returned in its place.
     """
-    partial = open_partial(backend, out, plan, root, pairs, opts)
+    partial = open_partial(backend, out, plan, root, pairs, opts.no_resume)
     writer, journal = partial.writer, partial.journal
     try:
         images = writer.arrays[image_array(plan.image, plan.compression).name]
@@ -549,14 +546,18 @@ def pack_stage(
     probes: Sequence[Probe],
     plan: BuildPlan,
     sel: Selection,
-    opts: BuildOptions,
+    opts: WriteOptions,
+    *,
+    on_error: str,
+    replan: Callable[[Selection], tuple[BuildPlan, Selection]],
 ) -> tuple[BuildPlan, Selection, SampleTable, Partial, str]:
     """4-5. Decode and write the selected items under ``plan`` into the partial store of ``out``.
 
     Files that pass the probe but fail to decode (damage inside the compressed data) are rare:
-    under ``on_error="skip"`` they leave the selection and the store is planned and written again
-    without them, so the result is byte-identical to a build of the good files alone. Also returns
-    what became of a killed build's partial store ("" when there was none).
+    under ``on_error="skip"`` they leave the selection and the store is planned again
+    (``replan``, the plan stage) and written without them, so the result is byte-identical to a
+    build of the good files alone. Also returns what became of a killed build's partial store
+    ("" when there was none).
     """
     note = ""
     for _attempt in range(3):
@@ -569,8 +570,8 @@ def pack_stage(
             assert isinstance(results, SampleTable)
             return plan, sel, results, partial, note
         sel = sel.drop({k: r for k, r in zip(sel.keep, results, strict=True) if isinstance(r, InputFileError)})
-        if opts.on_error == "fail":
+        if on_error == "fail":
             raise bad_inputs(sel.errors, root, nothing_left=not sel.keep)
-        plan, sel = plan_stage(scan, probes, sel, opts, backend.name, os.fspath(root))
+        plan, sel = replan(sel)
     # Decoding is deterministic: a second pass finds nothing new.
     raise DlpackError("files kept failing to decode; rerun with --on-error fail to see them")  # pragma: no cover

@@ -12,15 +12,20 @@ ticks travel with each task.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+
+from ..backends import StoreWriter
+from ..errors import StoreError
 from .journal import Journal, JournalState, Record, Restart, read_journal
 
-__all__ = ["Call", "Pool", "Progress", "resume_journal", "run_blocks"]
+__all__ = ["Call", "Checked", "Pool", "Progress", "block_checks_out", "resume_journal", "run_blocks"]
 
 #: One task: a module-level (picklable) function with its arguments, as ``joblib.delayed`` makes them.
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -34,9 +39,13 @@ class Progress(Protocol):
 
     bar: Any
 
-    def ticks(self, slot: int) -> Any: ...
+    def ticks(self, slot: int) -> Any:
+        """What block ``slot``'s task tells the bar by as it works (picklable)."""
+        ...
 
-    def finished(self, slot: int, n: int) -> None: ...
+    def finished(self, slot: int, n: int) -> None:
+        """Block ``slot`` landed, with ``n`` samples."""
+        ...
 
 
 class Pool(Protocol):
@@ -137,3 +146,35 @@ def resume_journal(
     if state.header.get("fingerprint") != header.get("fingerprint"):
         raise Restart(changed(state.header))
     return state
+
+
+class Checked(Protocol):
+    """A journalled row's record: the CRC-32 of its stored image and, beside a mask array, of its mask."""
+
+    @property
+    def checksum(self) -> int:
+        """CRC-32 of the row's stored image bytes."""
+        ...
+
+    @property
+    def mask_crc(self) -> int | None:
+        """CRC-32 of the row's stored mask bytes (None without masks)."""
+        ...
+
+
+def block_checks_out(writer: StoreWriter, start: int, records: Sequence[Checked], image: str, mask: str | None) -> bool:
+    """Whether the journalled block of ``records`` at ``start`` reads back from ``writer`` with their
+    CRC-32s: array ``image`` and, when named, array ``mask``. A block that cannot be read does not:
+    a resume writes it again."""
+    stop = start + len(records)
+    try:
+        stored = writer.read_block(image, start, stop)
+        masks = None if mask is None else writer.read_block(mask, start, stop)
+    except StoreError:
+        return False
+    return all(
+        zlib.crc32(np.ascontiguousarray(row).data) == r.checksum for row, r in zip(stored, records, strict=True)
+    ) and (
+        masks is None
+        or all(zlib.crc32(np.ascontiguousarray(m).data) == r.mask_crc for m, r in zip(masks, records, strict=True))
+    )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from ..options import available_cores
 from ..storage.journal import Journal, Restart, is_journal, read_journal
 from ..storage.lock import BuildLock, augment_journal_path, augment_stage_path
 from ..storage.publish import PublishedInterrupt, clear_leftovers
-from ..storage.runner import Call, resume_journal, run_blocks
+from ..storage.runner import Call, block_checks_out, resume_journal, run_blocks
 from ..storage.transaction import ArrayTransaction
 from .plan import (
     VariantPlan,
@@ -156,22 +155,10 @@ def _verified(
         if start % plan.block_len or len(records) != plan.rows(start):
             continue
         image_name, mask_name = fixed[v]
-        try:
-            stored = txn.writer.read_block(txn.name(image_name), start, start + len(records))
-            masks = (
-                None if mask_name is None else txn.writer.read_block(txn.name(mask_name), start, start + len(records))
-            )
-        except StoreError:
-            continue
-        if any(
-            zlib.crc32(np.ascontiguousarray(img).data) != r.checksum for img, r in zip(stored, records, strict=True)
+        if block_checks_out(
+            txn.writer, start, records, txn.name(image_name), None if mask_name is None else txn.name(mask_name)
         ):
-            continue
-        if masks is not None and any(
-            zlib.crc32(np.ascontiguousarray(mk).data) != r.mask_crc for mk, r in zip(masks, records, strict=True)
-        ):
-            continue
-        done[unit] = records
+            done[unit] = records
     return done
 
 
@@ -291,6 +278,8 @@ def augment_locked(
 
     ``finish``: the caller finishes a stopped ``build --augment`` of ``out``, so a store that
     already holds these very variants is done, and one with other variants is not its to change.
+    The stages: read the store -> resolve the config -> plan -> open (or continue) the
+    transaction -> write the blocks -> make variants distinct -> commit -> close the journal.
     """
     t0 = time.perf_counter()
     check_arguments(k, seed, jobs, engine)
@@ -298,19 +287,10 @@ def augment_locked(
     out = Path(os.path.abspath(out))
     clear_leftovers(out)  # a killed publish of an earlier run is finished or undone first
     m, pin, inputs, rows, shard_bytes, block_len = _read_store(out)
-    cfg = resolve_config(config, engine, m.resolved_task)  # config errors before anything is written
-    assert m.image.shape is not None  # a fixed layout: input_arrays refuses others
-    from ..transforms.sizes import output_size_problem  # imported on first use, as configs are
-
-    wrong = output_size_problem(cfg.augmenter, m.image.shape[0], m.image.shape[1])
-    if wrong is not None:  # before any worker makes (and allocates) a variant of that size
-        raise ConfigError(f"{getattr(cfg, 'name', '') or 'the augmentation config'}: {wrong}")
-    fill = m.mask_ignore if m.mask_ignore is not None else 0
-    record = manifest_record(cfg, k, seed, engine, fill)
+    cfg, fill, record = _resolve_variants(config, engine, m, k, seed)
     header = journal_header(m, record, block_len)
     jpath = augment_journal_path(out)
     _check_journal_path(jpath)
-    old = [name for name in m.arrays if schema.variant_of(name) is not None]
     config_name = str(record["config"].get("name", "")) if isinstance(record["config"], dict) else ""
 
     def result(**fields: Any) -> AugmentResult:
@@ -319,34 +299,108 @@ def augment_locked(
             seconds=time.perf_counter() - t0, **fields,
         )  # fmt: skip
 
-    if m.augment is not None or old:
-        if _published_by_stopped_run(jpath, m, record):
-            remove_store(jpath)
-            blocks = len(range(0, m.count, block_len)) * k
-            return result(
-                written=0, blocks=blocks, blocks_written=0, resume="published already: the stopped run had finished it"
-            )
-        if finish and same_variants(m.augment, record):
-            blocks = len(range(0, m.count, block_len)) * k
-            return result(written=0, blocks=blocks, blocks_written=0, resume="complete already")
-        if finish:
-            raise StoreExistsError(
-                f"{out} already exists with other augmentation variants ({m.variants} per image); pass "
-                "overwrite=True to replace the store"
-            )
-        if not replace:
-            raise StoreExistsError(
-                f"{out} already has {m.variants} augmentation variants per image; pass replace=True to replace them"
-            )
+    existing = _existing_variants(jpath, out, m, record, finish, replace)
+    if existing is not None:
+        blocks = len(range(0, m.count, block_len)) * k
+        return result(written=0, blocks=blocks, blocks_written=0, resume=existing)
+    plan = _variant_plan(out, pin, m, inputs, cfg.augmenter, k, seed, fill, block_len)
+    specs = variant_specs(m, inputs, k)
+    fixed_specs = [s for _, s in specs if (schema.variant_of(s.name) or ("",))[0] in _BLOCK_BASES]
+    fixed = {
+        v: (
+            schema.variant_array(schema.IMAGES, v),
+            schema.variant_array(schema.MASK, v) if plan.mask_dtype is not None else None,
+        )
+        for v in range(1, k + 1)
+    }
+    units = plan.blocks()
+    txn, journal, done, note = _open_variants(
+        out, m, shard_bytes, jpath, header, plan, fixed_specs, fixed, no_resume, len(units)
+    )
+    try:
+        todo, names = _write_variants(txn, plan, journal, done, units, rows, fixed, _n_jobs(jobs), quiet)
+        copies = _distinct_views(txn, plan, rows, names, done, journal)
+        _commit_variants(txn, plan, specs, done, journal, dataclasses.replace(m, augment=record))
+    except BaseException as exc:
+        _abandon(exc, txn, journal, jpath)
+        raise
+    try:
+        if journal is not None:
+            journal.close()
+        remove_store(jpath)
+        return result(
+            written=sum(plan.rows(s) for _, s in todo),
+            blocks=len(units),
+            blocks_written=len(todo),
+            resume=note,
+            replaced=m.variants,
+            copies=copies,
+        )
+    except KeyboardInterrupt:
+        raise PublishedInterrupt(out) from None
+
+
+def _resolve_variants(config: Any, engine: str, m: Manifest, k: int, seed: int) -> tuple[Any, int, dict[str, Any]]:
+    """The resolved config, the mask fill and the manifest's ``augment`` record of the variants:
+    a bad config, or one whose output size differs from the images', is refused before anything is written."""
+    cfg = resolve_config(config, engine, m.resolved_task)
+    assert m.image.shape is not None  # a fixed layout: input_arrays refuses others
+    from ..transforms.sizes import output_size_problem  # imported on first use, as configs are
+
+    wrong = output_size_problem(cfg.augmenter, m.image.shape[0], m.image.shape[1])
+    if wrong is not None:  # before any worker makes (and allocates) a variant of that size
+        raise ConfigError(f"{getattr(cfg, 'name', '') or 'the augmentation config'}: {wrong}")
+    fill = m.mask_ignore if m.mask_ignore is not None else 0
+    return cfg, fill, manifest_record(cfg, k, seed, engine, fill)
+
+
+def _existing_variants(
+    jpath: Path, out: Path, m: Manifest, record: Mapping[str, Any], finish: bool, replace: bool
+) -> str | None:
+    """What to do with the variants ``out`` already has: None to compute these, or the result's
+    ``resume`` note when they are these very ones (a stopped run published them, or ``finish``
+    finds them complete); other variants are refused unless ``replace``."""
+    old = [name for name in m.arrays if schema.variant_of(name) is not None]
+    if m.augment is None and not old:
+        return None
+    if _published_by_stopped_run(jpath, m, record):
+        remove_store(jpath)
+        return "published already: the stopped run had finished it"
+    if finish and same_variants(m.augment, record):
+        return "complete already"
+    if finish:
+        raise StoreExistsError(
+            f"{out} already exists with other augmentation variants ({m.variants} per image); pass "
+            "overwrite=True to replace the store"
+        )
+    if not replace:
+        raise StoreExistsError(
+            f"{out} already has {m.variants} augmentation variants per image; pass replace=True to replace them"
+        )
+    return None
+
+
+def _variant_plan(
+    out: Path,
+    pin: Any,
+    m: Manifest,
+    inputs: Mapping[str, ArraySpec],
+    augmenter: Any,
+    k: int,
+    seed: int,
+    fill: int,
+    block_len: int,
+) -> VariantPlan:
+    """The frozen plan the workers compute the variants of ``out`` by."""
     mask = inputs.get(schema.MASK)
     shape = m.image.shape
     assert shape is not None  # a fixed layout: input_arrays refuses others
-    plan = VariantPlan(
+    return VariantPlan(
         store=os.fspath(out),
         pin=pin,
         k=k,
         seed=seed,
-        augmenter=cfg.augmenter,
+        augmenter=augmenter,
         shape=shape,
         dtype=m.image.dtype,
         mask_dtype=None if mask is None else mask.dtype,
@@ -357,13 +411,39 @@ def augment_locked(
         count=m.count,
         block_len=block_len,
     )
-    specs = variant_specs(m, inputs, k)
-    fixed_specs = [s for _, s in specs if (schema.variant_of(s.name) or ("",))[0] in _BLOCK_BASES]
-    fixed = {
-        v: (schema.variant_array(schema.IMAGES, v), schema.variant_array(schema.MASK, v) if mask is not None else None)
-        for v in range(1, k + 1)
-    }
-    units = plan.blocks()
+
+
+def _abandon(exc: BaseException, txn: ArrayTransaction, journal: Journal[VariantRecord] | None, jpath: Path) -> None:
+    """Undo the transaction after ``exc``; an interrupted run keeps its blocks for the next run,
+    while a journal describes them."""
+    keep = isinstance(exc, KeyboardInterrupt) and jpath.is_file()
+    if journal is not None:
+        journal.close()
+    txn.abort(keep=keep)
+    if not keep:
+        remove_store(jpath)
+
+
+def _open_variants(
+    out: Path,
+    m: Manifest,
+    shard_bytes: int,
+    jpath: Path,
+    header: dict[str, Any],
+    plan: VariantPlan,
+    fixed_specs: Sequence[ArraySpec],
+    fixed: Mapping[int, tuple[str, str | None]],
+    no_resume: bool,
+    n_units: int,
+) -> tuple[ArrayTransaction, Journal[VariantRecord] | None, dict[int, list[VariantRecord]], str]:
+    """The transaction the variants are written in, with its journal (None when its blocks cannot
+    be continued), the blocks already written and what became of a stopped run.
+
+    A stopped run of this very request (its journal's fingerprint) is continued unless
+    ``no_resume``: its journalled blocks that still check out are kept. Otherwise the variant
+    arrays are created anew, each sharded like the images.
+    """
+    old = [name for name in m.arrays if schema.variant_of(name) is not None]
     stage = augment_stage_path(out)
     txn = ArrayTransaction(out, m, old, stage, shard_bytes)
     journal: Journal[VariantRecord] | None = None
@@ -387,7 +467,7 @@ def augment_locked(
                 done = _verified(txn, plan, state.blocks, fixed)
                 # Rewritten without the lines that did not hold up, so it says exactly what the arrays hold.
                 journal = Journal.create(jpath, header, done)
-                note = f"resumed: {len(done)} of {len(units)} blocks already written"
+                note = f"resumed: {len(done)} of {n_units} blocks already written"
             except Restart as exc:
                 note = f"started over: {exc}"
                 txn = ArrayTransaction(out, m, old, stage, shard_bytes)
@@ -395,70 +475,82 @@ def augment_locked(
             remove_store(jpath)
             txn.begin()
             for spec in fixed_specs:
-                txn.create(spec, rows=block_len)  # sharded like images: a worker writes whole shards
+                txn.create(spec, rows=plan.block_len)  # sharded like images: a worker writes whole shards
             if all(txn.writer.parallel_safe(txn.name(s.name)) for s in fixed_specs):
                 # Created after the arrays: a journal always describes a transaction that holds them.
                 journal = Journal.create(jpath, header)
-        writer = txn.writer
-        if writer.shard_rows(txn.name(fixed_specs[0].name)) != block_len:  # pragma: no cover - one rule for both
+        if txn.writer.shard_rows(txn.name(fixed_specs[0].name)) != plan.block_len:  # pragma: no cover
             raise DlpackError(f"the variant arrays of {out} were laid out in other blocks than its images")
-        in_workers = journal is not None
-        todo = [(v, s) for v, s in units if plan.unit(v, s) not in done]
-        pool = _parallel.LocalPool(_n_jobs(jobs))
-        names = {v: (txn.name(a), None if b is None else txn.name(b)) for v, (a, b) in fixed.items()}
-        pooled = pool.pooled(len(todo))
-
-        def work(unit: tuple[int, int], ticks: Any) -> Call:
-            v, s = unit
-            labels = _block_labels(rows, s, s + plan.rows(s))
-            if in_workers:
-                return (variant_block, (plan, v, s, labels, writer, names[v], None, ticks, pooled), {})
-            # The store's only handle is this process's writer: read here, compute there.
-            e = s + plan.rows(s)
-            originals = writer.read_block(schema.IMAGES, s, e)
-            masks = None if mask is None else writer.read_block(schema.MASK, s, e)
-            return (variant_block, (plan, v, s, labels, None, names[v], (originals, masks), ticks, pooled), {})
-
-        def land(unit: tuple[int, int], landed: Any) -> tuple[list[VariantRecord], int]:
-            (v, s), (records, block, masks) = unit, landed
-            image_name, mask_name = names[v]
-            if block is not None:
-                writer.write_block(image_name, s, block)
-            if masks is not None and mask_name is not None:
-                writer.write_block(mask_name, s, masks)
-            done[plan.unit(v, s)] = records
-            return records, len(records)
-
-        already = sum(len(r) for r in done.values())
-        run_blocks(
-            pool, todo, work, land, journal=journal, unit=lambda u: plan.unit(*u),
-            progress=(k * m.count, "augmenting", quiet, already),
-        )  # fmt: skip
-        copies = _distinct_views(txn, plan, rows, names, done, journal)
-        if journal is not None:
-            journal.mark_commit()
-        _commit_arrays(txn, plan, specs, done)
-        txn.commit(dataclasses.replace(m, augment=record))
     except BaseException as exc:
-        # Interrupted: the blocks stay for the next run, while a journal describes them.
-        keep = isinstance(exc, KeyboardInterrupt) and jpath.is_file()
-        if journal is not None:
-            journal.close()
-        txn.abort(keep=keep)
-        if not keep:
-            remove_store(jpath)
+        _abandon(exc, txn, journal, jpath)
         raise
-    try:
-        if journal is not None:
-            journal.close()
-        remove_store(jpath)
-        return result(
-            written=sum(plan.rows(s) for _, s in todo),
-            blocks=len(units),
-            blocks_written=len(todo),
-            resume=note,
-            replaced=m.variants,
-            copies=copies,
-        )
-    except KeyboardInterrupt:
-        raise PublishedInterrupt(out) from None
+    return txn, journal, done, note
+
+
+def _write_variants(
+    txn: ArrayTransaction,
+    plan: VariantPlan,
+    journal: Journal[VariantRecord] | None,
+    done: dict[int, list[VariantRecord]],
+    units: Sequence[tuple[int, int]],
+    rows: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    fixed: Mapping[int, tuple[str, str | None]],
+    n_jobs: int,
+    quiet: bool,
+) -> tuple[list[tuple[int, int]], dict[int, tuple[str, str | None]]]:
+    """Write every block of ``units`` not ``done`` through :func:`run_blocks`, journalled as each lands;
+    returns the blocks written and the transaction's names of each variant's image and mask arrays.
+
+    With a journal the workers write their blocks themselves; without one the store's only handle
+    is this process's writer, which reads the originals here and writes what the workers computed.
+    """
+    writer = txn.writer
+    in_workers = journal is not None
+    todo = [(v, s) for v, s in units if plan.unit(v, s) not in done]
+    pool = _parallel.LocalPool(n_jobs)
+    names = {v: (txn.name(a), None if b is None else txn.name(b)) for v, (a, b) in fixed.items()}
+    pooled = pool.pooled(len(todo))
+
+    def work(unit: tuple[int, int], ticks: Any) -> Call:
+        v, s = unit
+        labels = _block_labels(rows, s, s + plan.rows(s))
+        if in_workers:
+            return (variant_block, (plan, v, s, labels, writer, names[v], None, ticks, pooled), {})
+        # The store's only handle is this process's writer: read here, compute there.
+        e = s + plan.rows(s)
+        originals = writer.read_block(schema.IMAGES, s, e)
+        masks = None if plan.mask_dtype is None else writer.read_block(schema.MASK, s, e)
+        return (variant_block, (plan, v, s, labels, None, names[v], (originals, masks), ticks, pooled), {})
+
+    def land(unit: tuple[int, int], landed: Any) -> tuple[list[VariantRecord], int]:
+        (v, s), (records, block, masks) = unit, landed
+        image_name, mask_name = names[v]
+        if block is not None:
+            writer.write_block(image_name, s, block)
+        if masks is not None and mask_name is not None:
+            writer.write_block(mask_name, s, masks)
+        done[plan.unit(v, s)] = records
+        return records, len(records)
+
+    already = sum(len(r) for r in done.values())
+    run_blocks(
+        pool, todo, work, land, journal=journal, unit=lambda u: plan.unit(*u),
+        progress=(plan.k * plan.count, "augmenting", quiet, already),
+    )  # fmt: skip
+    return todo, names
+
+
+def _commit_variants(
+    txn: ArrayTransaction,
+    plan: VariantPlan,
+    specs: Sequence[tuple[int, ArraySpec]],
+    done: Mapping[int, list[VariantRecord]],
+    journal: Journal[VariantRecord] | None,
+    manifest: Manifest,
+) -> None:
+    """Commit the variants: the journal marked first (a kill from here on is not continued), then
+    the arrays written at commit and the transaction with ``manifest``."""
+    if journal is not None:
+        journal.mark_commit()
+    _commit_arrays(txn, plan, specs, done)
+    txn.commit(manifest)
