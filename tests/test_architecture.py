@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import dlpack
 
@@ -233,3 +239,46 @@ def test_every_import_of_dlpack_names_a_module_that_exists() -> None:
             if target not in modules:
                 missing.append(f"{me}:{node.lineno} imports {target}")
     assert not missing, "; ".join(missing)
+
+
+_IMPORT_EACH = r"""
+import importlib, json, os, sys
+import cv2, h5py, numpy, zarr  # noqa: F401 - third-party modules loaded once, before the forks
+failed = {}
+for name in json.loads(sys.argv[1]):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a child with no dlpack module loaded yet imports just this one
+        os.close(r)
+        try:
+            importlib.import_module(name)
+            text = ""
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            kind = type(exc).__name__
+            text = "" if kind == "MissingExtraError" else f"{kind}: {exc}"
+        os.write(w, text.encode())
+        os._exit(0)
+    os.close(w)
+    out = b""
+    while chunk := os.read(r, 65536):
+        out += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    if out:
+        failed[name] = out.decode()
+print(json.dumps(failed))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks one child per module")
+def test_every_module_imports_on_its_own() -> None:
+    """Whichever module a program imports first works: an import cycle that only some orders
+    trip over (a package importing one of its importers) fails here."""
+    names = sorted(_module_name(p) for p in ROOT.rglob("*.py") if p.name != "__main__.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH, json.dumps(names)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == {}

@@ -150,6 +150,10 @@ def build(
         A :class:`~dlpack.BuildOptions`; keyword arguments override its fields
         (``build("raw", "train.zarr", size=(512, 512), jobs=2)``); an unknown one is an
         :class:`~dlpack.OptionError` naming the fields it may mean.
+    after
+        A step run on the published store (:class:`AfterBuild`), or None.
+    **kwargs
+        Fields of :class:`~dlpack.BuildOptions`, overriding ``options``.
 
     Returns
     -------

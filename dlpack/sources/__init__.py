@@ -2,12 +2,11 @@
 
 :class:`Source` is what a build reads; :class:`FolderSource` is the folder-tree implementation, and
 the label sources (:class:`CocoSource`, :class:`MaskFolderSource`, :class:`AnomalyFolderSource`,
-:class:`CsvSource`, :class:`DLDatasetSource`) read labels from annotation files and label folders; :func:`label_source` picks one
-for a ``--labels KIND[:PATH]`` value.
+:class:`CsvSource`, and HALCON's :class:`~dlpack.halcon.source.DLDatasetSource`) read labels from
+annotation files and label folders; :func:`label_source` picks one for a ``--labels KIND[:PATH]`` value.
 :func:`prepare_image` is the one decode -> orient -> resize -> convert function.
 """
 
-from ..halcon.source import DLDatasetSource
 from .anomaly import AnomalyFolderSource
 from .base import Source, SourceItem, SourceScan
 from .coco import CocoSource
@@ -27,7 +26,6 @@ __all__ = [
     "MaskFolderSource",
     "AnomalyFolderSource",
     "CsvSource",
-    "DLDatasetSource",
     "LabelOutputs",
     "prepare_labels",
     "label_source",
@@ -39,3 +37,13 @@ __all__ = [
     "read_source_file",
     "DecodeError",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # HALCON's DLDataset source lives with HALCON (dlpack.halcon.source), which imports this package:
+    # named here too, it is loaded on first use so that either package may be imported first.
+    if name == "DLDatasetSource":
+        from ..halcon.source import DLDatasetSource
+
+        return DLDatasetSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
