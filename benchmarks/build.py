@@ -486,7 +486,11 @@ except ImportError:  # a checkout from before it
     def give_back_freed(): pass
 scan = scan_stage(FolderSource(src)); say("scan")
 give_back_freed()
-probes = probe_stage(FolderSource(src).root, scan.items, opts); say("probe")
+try:  # the probe takes the option fields it uses
+    probes = probe_stage(FolderSource(src).root, scan.items, max_pixels=opts.max_pixels, n_jobs=1, quiet=True)
+except TypeError:  # a checkout from before: the whole options
+    probes = probe_stage(FolderSource(src).root, scan.items, opts)
+say("probe")
 give_back_freed()
 plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, "zarr", src); say("plan")
 def one(k):  # what a worker returns for one image: its own tuples and digest
