@@ -1,7 +1,7 @@
 # Quick start targets. `make demo` packs the built-in sample, and a labelled one that it also exports as a
 # HALCON DLDataset, gives cached augmentation variants and previews; `make test` runs the test suite.
 # `make test-fast` runs it without the tests marked slow (kills, interrupts, fuzzing, whole-script runs).
-# `make test-min` runs the tests against the lowest supported dependency versions in a separate venv.
+# `make test-min` runs the tests not marked slow against the lowest supported dependency versions, in a separate venv.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,6 +10,9 @@ MIN_VENV ?= .venv-min
 MIN_CONSTRAINTS ?= .ci/constraints-min.txt
 # Extra pytest arguments, e.g. PYTEST_ARGS="-k cli".
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): two keep both cores of a 2-core machine busy while one test waits on
+# a subprocess; TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: venv install demo test test-fast test-min lint bench clean
 
@@ -48,21 +51,27 @@ demo: install
 # pytest exits 5 when it collected no tests; that is a failure here like any other non-zero status
 # (a renamed folder or a bad -k must not pass CI silently).
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
 
 # The edit-and-rerun loop: the same suite less the tests marked `slow` (pyproject.toml, [tool.pytest.ini_options]),
 # a few minutes on two cores. `make test` and CI still run everything.
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
 
 # A fresh venv with every core dependency at its declared lower bound (no torch or matplotlib:
 # the tests that need them skip). The package is installed from this tree, as `make test` does.
+# It runs the tests not marked slow: they make every call dlpack makes into NumPy, OpenCV, zarr,
+# h5py and joblib (the backends' shared suite, decoding, transforms, builds with workers, the
+# loader, exports). The slow ones kill and interrupt processes at each durable step, fuzz, and run
+# the scripts: what they check is dlpack's journal, locks and publication on this OS, which the
+# dependency versions do not change, and `make test` runs them. MIN_PYTEST_ARGS="" runs them all.
+MIN_PYTEST_ARGS ?= -m "not slow"
 test-min:
 	rm -rf $(MIN_VENV)
 	$(PYTHON) -m venv $(MIN_VENV)
 	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_CONSTRAINTS) -e ".[test,plot]"
 	$(MIN_VENV)/bin/python .ci/check_pins.py $(MIN_CONSTRAINTS)
-	$(MIN_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
+	$(MIN_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) $(MIN_PYTEST_ARGS) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
 
 lint: install
 	$(VENV)/bin/ruff check dlpack tests benchmarks examples
