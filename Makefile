@@ -54,7 +54,7 @@ test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
 
 # The edit-and-rerun loop: the same suite less the tests marked `slow` (pyproject.toml, [tool.pytest.ini_options]),
-# a few minutes on two cores. `make test` and CI still run everything.
+# about a minute and a half on two cores. `make test` and CI still run everything.
 test-fast: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make: pytest ran no tests" >&2; exit $$rc; }
 
