@@ -101,9 +101,13 @@ def run_blocks(
             bar.bar.update(already)
         calls = (work(b, bar.ticks(j)) for j, b in enumerate(blocks))
         results = pool.imap(calls, len(blocks))
+        # next() by hand below: zip and enumerate keep their last items until they make the next,
+        # which would keep one more block of pixels alive while the next one is computed.
         if not (behind and not pool.pooled(len(blocks))):
-            for slot, (block, result) in enumerate(zip(blocks, results, strict=True)):
+            for slot, block in enumerate(blocks):
+                result = next(results)
                 landed(slot, block, result, bar)
+                del result
             return
         # Set once a land failed or was stopped: the block queued after it is not landed, so the
         # journal ends at the block that failed.
@@ -121,7 +125,8 @@ def run_blocks(
         # A build stopped while computing still lands the block handed to the writing thread.
         with ThreadPoolExecutor(1, thread_name_prefix="dlpack-write") as writer:
             pending: Future[None] | None = None
-            for slot, (block, result) in enumerate(zip(blocks, results, strict=True)):
+            for slot, block in enumerate(blocks):
+                result = next(results)
                 queued = writer.submit(land_behind, slot, block, result)
                 del result  # the thread holds it until landed: two blocks in memory at most
                 if pending is not None:
