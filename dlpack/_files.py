@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 from collections.abc import Iterator
 
-from .errors import StoreError
+from .errors import OptionError, StoreError
 
 __all__ = [
     "FileTooLargeError",
@@ -24,6 +25,7 @@ __all__ = [
     "irregular_entries",
     "open_regular",
     "read_regular",
+    "refuse_url",
     "writing",
 ]
 
@@ -187,3 +189,22 @@ def writing(path: str | os.PathLike[str]) -> Iterator[None]:
             f"cannot write {os.fspath(path)}: the disk is full (no space left on device); "
             "free some space and run the command again"
         ) from exc
+
+
+#: ``scheme://``: a URL, never a local path (Python would make ``s3:`` a folder of the current one).
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def refuse_url(path: object, what: str) -> None:
+    """Refuse a URL where a local path is read or written, before anything is made.
+
+    ``s3://bucket/x.zarr`` as a path is a folder ``s3:`` in the current one: writing there would
+    say "done" and leave the bucket empty, and reading it would open that folder.
+    """
+    if isinstance(path, (str, os.PathLike)) and not isinstance(path, bytes):
+        text = os.fspath(path)
+        if isinstance(text, str) and _URL.match(text):
+            raise OptionError(
+                f"{what} {text!r} is a URL: this version of dlpack reads and writes local paths only; give a "
+                "local path (a bucket mounted as a folder works), or copy the store to local disk first"
+            )

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._files import refuse_url
 from .options import BuildOptions, with_keywords
 from .pack import BuildResult
 from .pack import build as build_store
@@ -29,6 +30,8 @@ def build(
 ) -> BuildResult:
     """Pack the images a source lists into one store at ``out`` (see :func:`dlpack.pack.build`),
     with the variants of ``augment``, or as a HALCON DLDataset folder with ``format="dldataset"``."""
+    refuse_url(src, "the source")
+    refuse_url(out, "the output")
     opts = with_keywords(options, BuildOptions, kwargs, "build")
     from .halcon.build import DLDATASET_FORMAT, build_dldataset
 

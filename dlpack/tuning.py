@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ._files import refuse_url
 from .errors import OptionError
 from .options import TUNE_ORDER_RANK, LoaderOptions, TuneOptions, check_int, check_number, check_step_ms, with_keywords
 from .read.loader import BatchSource, Loader
@@ -393,6 +394,7 @@ def tune(
     The settings are a :class:`~dlpack.options.TuneOptions` (``options``), with keywords (its
     field names; ``step_ms`` and ``batch_size`` may also be given by position) replacing fields.
     """
+    refuse_url(store, "the store")
     t0 = time.perf_counter()
     given = {k: v for k, v in (("step_ms", step_ms), ("batch_size", batch_size)) if v is not None}
     opts = with_keywords(options, TuneOptions, {**given, **keywords}, "tune", also=("measure", "progress"))

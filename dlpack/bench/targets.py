@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._files import refuse_url
 from ..errors import OptionError, StoreError, StoreNotFoundError
 from ..options import BenchOptions
 from .folder import FolderReader, FolderSpec
@@ -114,6 +115,7 @@ def _dldataset_target(p: Path) -> Target:
 
 def resolve_target(path: str | os.PathLike[str]) -> Target:
     """Classify ``path`` as a dlpack store, a HALCON DLDataset or a folder of images and list its files."""
+    refuse_url(path, "bench target")
     from ..backends import detect_backend
     from ..halcon.view import is_dldataset
     from ..read.dataset import Dataset

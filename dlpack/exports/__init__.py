@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._files import refuse_url
 from .._version import __version__
 from ..errors import OptionError
 from ._common import Notes, describe, note_classes, staged_output
@@ -75,6 +76,8 @@ def export(
     StoreExistsError
         ``out`` holds something else, or a previous export without ``overwrite``.
     """
+    refuse_url(store, "the store")
+    refuse_url(out, "the output")
     return export_from(store, to, out, overwrite=overwrite, include_variants=include_variants)
 
 

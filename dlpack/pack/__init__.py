@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import _parallel
+from .._files import refuse_url
 from ..backends import Backend, backend_for_path, owned_store, remove_store
 from ..errors import OptionError, SourceNotFoundError, StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
@@ -169,6 +170,8 @@ def build(
     StoreLockedError
         Another build into ``out`` is running (the message names it).
     """
+    refuse_url(src, "the source")
+    refuse_url(out, "the output")
     opts = with_keywords(options, BuildOptions, kwargs, "build")
     t0 = time.perf_counter()
     if isinstance(src, (str, os.PathLike)) and not os.fspath(src):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import schema
+from .._files import refuse_url
 from ..backends import open_reader
 from ..errors import (
     DlpackError,
@@ -88,6 +89,7 @@ def add_array(
     ArraySpec
         What was stored.
     """
+    refuse_url(path, "the store")
     from ..storage.lock import BuildLock
 
     out = Path(path)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import schema
+from .._files import refuse_url
 from ..backends import StoreReader, open_reader
 from ..errors import (
     DlpackError,
@@ -56,6 +57,7 @@ class VerifyReport:
 def verify_store(path: str | os.PathLike[str]) -> VerifyReport:
     """Verify the store at ``path`` (see :meth:`Dataset.check`), also when it does not open:
     then every array whose damage keeps it from opening is named where its manifest can be read."""
+    refuse_url(path, "the store")
     try:
         ds = Dataset(path)
     except (StoreError, StoreNotFoundError) as exc:
@@ -626,6 +628,7 @@ def _shown(spec: ArraySpec) -> str:
 def open(path: str | os.PathLike[str]) -> Dataset | DLDatasetView:  # noqa: A001 - the public name is dlpack.open
     """Open a store (Zarr folder or HDF5 file) for reading; a HALCON DLDataset (a folder holding
     ``dataset.json``, or its ``.json`` file) opens read-only in place, decoded on the fly."""
+    refuse_url(path, "the store")
     from ..halcon.view import DLDatasetView, is_dldataset
 
     if is_dldataset(path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .._files import refuse_url
 from ..options import AugmentOptions, with_keywords
 from .result import AugmentResult
 
@@ -75,6 +76,7 @@ def augment(
     StoreLockedError
         A build, update, ``add_array`` or another ``augment`` holds the store's lock.
     """
+    refuse_url(store, "the store")
     from .run import augment_store
 
     given = {name: v for name, v in (("k", k), ("config", config)) if v is not None}

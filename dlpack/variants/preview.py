@@ -24,6 +24,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from .._files import refuse_url
 from .._output import check_outputs, write_atomic
 from ..errors import OptionError, StoreError
 from ..options import PreviewOptions
@@ -320,6 +321,8 @@ def preview(
     StoreNotFoundError, StoreError
         No store at ``store``, or one that cannot be read.
     """
+    refuse_url(store, "the store")
+    refuse_url(out, "the output")
     from ..read.dataset import Dataset
 
     index = PreviewOptions(count=count, seed=seed, tile=tile, max_variants=max_variants, index=index).index
