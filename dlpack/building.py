@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._files import refuse_url
 from .options import BuildOptions, with_keywords
 from .pack import BuildResult
 from .pack import build as build_store
+from .pack.inputs import check_given
 from .sources.base import Source
 
 __all__ = ["build"]
@@ -30,16 +30,11 @@ def build(
 ) -> BuildResult:
     """Pack the images a source lists into one store at ``out`` (see :func:`dlpack.pack.build`),
     with the variants of ``augment``, or as a HALCON DLDataset folder with ``format="dldataset"``."""
-    refuse_url(src, "the source")
-    refuse_url(out, "the output")
     opts = with_keywords(options, BuildOptions, kwargs, "build")
     from .halcon.build import DLDATASET_FORMAT, build_dldataset
 
-    if (
-        opts.format == DLDATASET_FORMAT
-        and os.fspath(out)
-        and not (isinstance(src, (str, os.PathLike)) and not os.fspath(src))
-    ):
+    if opts.format == DLDATASET_FORMAT:
+        check_given(src, out)
         return build_dldataset(src, Path(out), opts, time.perf_counter(), build)
     after = None
     if opts.augment:

@@ -463,7 +463,7 @@ RUNS: dict[str, list[Run]] = {
         )
     ],
     "examples/train_halcon.py": [
-        # Where HALCON imports, tests/test_halcon_feeder.py runs its training loop against a stand-in.
+        # Where HALCON imports, tests/halcon/test_feeder.py runs its training loop against a stand-in.
         # Without HALCON it exits 2, once the store and the model path are checked.
         Run(
             ("train.zarr", "--model", "model.hdl", "--epochs", "1"),

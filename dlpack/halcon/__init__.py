@@ -11,44 +11,5 @@ pulling in the read side; the feeder's names are loaded from here on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .feeder import (
-        DEFAULT_IMAGE_RANGE,
-        TASKS,
-        SampleBatches,
-        import_halcon,
-        sample_batches,
-        scale_image,
-        store_class_ids,
-        store_task,
-        to_dlsample,
-        to_halcon_dict,
-        unbatch,
-    )
-
-__all__ = [
-    "DEFAULT_IMAGE_RANGE",
-    "TASKS",
-    "SampleBatches",
-    "import_halcon",
-    "sample_batches",
-    "scale_image",
-    "store_class_ids",
-    "store_task",
-    "to_dlsample",
-    "to_halcon_dict",
-    "unbatch",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module(".feeder", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+from .feeder import *  # noqa: F403  (the feeder's public names, as its __all__ lists them)
+from .feeder import __all__ as __all__

@@ -7,18 +7,21 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..backends import backend_for_path, remove_store
 from ..errors import OptionError, StoreError, StoreExistsError
+from ..exports import export_from
+from ..exports._common import clear_export_leftovers, export_marker
 from ..options import BuildOptions
 from ..pack import BuildResult
 from ..pack.inputs import as_source, probe_stage, probed, scan_stage, source_options, split_stage
 from ..pack.plan import plan_stage
 from ..sources.base import Source
 from ..storage.lock import BuildLock, journal_path, lock_path, old_path, partial_path
-from ..storage.publish import _not_ours, clear_leftovers
+from ..storage.publish import clear_leftovers, not_ours
 
 __all__ = ["DLDATASET_FORMAT", "build_dldataset", "dldataset_staging"]
 
@@ -46,10 +49,6 @@ def build_dldataset(
     the plan's fingerprint: a build killed after its export reached ``out`` (its staging store not yet
     removed), run again with the same plan, says it is complete instead of "already exists".
     """
-    from dataclasses import replace
-
-    from ..exports import export_from
-
     if opts.update:
         raise OptionError(
             "update applies to a store; a DLDataset folder is written whole: build it again with --overwrite, "
@@ -63,8 +62,6 @@ def build_dldataset(
         killed = _stage_left(stage)  # refuses anything at the staging names that is not dlpack's
         if (out.exists() or out.is_symlink()) and not opts.overwrite and (not out.is_dir() or any(out.iterdir())):
             exists = StoreExistsError(f"{out} already exists; pass overwrite=True to replace it")
-            from ..exports._common import clear_export_leftovers, export_marker
-
             try:
                 clear_export_leftovers(out)
                 marker = export_marker(out) if killed and out.is_dir() and not out.is_symlink() else None
@@ -109,7 +106,7 @@ def _stage_left(stage: Path) -> bool:
     """Whether a killed DLDataset build left its staging store (or part of it); raises when
     something at the staging store's name cannot be proven dlpack's (it is kept)."""
     if os.path.lexists(stage):
-        reason = _not_ours(stage)
+        reason = not_ours(stage)
         if reason is not None:
             raise StoreError(
                 f"{stage} is where a DLDataset build keeps its staging store, but it is not a dlpack store "

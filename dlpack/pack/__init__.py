@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import _parallel
-from .._files import refuse_url
 from ..backends import Backend, backend_for_path, owned_store, remove_store
-from ..errors import OptionError, SourceNotFoundError, StoreError, StoreExistsError
+from ..errors import StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
 from ..storage.lock import BuildLock, journal_path, partial_path
@@ -46,6 +45,7 @@ from .inputs import (
     Selection,
     as_source,
     bad_inputs,
+    check_given,
     check_out_suffix,
     check_paths,
     probe_stage,
@@ -170,16 +170,9 @@ def build(
     StoreLockedError
         Another build into ``out`` is running (the message names it).
     """
-    refuse_url(src, "the source")
-    refuse_url(out, "the output")
     opts = with_keywords(options, BuildOptions, kwargs, "build")
     t0 = time.perf_counter()
-    if isinstance(src, (str, os.PathLike)) and not os.fspath(src):
-        raise SourceNotFoundError(
-            "the source path is empty; give the folder of images (use '.' for the current folder)"
-        )
-    if not os.fspath(out):
-        raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
+    check_given(src, out)
     out_path = Path(out)
     check_out_suffix(out_path, format=opts.format, update=opts.update)
     backend = backend_for_path(out_path, opts.format, write=True)

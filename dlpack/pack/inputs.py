@@ -13,10 +13,10 @@ from typing import Any, BinaryIO, overload
 import numpy as np
 
 from .. import _parallel
-from .._files import NotRegularFileError, open_regular
+from .._files import NotRegularFileError, open_regular, refuse_url
 from .._names import shown as shown_name
 from ..backends import BACKENDS
-from ..errors import BadInputsError, InputFileError, OptionError, SourceError
+from ..errors import BadInputsError, InputFileError, OptionError, SourceError, SourceNotFoundError
 from ..options import SPLIT_PART_NAMES, BuildOptions
 from ..sources._items import ItemTable
 from ..sources.anomaly import AnomalyFolderSource
@@ -530,6 +530,18 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+def check_given(src: Source | str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
+    """Refuse an empty source or output path, or a URL for either, before anything is made."""
+    refuse_url(src, "the source")
+    refuse_url(out, "the output")
+    if isinstance(src, (str, os.PathLike)) and not os.fspath(src):
+        raise SourceNotFoundError(
+            "the source path is empty; give the folder of images (use '.' for the current folder)"
+        )
+    if not os.fspath(out):
+        raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
 
 
 def check_paths(source: Source, out: Path) -> None:

@@ -19,7 +19,7 @@ from .journal import Restart, is_journal, read_journal
 from .lock import journal_path, old_path, partial_path
 
 
-def _not_ours(path: Path) -> str | None:
+def not_ours(path: Path) -> str | None:
     """Why ``path`` cannot be proven to be a dlpack partial store, or None when it is one."""
     if path.is_symlink():
         return "it is a symbolic link"
@@ -75,7 +75,7 @@ class Output:
 
 
 def _refuse_old_store(old: Path) -> Exception | None:
-    reason = _not_ours(old)
+    reason = not_ours(old)
     if reason is None:
         return None
     return StoreError(
@@ -129,7 +129,7 @@ def clear_leftovers(out: Path) -> str | None:
             )
     remove_store(journal.with_name(journal.name + ".tmp"))
     if tmp.exists() or tmp.is_symlink():
-        reason = _not_ours(tmp)
+        reason = not_ours(tmp)
         if reason is not None:
             raise StoreError(
                 f"{tmp} is where this build writes, but it is not a dlpack partial store ({reason}); "
@@ -270,7 +270,7 @@ def publish(tmp: Path, out: Path, overwrite: bool) -> None:
         remove_store(tmp)
         if done:
             old = old_path(out)
-            if (old.exists() or old.is_symlink()) and _not_ours(old) is None:
+            if (old.exists() or old.is_symlink()) and not_ours(old) is None:
                 remove_store(old)  # the replaced store, as publishing would have removed it
             raise PublishedInterrupt(out) from None
         raise

@@ -8,6 +8,7 @@ the augmentation on the published store.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from ..pack import BuildResult
 from ..pack.plan import BuildPlan
 from ..sources.base import SourceScan
 from ..storage.publish import PublishedInterrupt, UnfinishedInterrupt
+from . import run as variant_run
+from .plan import resolve_config
 
 __all__ = ["VariantsStep"]
 
@@ -34,8 +37,6 @@ class VariantsStep:
                 "augment needs one stored size: the images would be stored at their own sizes; pass --size WxH "
                 "(or --max-side N with --resize fit)"
             )
-        from ..variants.plan import resolve_config
-
         task = plan.labels.task if plan.labels is not None else ("classification" if scan.classes else "none")
         return resolve_config(opts.augment_config, opts.augment_engine, task)
 
@@ -50,10 +51,6 @@ class VariantsStep:
         """
         if config is None:
             return result
-        from dataclasses import replace
-
-        from ..variants.run import augment_locked
-
         command = f"dlpack augment {out} --augment {opts.augment} --augment-config {opts.augment_config}"
         if opts.augment_seed:
             command += f" --augment-seed {opts.augment_seed}"
@@ -61,7 +58,7 @@ class VariantsStep:
             command += f" --augment-engine {opts.augment_engine}"
         hint = f"{out} was built, but not its augmentation variants: run {command} to add them (it resumes)"
         try:
-            done = augment_locked(
+            done = variant_run.augment_locked(
                 out, opts.augment, config, opts.augment_seed, opts.jobs, opts.augment_engine, False, opts.quiet,
                 opts.no_resume, finish,
             )  # fmt: skip
