@@ -226,3 +226,37 @@ def spill_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_spill, "SPILL_BYTES", 0)
     monkeypatch.setattr(folder, "RUN", 7)
     monkeypatch.setattr(folder, "_MERGE_STEP", 3)
+
+
+# Object storage: a loopback S3-compatible server (moto) per test process, started on first use on
+# 127.0.0.1 and stopped at the end of the session; each test gets its own bucket and the AWS
+# environment pointing at that server (tests/_s3.py). Skipped with the reason where the s3 extra or
+# moto is not installed (`make install` and .ci/run install both).
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Any:
+    from _s3 import running_server, skip_without_s3
+
+    skip_without_s3()
+    with running_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``s3.url(name)``: ``s3://BUCKET/name`` in a new bucket of the loopback server, its AWS
+    environment set for this test (``s3.endpoint``, ``s3.bucket``, ``s3.server``)."""
+    from _s3 import client_env
+
+    for k, v in client_env(s3_server.endpoint).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    bucket = s3_server.new_bucket()
+    return SimpleNamespace(
+        server=s3_server,
+        endpoint=s3_server.endpoint,
+        bucket=bucket,
+        url=lambda name="": f"s3://{bucket}/{name}".rstrip("/"),
+    )
