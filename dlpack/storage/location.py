@@ -190,7 +190,7 @@ class Location:
 
     @property
     def scheme(self) -> str:
-        """ "file", or the URL's scheme."""
+        """The URL's scheme, or "file" for a local path."""
         m = _URL.match(self.url)
         return m.group(1) if m else "file"
 

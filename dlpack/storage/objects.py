@@ -162,11 +162,9 @@ def _client(bucket: str, settings: tuple[tuple[str, str], ...], pid: int) -> Any
     try:
         from obstore.store import S3Store
     except ImportError:
-        raise MissingExtraError(
-            "object-store locations (s3://...) need the s3 extra: pip install 'dlpack-datasets[s3]'"
-        ) from None
+        raise MissingExtraError("obstore", "s3", "an object-store location (s3://...)") from None
     s = dict(settings)
-    config: dict[str, Any] = {}
+    config: Any = {}
     for key, name in (
         ("access_key_id", "access_key_id"),
         ("secret_access_key", "secret_access_key"),
@@ -182,7 +180,7 @@ def _client(bucket: str, settings: tuple[tuple[str, str], ...], pid: int) -> Any
     if s.get("virtual_hosted_style") == "true":
         config["virtual_hosted_style_request"] = True
     endpoint = s.get("endpoint_url", "")
-    client_options: dict[str, Any] = {
+    client_options: Any = {
         "timeout": _seconds(s.get("timeout"), 120.0),
         "connect_timeout": _seconds(s.get("connect_timeout"), 5.0),
     }
