@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .errors import OptionError
 from .options import BuildOptions, with_keywords
 from .pack import BuildResult
 from .pack import build as build_store
 from .pack.inputs import check_given
 from .sources.base import Source
+from .storage.location import is_url
 
 __all__ = ["build"]
 
@@ -34,7 +36,12 @@ def build(
     from .halcon.build import DLDATASET_FORMAT, build_dldataset
 
     if opts.format == DLDATASET_FORMAT:
-        check_given(src, out)
+        check_given(src, out, opts.storage_options)
+        if is_url(out):
+            raise OptionError(
+                f"--format dldataset writes a local folder of files, not {out}; build it into a local folder "
+                "(and copy that folder to the object store if it must live there)"
+            )
         return build_dldataset(src, Path(out), opts, time.perf_counter(), build)
     after = None
     if opts.augment:

@@ -26,6 +26,9 @@ __all__ = ["FORMAT_VERSION", "ArraySpec", "ImageSpec", "Manifest", "sha256_hex",
 FORMAT_VERSION = 1
 FORMAT_NAME = "dlpack"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+#: An array's checksum: the SHA-256 of its bytes, or ``shards:`` and the SHA-256 of its shards' row
+#: hashes (a store written to object storage; dlpack.backends.base.shard_digest).
+_DIGEST = re.compile(r"(shards:)?[0-9a-f]{64}")
 _COMPRESSIONS = ("none", "lz4", "zstd")
 
 
@@ -118,7 +121,7 @@ class ArraySpec:
             raise OptionError(f"array {self.name!r}: key must be a string or null, got {self.key!r}")
         digests = dict(self.sha256)
         for stored, digest in digests.items():
-            if stored not in self.stored_names() or not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+            if stored not in self.stored_names() or not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
                 raise OptionError(f"array {self.name!r}: bad checksum entry {stored!r}: {digest!r}")
         object.__setattr__(self, "sha256", digests)
 

@@ -349,6 +349,18 @@ class BuildOptions:
         metadata={"help": "with --update: drop removed samples for good (renumbers the samples after them)"},
     )
     quiet: bool = field(default=False, metadata={"help": "no progress bar or summary"})
+    # Checked by dlpack.storage.location.parse_storage_options when OUT is parsed (before any work).
+    storage_options: tuple[str, ...] | Mapping[str, object] = field(
+        default=(),
+        metadata={
+            "help": "for an s3:// OUT: KEY=VALUE of the object-store client (endpoint_url, region, access_key_id, "
+            "secret_access_key, profile, anonymous, conditional_writes, ...); overrides the AWS environment "
+            "and files; repeatable",
+            "metavar": "KEY=VALUE",
+            "flag": "--storage-option",
+            "repeat": True,
+        },
+    )
     # Decompression-bomb guard: 2**28 pixels is a 16384x16384 image, far above training sizes.
     max_pixels: int = field(
         default=2**28, metadata={"help": "refuse images with more pixels (decompression-bomb guard)", "metavar": "N"}

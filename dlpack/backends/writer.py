@@ -10,7 +10,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,6 +39,10 @@ class StoreWriter(ABC):
     appended in sample order by one process (``start`` must be the next sample), buffered and
     written in whole shards. ``commit`` writes everything still buffered, then the manifest.
     """
+
+    #: Whether array digests are taken shard by shard where the shards are written (a store in an
+    #: object store: :func:`~dlpack.backends.base.shard_digest`), never by reading the array back.
+    shard_digests: ClassVar[bool] = False
 
     def __init__(self, path: str | os.PathLike[str], mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
         check_mode(mode, WRITE_MODES)
@@ -181,6 +185,14 @@ class StoreWriter(ABC):
         of it) has just written, for the build's checksum of the array; the same rows as
         :meth:`read_block`, which formats may read faster than their library does."""
         return self.read_block(name, start, stop)
+
+    def take_landed(self) -> Any:
+        """What this copy of the writer wrote since the last call that the driver must record
+        (:meth:`note_landed`): a store in an object store's shard objects and their hashes; None here."""
+        return None
+
+    def note_landed(self, landed: Any) -> None:  # noqa: B027 - optional hook
+        """Record what a worker's copy wrote (:meth:`take_landed`)."""
 
     def undo_commit(self, keep: Sequence[str]) -> bool:
         """Take a partial store killed while committing back to holding only arrays ``keep``.

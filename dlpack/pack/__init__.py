@@ -25,18 +25,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import _parallel
-from ..backends import Backend, backend_for_path, owned_store, remove_store
+from ..backends import Backend, backend_for_path, owned_store
 from ..errors import StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
-from ..storage.lock import BuildLock, journal_path, partial_path
-from ..storage.publish import (
-    PublishedInterrupt,
-    check_replaceable,
-    clear_leftovers,
-    publish,
-)
-from ..storage.spill import give_back_freed, spilling_to
+from ..storage.location import Location
+from ..storage.publish import PublishedInterrupt
+from ..storage.site import BuildSite, ObjectSite, site_for
+from ..storage.spill import give_back_freed
 from .arrays import manifest_stage
 from .columns import SampleTable
 from .inputs import (
@@ -48,6 +44,7 @@ from .inputs import (
     check_given,
     check_out_suffix,
     check_paths,
+    check_remote_options,
     probe_stage,
     probed,
     scan_stage,
@@ -146,7 +143,8 @@ def build(
         :class:`~dlpack.sources.Source`; a Source lists its own items, so ``labels``,
         ``follow_symlinks`` and ``exclude`` given with another value than its own are refused.
     out
-        Store path: a ``.zarr`` folder (default) or a ``.h5``/``.hdf5`` file.
+        Store path: a ``.zarr`` folder (default) or a ``.h5``/``.hdf5`` file, or an object-store
+        prefix ``s3://bucket/x.zarr`` (a Zarr store written in place; ``storage_options``).
     options
         A :class:`~dlpack.BuildOptions`; keyword arguments override its fields
         (``build("raw", "train.zarr", size=(512, 512), jobs=2)``); an unknown one is an
@@ -172,30 +170,36 @@ def build(
     """
     opts = with_keywords(options, BuildOptions, kwargs, "build")
     t0 = time.perf_counter()
-    check_given(src, out)
-    out_path = Path(out)
-    check_out_suffix(out_path, format=opts.format, update=opts.update)
-    backend = backend_for_path(out_path, opts.format, write=True)
+    check_given(src, out, opts.storage_options)
+    # OUT is parsed once: a local path, or an object-store prefix (never a local folder named "s3:").
+    where = Location.parse(out, opts.storage_options)
+    site = site_for(where, Path(out) if where.is_local else None)
+    # Local: the path as given (relative stays relative, as messages and the result show it).
+    out_path = Path(out) if site.is_local else Path()
+    check_out_suffix(out_path if site.is_local else where, format=opts.format, update=opts.update)
+    if not site.is_local:
+        check_remote_options(where, opts)
+    backend = backend_for_path(out_path if site.is_local else where.name, opts.format, write=True)
     from_path = isinstance(src, (str, os.PathLike))
     if from_path and opts.update:
         opts = recorded_label_options(out_path, opts)
     source = as_source(src, opts)
     if not from_path:
         opts = source_options(source, opts)
-    check_paths(source, out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    # The per-image records a large build keeps in files (dlpack.storage.spill) go beside OUT, on its disk.
-    with BuildLock(out_path), spilling_to(out_path.parent):
-        published = clear_leftovers(out_path)
+    if site.is_local:
+        check_paths(source, out_path)
+    # The per-image records a large build keeps in files (dlpack.storage.spill) go beside a local OUT, on its disk.
+    with site.hold():
+        published = site.clear_leftovers()
         if opts.update:
             return update_stage(source, out_path, backend, opts, t0)
         # The CLI names its flag instead (dlpack.cli): the keyword is the library's word for it.
-        exists = f"{out_path} already exists; pass overwrite=True to replace it"
+        exists = f"{out_path if site.is_local else where} already exists; pass overwrite=True to replace it"
         # A store of this very build without (all) its variants: a run stopped while computing them.
         finishing = False
-        if out_path.exists() or out_path.is_symlink():
+        if site.exists():
             if opts.overwrite:
-                check_replaceable(out_path)
+                site.check_replaceable()
                 published = None
             elif published is None:
                 if not (opts.augment and not out_path.is_symlink() and owned_store(out_path) is backend):
@@ -232,10 +236,9 @@ def build(
             pairs = jobs_of(scan.items, probes, sel.keep)
             found = validate_stage(os.fspath(root), plan, pairs, n_jobs=opts.n_jobs, quiet=opts.quiet)
             raise bad_inputs([*sel.errors, *found], root, nothing_left=len(found) == len(pairs))
-        tmp = partial_path(out_path)
         plan, sel, samples, partial, resume = pack_stage(
             backend,
-            out_path,
+            site,
             root,
             scan,
             probes,
@@ -246,7 +249,7 @@ def build(
             replan=lambda kept: plan_stage(scan, probes, kept, opts, backend.name, os.fspath(root)),
         )
         try:
-            result = _finish(backend, out_path, tmp, opts, t0, scan, probes, plan, sel, samples, partial, resume)
+            result = _finish(backend, site, out_path, opts, t0, scan, probes, plan, sel, samples, partial, resume)
         finally:
             samples.close()  # the spilled records' files, with the partial store they describe
         return finish_step(result, out_path, opts, variants, t0)
@@ -260,8 +263,8 @@ def _as_built(
 
 def _finish(
     backend: type[Backend],
+    site: BuildSite,
     out_path: Path,
-    tmp: Path,
     opts: BuildOptions,
     t0: float,
     scan: SourceScan,
@@ -276,21 +279,20 @@ def _finish(
     try:
         arrays, manifest = manifest_stage(plan, scan, sel, samples)
     except BaseException as exc:
-        discard_partial(partial, out_path, exc)
+        discard_partial(partial, site, exc)
         raise
-    commit_store(partial, out_path, arrays, manifest)
-    try:
-        publish(tmp, out_path, opts.overwrite)
-    finally:
-        remove_store(journal_path(out_path))
+    commit_store(partial, site, arrays, manifest)
+    site.publish(opts.overwrite)
     try:
         result = BuildResult(
-            path=out_path,
+            path=out_path if site.is_local else site.location,  # type: ignore[arg-type]
             count=plan.count,
             skipped=manifest.skipped,
             seconds=time.perf_counter() - t0,
             input_bytes=probes.nbytes(sel.keep),
-            output_bytes=backend.open_reader(out_path).nbytes_on_disk(),
+            output_bytes=site.nbytes()
+            if isinstance(site, ObjectSite)
+            else backend.open_reader(out_path).nbytes_on_disk(),
             conversions=dict(manifest.conversions),
             plan=plan,
             resume=resume,

@@ -25,6 +25,7 @@ from ..sources.decode import DecodeError, check_header, incomplete_reason, no_he
 from ..sources.folder import FolderSource
 from ..sources.masks import MaskFolderSource
 from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
+from ..storage.location import Location, is_url
 from ..storage.spill import PART, Column
 
 
@@ -532,14 +533,21 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_given(src: Source | str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
-    """Refuse an empty source or output path, or a URL for either, before anything is made."""
+def check_given(
+    src: Source | str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    storage_options: Mapping[str, object] | Iterable[str] | None = None,
+) -> None:
+    """Refuse an empty source or output path, a URL for the source, or a URL of an unsupported
+    kind for the output (and storage options with a local one), before anything is made."""
     refuse_url(src, "the source")
-    refuse_url(out, "the output")
     if isinstance(src, (str, os.PathLike)) and not os.fspath(src):
         raise SourceNotFoundError(
             "the source path is empty; give the folder of images (use '.' for the current folder)"
         )
+    if is_url(out) or storage_options:
+        Location.parse(out, storage_options)  # an OptionError for a bad URL or options
+        return
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
 
@@ -572,7 +580,7 @@ def check_paths(source: Source, out: Path) -> None:
         )
 
 
-def check_out_suffix(out: Path, *, format: str | None, update: bool) -> None:
+def check_out_suffix(out: Path | Location, *, format: str | None, update: bool) -> None:
     """Refuse an OUT whose suffix names no format (``x.txt``): it would silently become a Zarr folder of that name.
 
     A suffix-less OUT gets the default format; ``format`` names the format whatever the suffix, and
@@ -580,11 +588,31 @@ def check_out_suffix(out: Path, *, format: str | None, update: bool) -> None:
     """
     if format is not None or update:
         return
-    suffix = os.path.splitext(os.fspath(out).rstrip("/\\"))[1].lower()
+    shown_out = str(out) if isinstance(out, Location) else os.fspath(out)
+    suffix = os.path.splitext(shown_out.rstrip("/\\"))[1].lower()
     known = {s: b.name for b in BACKENDS.values() for s in b.suffixes}
     if suffix and suffix not in known:
         shown = ", ".join(f"{s} ({name})" for s, name in sorted(known.items()))
         raise OptionError(
-            f"OUT {shown_name(os.fspath(out))!r} ends in {shown_name(suffix)!r}, which names no store format; "
+            f"OUT {shown_name(shown_out)!r} ends in {shown_name(suffix)!r}, which names no store format; "
             f"use one of the suffixes {shown}, or name the format with format=FORMAT"
         )
+
+
+#: What to do instead of a write into an existing store in an object store.
+_REMOTE_INSTEAD = "build locally and upload the store, or build into a new prefix"
+
+
+def check_remote_options(out: Location, opts: BuildOptions) -> None:
+    """Refuse what a build into an object store does not do (an OptionError saying what to do instead):
+    HDF5 (one file, written in place), ``--update``, ``--augment``."""
+    hdf5 = opts.format == "hdf5" or (opts.format is None and out.suffix in BACKENDS["hdf5"].suffixes)
+    if hdf5:
+        raise OptionError(
+            f"OUT {out}: HDF5 stores are not written to an object store (an .h5 file is written in place); "
+            "write a Zarr store there (OUT ending in .zarr), or build the .h5 locally and upload it"
+        )
+    if opts.update:
+        raise OptionError(f"--update of a store in an object store ({out}) is not supported; {_REMOTE_INSTEAD}")
+    if opts.augment:
+        raise OptionError(f"--augment into a store in an object store ({out}) is not supported; {_REMOTE_INSTEAD}")

@@ -23,9 +23,10 @@ from ..backends import ArraySpec, Backend, StoreWriter, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..sources.base import SourceScan
-from ..storage.journal import Journal, JournalState, Restart
-from ..storage.lock import journal_path, partial_path
-from ..storage.runner import block_checks_out, resume_journal, run_blocks
+from ..storage.journal import BuildJournal, JournalState, Restart
+from ..storage.location import Location
+from ..storage.runner import resume_journal, run_blocks
+from ..storage.site import BuildSite, LocalSite
 from ..storage.spill import Column
 from .columns import SampleBlock, SampleTable
 from .inputs import Probe, Selection, bad_inputs
@@ -72,6 +73,7 @@ def _resumable(writer: StoreWriter, images: ArraySpec) -> bool:
 
 
 def _verified_blocks(
+    site: BuildSite,
     writer: StoreWriter,
     images: ArraySpec,
     state: JournalState[Sample],
@@ -92,7 +94,7 @@ def _verified_blocks(
             continue
         if any((st.st_size, st.st_mtime_ns) != s.stat for st, s in zip(stats, samples, strict=True)):
             continue
-        if block_checks_out(writer, start, samples, images.name, "mask" if "mask" in writer.arrays else None):
+        if site.block_intact(writer, start, samples, images.name, "mask" if "mask" in writer.arrays else None):
             done[start] = samples
     return done
 
@@ -112,7 +114,7 @@ class Partial:
     blocks already written (first sample -> samples), and what became of a killed build's partial."""
 
     writer: StoreWriter
-    journal: Journal[Sample] | None
+    journal: BuildJournal | None
     done: dict[int, list[Sample]]
     note: str
     #: Whether the store is already complete (a killed build's committed partial): publish it as it is.
@@ -124,7 +126,7 @@ class Partial:
 
 def _continue_partial(
     backend: type[Backend],
-    out: Path,
+    site: BuildSite,
     plan: BuildPlan,
     images: ArraySpec,
     root: str,
@@ -132,26 +134,29 @@ def _continue_partial(
     no_resume: bool,
 ) -> Partial:
     """Reopen a killed build's partial store to continue it, or raise :class:`Restart` saying why not."""
-    jpath = journal_path(out)
 
     def changed(old: Mapping[str, Any]) -> str:
         fields = old.get("plan")
         return f"the plan changed ({_changed_fields(fields, plan.to_dict()) if isinstance(fields, dict) else 'fingerprint'})"
 
     header = {"fingerprint": plan.fingerprint()}
-    state = resume_journal(jpath, header, Sample.from_record, no_resume, changed)
+    state = resume_journal(
+        None, header, Sample.from_record, no_resume, changed, read=lambda _path, rebuild: site.read_journal(rebuild)
+    )
     if images.ragged:
         raise Restart("variable-size images are written as one stream")
-    writer = backend.open_writer(partial_path(out), "r+", plan.shard_bytes)
+    writer = site.open_writer(backend, "r+", plan.shard_bytes)
     try:
         writer.open()
         # Temporary files of writes the kill cut short are not part of any block.
         writer.remove_temp_files()
         n_blocks = -(-len(pairs) // max(1, int(state.header.get("block_len") or 1)))
-        if writer.arrays:  # its manifest was written: the killed build had finished the store
-            complete = _complete_partial(writer, backend, out, plan, images, state, root, pairs)
+        if writer.arrays and isinstance(
+            site, LocalSite
+        ):  # its manifest was written: the killed build had finished the store
+            complete = _complete_partial(site, writer, backend, plan, images, state, root, pairs)
             if complete is not None:
-                journal = Journal.create(jpath, state.header, complete)
+                journal = site.create_journal(state.header, complete, writer)
                 journal.mark_commit()
                 note = f"resumed: {n_blocks} of {n_blocks} blocks already written (the store was complete)"
                 return Partial(writer, journal, complete, note, committed=True)
@@ -164,7 +169,7 @@ def _continue_partial(
             writer.attach_array(masks, plan.count)
         if not _resumable(writer, images) or writer.shard_rows(images.name) != state.header.get("block_len"):
             raise Restart(f"its {backend.name} image blocks cannot be continued")
-        done = _verified_blocks(writer, images, state, root, pairs)
+        done = _verified_blocks(site, writer, images, state, root, pairs)
     except Restart:
         writer.abort()
         raise
@@ -175,15 +180,15 @@ def _continue_partial(
         writer.abort()
         raise
     # Rewritten without the lines that did not hold up, so it says exactly what the partial holds.
-    journal = Journal.create(jpath, state.header, done)
+    journal = site.create_journal(state.header, done, writer)
     n_blocks = -(-len(pairs) // writer.shard_rows(images.name))
     return Partial(writer, journal, done, f"resumed: {len(done)} of {n_blocks} blocks already written")
 
 
 def _complete_partial(
+    site: LocalSite,
     writer: StoreWriter,
     backend: type[Backend],
-    out: Path,
     plan: BuildPlan,
     images: ArraySpec,
     state: JournalState[Sample],
@@ -195,7 +200,7 @@ def _complete_partial(
     journalled block's source files are unchanged. None when it is not (it is then taken back or
     started over)."""
     try:
-        with backend.open_reader(partial_path(out)) as reader:
+        with backend.open_reader(site.partial) as reader:
             manifest = reader.manifest
             recorded = BuildPlan.from_dict(manifest.plan).fingerprint() if manifest.plan else None
             if recorded != plan.fingerprint() or set(manifest.arrays) != set(writer.arrays) or reader.verify_arrays():
@@ -207,14 +212,14 @@ def _complete_partial(
         return None
     if not _resumable(writer, spec) or writer.shard_rows(images.name) != state.header.get("block_len"):
         return None
-    done = _verified_blocks(writer, spec, state, root, pairs)
+    done = _verified_blocks(site, writer, spec, state, root, pairs)
     step = writer.shard_rows(images.name)
     return done if len(done) == -(-len(pairs) // step) else None
 
 
 def open_partial(
     backend: type[Backend],
-    out: Path,
+    site: BuildSite,
     plan: BuildPlan,
     root: str,
     pairs: Sequence[Job],
@@ -227,17 +232,16 @@ def open_partial(
     ``no_resume`` is off: its journalled blocks that still check out are kept. Otherwise it is
     removed and a new partial created, with a journal when its blocks can be continued later.
     """
-    tmp, jpath = partial_path(out), journal_path(out)
     images = image_array(plan.image, plan.compression)
     note = ""
-    if tmp.exists() or tmp.is_symlink():
+    if site.partial_exists():
         try:
-            return _continue_partial(backend, out, plan, images, root, pairs, no_resume)
+            return _continue_partial(backend, site, plan, images, root, pairs, no_resume)
         except Restart as exc:
             note = f"started over: {exc}"
-    remove_store(jpath)
-    remove_store(tmp)
-    writer = backend.open_writer(tmp, "w-", plan.shard_bytes)
+    site.remove_journal()
+    site.remove_partial()
+    writer = site.open_writer(backend, "w-", plan.shard_bytes)
     try:
         writer.open()
         writer.create_array(images, plan.count)
@@ -245,39 +249,47 @@ def open_partial(
         if masks is not None and not images.ragged:
             # In the images' block layout: a worker writes an image block and its masks as one unit.
             writer.create_array(masks, plan.count, rows=writer.shard_rows(images.name))
-        journal: Journal[Sample] | None = None
+        journal: BuildJournal | None = None
         if _resumable(writer, images):
             # Created after the image array: a journal always describes a partial that holds it.
-            journal = Journal.create(jpath, _journal_header(plan, writer.shard_rows(images.name)))
+            journal = site.create_journal(_journal_header(plan, writer.shard_rows(images.name)), {}, writer)
     except BaseException:
-        abort_store(writer, tmp)
-        remove_store(jpath)
+        abort_store(writer, site)
+        site.remove_journal()
         raise
     return Partial(writer, journal, {}, note)
 
 
-def _keep_for_resume(exc: BaseException, partial: Partial) -> bool:
+def _keep_for_resume(exc: BaseException, partial: Partial, site: BuildSite) -> bool:
     """Whether a build stopped by ``exc`` keeps its partial store to continue later: when it was
-    interrupted (Ctrl-C) and has a journal; a build that failed on its own removes it."""
-    return isinstance(exc, KeyboardInterrupt) and partial.journal is not None
+    interrupted (Ctrl-C) and has a journal; a build that failed on its own removes it, except in an
+    object store, where a failed request (a server gone, a network down) keeps it for the rerun."""
+    resumable = isinstance(exc, KeyboardInterrupt) or (not site.is_local and isinstance(exc, StoreError))
+    return resumable and partial.journal is not None
 
 
-def discard_partial(partial: Partial, out: Path, exc: BaseException | None = None) -> None:
+def as_site(out: Path | BuildSite) -> BuildSite:
+    """The build site of ``out``: a local path's (:class:`LocalSite`), or the site itself."""
+    return LocalSite(Location.parse(out), Path(out)) if isinstance(out, (str, os.PathLike)) else out
+
+
+def discard_partial(partial: Partial, out: Path | BuildSite, exc: BaseException | None = None) -> None:
     """Close the partial's writer and journal after ``exc``, and remove both unless they are kept for a resume."""
-    keep = exc is not None and _keep_for_resume(exc, partial)
+    site = as_site(out)
+    keep = exc is not None and _keep_for_resume(exc, partial, site)
     if partial.journal is not None:
         partial.journal.close()
     if keep:
         with contextlib.suppress(Exception):
             partial.writer.abort()
         return
-    abort_store(partial.writer, partial_path(out))
-    remove_store(journal_path(out))
+    abort_store(partial.writer, site)
+    site.remove_journal()
 
 
 def write_images(
     backend: type[Backend],
-    out: Path,
+    out: BuildSite,
     plan: BuildPlan,
     root: str,
     pairs: Sequence[Job],
@@ -306,7 +318,8 @@ def write_images(
         already = sum(len(v) for v in partial.done.values())
         pool = _parallel.LocalPool(opts.n_jobs)
         digest = _InOrderDigest(images.dtype)
-        digest.on = in_workers and not partial.done
+        # A writer that hashes each shard where it writes it (an object store) is never read back.
+        digest.on = in_workers and not partial.done and not writer.shard_digests
         counts = _PixelCounts()
         counts.on = fixed and not partial.done
         state = _Landing(writer, plan, images.name, table, errors, digest, counts)
@@ -349,10 +362,11 @@ def write_images(
 
 def _write_block_packed(
     writer: StoreWriter, root: str, plan: BuildPlan, start: int, pairs: Sequence[Job], ticks: Ticks | None = None
-) -> tuple[SampleBlock, np.ndarray | None]:
-    """:func:`write_block_worker` in a worker, its results sent back as columns (a :class:`SampleBlock`)."""
+) -> tuple[SampleBlock, np.ndarray | None, Any]:
+    """:func:`write_block_worker` in a worker, its results sent back as columns (a :class:`SampleBlock`),
+    with what its copy of the writer reports it wrote (:meth:`~dlpack.backends.StoreWriter.take_landed`)."""
     results, counts = write_block_worker(writer, root, plan, start, pairs, ticks)
-    return SampleBlock(results), counts
+    return SampleBlock(results), counts, writer.take_landed()
 
 
 class _InOrderDigest:
@@ -433,9 +447,10 @@ class _Landing:
         self.appended = 0  # ragged images: one stream, in block order
         self.failed = False
 
-    def packed(self, s: int, landed: tuple[SampleBlock, np.ndarray | None]) -> tuple[list[Sample] | None, int]:
+    def packed(self, s: int, landed: tuple[SampleBlock, np.ndarray | None, Any]) -> tuple[list[Sample] | None, int]:
         """A block a worker wrote itself (:func:`_write_block_packed`)."""
-        packed, written = landed
+        packed, written, shards = landed
+        self.writer.note_landed(shards)
         self.counts.add(written)
         bad = bool(packed.failed)
         self.failed = self.failed or bad
@@ -496,7 +511,9 @@ RAGGED_PART = 65536
 METADATA_SHARD_BYTES = 4 << 20
 
 
-def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest) -> None:
+def commit_store(
+    partial: Partial, out: Path | BuildSite, arrays: dict[str, tuple[ArraySpec, Any]], manifest: Manifest
+) -> None:
     """Write the per-sample arrays, then the manifest: the partial store is complete after this."""
     writer = partial.writer
     if partial.committed:
@@ -505,6 +522,7 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
         writer.abort()
         return
     try:
+        as_site(out).before_commit()
         if partial.journal is not None:
             partial.journal.mark_commit()
         for spec, values in arrays.values():
@@ -531,16 +549,19 @@ def commit_store(partial: Partial, out: Path, arrays: dict[str, tuple[ArraySpec,
         partial.journal.close()
 
 
-def abort_store(writer: StoreWriter, tmp: Path) -> None:
-    """Close the writer after a failure and remove its partial store."""
+def abort_store(writer: StoreWriter, tmp: Path | BuildSite) -> None:
+    """Close the writer after a failure and remove its partial store (``tmp``, or a site's)."""
     with contextlib.suppress(Exception):
         writer.abort()
-    remove_store(tmp)
+    if isinstance(tmp, (str, os.PathLike)):
+        remove_store(tmp)
+    else:
+        tmp.remove_partial()
 
 
 def pack_stage(
     backend: type[Backend],
-    out: Path,
+    out: BuildSite,
     root: Path,
     scan: SourceScan,
     probes: Sequence[Probe],

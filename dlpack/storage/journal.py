@@ -21,6 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from .._files import NotRegularFileError, fsync_dir, open_regular, read_regular, writing
 
 __all__ = [
+    "BuildJournal",
     "JOURNAL_KEY",
     "JOURNAL_VERSION",
     "Journal",
@@ -45,6 +46,24 @@ class Record(Protocol):
 
 
 R = TypeVar("R", bound=Record)
+
+
+class BuildJournal(Protocol):
+    """A journal open for appending: :class:`Journal` (a file), or a site's own (objects in an object store)."""
+
+    blocks: int
+
+    def append_block(self, start: int, records: Sequence[Any]) -> None:
+        """Record that the block at ``start`` is written, with its records."""
+        ...
+
+    def mark_commit(self) -> None:
+        """Record that the commit began."""
+        ...
+
+    def close(self) -> None:
+        """Close it."""
+        ...
 
 
 class Restart(Exception):

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..backends import StoreWriter
 from ..errors import StoreError
-from .journal import Journal, JournalState, Record, Restart, read_journal
+from .journal import BuildJournal, JournalState, Record, Restart, read_journal
 
 __all__ = ["Call", "Checked", "Pool", "Progress", "block_checks_out", "resume_journal", "run_blocks"]
 
@@ -72,7 +72,7 @@ def run_blocks(
     work: Callable[[B, Any], Call],
     land: Callable[[B, Any], tuple[Sequence[Any] | None, int]],
     *,
-    journal: Journal[Any] | None = None,
+    journal: BuildJournal | None = None,
     unit: Callable[[B], int] | None = None,
     progress: tuple[int, str, bool, int | None] = (0, "", True, None),
     behind: bool = False,
@@ -137,17 +137,19 @@ def run_blocks(
 
 
 def resume_journal(
-    path: Path,
+    path: Path | None,
     header: dict[str, Any],
     from_record: Callable[[Sequence[Any]], R],
     no_resume: bool,
     changed: Callable[[dict[str, Any]], str],
+    read: Callable[[Any, Callable[[Sequence[Any]], R]], JournalState[R]] = read_journal,
 ) -> JournalState[R]:
-    """The state of the journal at ``path`` when it records this very run (``header``'s fingerprint),
-    else :class:`Restart` saying why not (``changed(old header)`` when the fingerprint differs)."""
+    """The state of the journal at ``path`` (read by ``read``: a site's journal need not be a file)
+    when it records this very run (``header``'s fingerprint), else :class:`Restart` saying why not
+    (``changed(old header)`` when the fingerprint differs)."""
     if no_resume:
         raise Restart("--no-resume")
-    state = read_journal(path, from_record)
+    state = read(path, from_record)
     if state.header.get("fingerprint") != header.get("fingerprint"):
         raise Restart(changed(state.header))
     return state
