@@ -312,10 +312,56 @@ def _check_json_file(
     check_outputs([("--json-file", a.json_file), *outputs], reads, made_folders=[what for what, _ in outputs])
 
 
+#: The help of ``--storage-option`` on the commands that read a store.
+_STORAGE_OPTION_HELP = (
+    "for an s3:// store: KEY=VALUE of the object-store client (endpoint_url, region, access_key_id, "
+    "secret_access_key, profile, anonymous, ...); overrides the AWS environment and files; repeatable"
+)
+
+
+def _add_storage_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage-option",
+        dest="storage_option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=_STORAGE_OPTION_HELP,
+    )
+
+
+def _with_storage(
+    command: str, fn: Any, store: str | list[str], a: argparse.Namespace, *args: Any, **kwargs: Any
+) -> Any:
+    """``fn(store, *args, **kwargs)``, with ``storage_options=`` when ``--storage-option`` was given
+    (checked first: unknown keys, or options with a local path, are refused before any work)."""
+    import inspect
+
+    from .storage.location import Location, is_url
+
+    given = list(getattr(a, "storage_option", None) or [])
+    if not given:
+        return fn(store, *args, **kwargs)
+    places = store if isinstance(store, list) else [store]
+    urls = [p for p in places if is_url(p)] or places[:1]  # no URL at all: the local path refuses the options
+    for where in urls:
+        Location.parse(where, given)
+    if "storage_options" not in inspect.signature(fn).parameters:
+        raise OptionError(
+            f"dlpack {command} reads local stores only in this version, so --storage-option does not apply; "
+            "copy the store to local disk first"
+        )
+    return fn(store, *args, storage_options=given, **kwargs)
+
+
 def _jsonable(x: Any) -> Any:
-    """Paths as strings, tuples as lists, NaN and infinity (not JSON) as null."""
+    """Paths as strings, tuples as lists, NaN and infinity (not JSON) as null; a URL as its text."""
+    from .storage.location import is_url
+
     if isinstance(x, float):
         return x if math.isfinite(x) else None
+    if is_url(x):
+        return str(x)
     if isinstance(x, os.PathLike):
         return os.fspath(x)
     if isinstance(x, dict):
@@ -349,7 +395,7 @@ def _add_build(sub: Any) -> None:
 
     p = sub.add_parser("build", help="pack a folder of images into one store", epilog=BUILD_EXIT_CODES)
     p.add_argument("src", help="source folder (class sub-folders become labels)")
-    p.add_argument("out", help="output store: DIR.zarr (default) or FILE.h5")
+    p.add_argument("out", help="output store: DIR.zarr (default), FILE.h5, or s3://BUCKET/PREFIX.zarr")
     # --size and --max-side exclude each other: BuildOptions refuses both with a message naming them.
     add_option_arguments(p, BuildOptions)
     _add_json_flags(p, "what was packed (the store, counts, bytes, seconds, skipped inputs)")
@@ -401,6 +447,7 @@ def _add_augment(sub: Any) -> None:
         add_flags=lambda p: add_option_arguments(p, AugmentOptions),
     )
     p.add_argument("store", help="a fixed-size dlpack store (DIR.zarr, FILE.h5)")
+    _add_storage_option(p)
     _add_json_flags(p, "what was computed (the store, K, variants, seconds, variants/s, resume note)")
     p.set_defaults(run=_run_augment)
 
@@ -414,7 +461,7 @@ def _run_augment(a: argparse.Namespace) -> int:
     opts = options_from_args(AugmentOptions, a)
     _check_json_file(a, ("the store", a.store))
     try:
-        result = augment(a.store, options=opts)
+        result = _with_storage("augment", augment, a.store, a, options=opts)
     except StoreExistsError as exc:
         raise StoreExistsError(str(exc).replace("replace=True", "--replace")) from exc
     if a.json or a.json_file is not None:
@@ -428,6 +475,7 @@ def _run_augment(a: argparse.Namespace) -> int:
 def _add_info(sub: Any) -> None:
     p = sub.add_parser("info", help="describe a store", epilog=EXIT_CODES)
     p.add_argument("store")
+    _add_storage_option(p)
     _add_json_flags(p, "the store's facts")
     p.set_defaults(run=_run_info)
 
@@ -438,7 +486,7 @@ def _run_info(a: argparse.Namespace) -> int:
     from .read import dataset
 
     _check_json_file(a, ("the store", a.store))
-    opened = dataset.open(a.store)
+    opened = _with_storage("info", dataset.open, a.store, a)
     if not isinstance(opened, dataset.Dataset):
         opened.close()
         raise OptionError(
@@ -545,6 +593,7 @@ def _add_bench(sub: Any) -> None:
     p.add_argument(
         "targets", nargs="+", metavar="TARGET", help="a dlpack store (DIR.zarr, FILE.h5) or a folder of images"
     )
+    _add_storage_option(p)
     _add_json_flags(p, "every figure, the machine and the options")
     p.add_argument("--plot", metavar="FILE.png", help="write a bar chart (needs the [plot] extra)")
     p.set_defaults(run=_run_bench)
@@ -561,7 +610,7 @@ def _run_bench(a: argparse.Namespace) -> int:
                 "write a file with --json-file FILE"
             )
     check_outputs(a.json_file, a.plot, a.targets)
-    report = run_bench(a.targets, opts)
+    report = _with_storage("bench", run_bench, a.targets, a, opts)
     if a.json or a.json_file is not None:
         _emit_json(a, report.to_json())
     if not a.json:
@@ -574,6 +623,7 @@ def _run_bench(a: argparse.Namespace) -> int:
 def _add_verify(sub: Any) -> None:
     p = sub.add_parser("verify", help="check every image of a store against its checksum", epilog=VERIFY_EXIT_CODES)
     p.add_argument("store")
+    _add_storage_option(p)
     _add_json_flags(p, "the result (count, ok, mismatched images, damaged arrays), also for a damaged store")
     p.set_defaults(run=_run_verify)
 
@@ -583,7 +633,7 @@ def _run_verify(a: argparse.Namespace) -> int:
     from .read.dataset import verify_store
 
     _check_json_file(a, ("the store", a.store))
-    report = verify_store(a.store)
+    report = _with_storage("verify", verify_store, a.store, a)
     if a.json or a.json_file is not None:
         # One document whatever was found, so a script tells "damaged" (ok false, exit 4) from a crash.
         doc = {
@@ -637,6 +687,7 @@ def _add_export(sub: Any) -> None:
         epilog=EXIT_CODES,
     )
     p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
+    _add_storage_option(p)
     p.add_argument("out", help="the export folder: new or empty (or a previous export, with --overwrite)")
     add_option_arguments(p, ExportOptions)
     _add_json_flags(p, "what was exported (folder, format, task, counts, notes)")
@@ -648,7 +699,16 @@ def _run_export(a: argparse.Namespace) -> int:
 
     _check_json_file(a, ("the store", a.store), ("OUT", a.out))
     opts = options_from_args(ExportOptions, a)
-    result = export(a.store, opts.to or "", a.out, overwrite=opts.overwrite, include_variants=opts.include_variants)
+    result = _with_storage(
+        "export",
+        export,
+        a.store,
+        a,
+        opts.to or "",
+        a.out,
+        overwrite=opts.overwrite,
+        include_variants=opts.include_variants,
+    )
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
     for note in result.notes:
@@ -665,6 +725,7 @@ def _add_preview(sub: Any) -> None:
         epilog=EXIT_CODES,
     )
     p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
+    _add_storage_option(p)
     p.add_argument("out", metavar="OUT.png", help="the PNG to write (replaced if it exists)")
     add_option_arguments(p, PreviewOptions)
     _add_json_flags(p, "what was drawn (the PNG, the store, the sample indices, variants per row)")
@@ -676,7 +737,7 @@ def _run_preview(a: argparse.Namespace) -> int:
 
     _check_json_file(a, ("the store", a.store), outputs=[("OUT", a.out)])
     opts = options_from_args(PreviewOptions, a)
-    result = preview(a.store, a.out, **dataclasses.asdict(opts))
+    result = _with_storage("preview", preview, a.store, a, a.out, **dataclasses.asdict(opts))
     if a.json or a.json_file is not None:
         _emit_json(a, dataclasses.asdict(result))
     if not a.json:
@@ -698,6 +759,7 @@ def _add_tune(sub: Any) -> None:
         epilog=TUNE_EXIT_CODES,
     )
     p.add_argument("store", help="a dlpack store (DIR.zarr, FILE.h5)")
+    _add_storage_option(p)
     add_option_arguments(p, TuneOptions)
     _add_json_flags(p, "the whole result (recommended options, predicted busy, every cell, trials, machine)")
     p.set_defaults(run=_run_tune)
@@ -708,7 +770,7 @@ def _run_tune(a: argparse.Namespace) -> int:
 
     opts = options_from_args(TuneOptions, a)
     _check_json_file(a, ("the store", a.store), ("--source", None if opts.source is None else os.fspath(opts.source)))
-    result = tune(a.store, options=opts, progress=lambda text: _say(text, err=True))
+    result = _with_storage("tune", tune, a.store, a, options=opts, progress=lambda text: _say(text, err=True))
     if a.json or a.json_file is not None:
         _emit_json(a, result.to_dict())
     if not a.json:

@@ -30,7 +30,7 @@ from ..errors import StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan
 from ..storage.location import Location
-from ..storage.publish import PublishedInterrupt
+from ..storage.publish import PublishedInterrupt, check_replaceable
 from ..storage.site import BuildSite, ObjectSite, site_for
 from ..storage.spill import give_back_freed
 from .arrays import manifest_stage
@@ -199,7 +199,10 @@ def build(
         finishing = False
         if site.exists():
             if opts.overwrite:
-                site.check_replaceable()
+                if site.is_local:
+                    check_replaceable(out_path)
+                else:
+                    site.check_replaceable()
                 published = None
             elif published is None:
                 if not (opts.augment and not out_path.is_symlink() and owned_store(out_path) is backend):

@@ -1,5 +1,6 @@
 """A URL is never a local path: every command and call that reads or writes a store, a source or an
-output refuses ``scheme://...`` (exit 2, naming it), and nothing named ``s3:`` is ever made."""
+output refuses ``scheme://...`` (exit 2, naming it), and nothing named ``s3:`` is ever made. (A build
+into ``s3://`` is tested in tests/storage/test_object_build.py.)"""
 
 from __future__ import annotations
 
@@ -32,8 +33,6 @@ def here(make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.parametrize(
     ("args", "what"),
     [
-        (["build", "{src}", URL, "--size", "16x16"], "the output"),
-        (["build", "{src}", "s3://bucket/raw.dldataset", "--format", "dldataset", "--size", "16x16"], "the output"),
         (["build", "s3://bucket/raw/", "o.zarr", "--size", "16x16"], "the source"),
         (["build", "{src}", "s.zarr", "--update", "--size", "16x16", "--labels", "auto"], None),
         (["info", URL], "the store"),
@@ -66,7 +65,6 @@ def test_a_url_is_refused_by_every_command_and_makes_no_folder(
 
 def test_a_url_is_refused_by_the_library(here: Path, tmp_path: Path) -> None:
     calls: list[Callable[[], object]] = [
-        lambda: dlpack.build(here, URL, size=(16, 16), quiet=True),
         lambda: dlpack.build(URL, "o.zarr", size=(16, 16), quiet=True),
         lambda: dlpack.open(URL),
         lambda: dlpack.add_array(URL, "w", np.zeros(6, np.float32)),
