@@ -284,7 +284,7 @@ def _finish(
     except BaseException as exc:
         discard_partial(partial, site, exc)
         raise
-    commit_store(partial, site, arrays, manifest)
+    commit_store(partial, out_path if site.is_local else site, arrays, manifest)
     site.publish(opts.overwrite)
     try:
         result = BuildResult(

@@ -61,6 +61,8 @@ UPDATE_OPTIONS: dict[str, str] = {
     "force_jobs": "applied",
     "on_error": "applied",
     "quiet": "applied",
+    # An update of a store in an object store is refused before it starts (pack.inputs.check_remote_options).
+    "storage_options": "applied",
     "no_resume": "applied",
     "update": "applied",
     "compact": "applied",
