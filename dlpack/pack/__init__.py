@@ -288,7 +288,7 @@ def _finish(
     site.publish(opts.overwrite)
     try:
         result = BuildResult(
-            path=out_path if site.is_local else site.location,  # type: ignore[arg-type]
+            path=out_path if site.is_local else str(site.location),
             count=plan.count,
             skipped=manifest.skipped,
             seconds=time.perf_counter() - t0,

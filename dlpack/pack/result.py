@@ -29,7 +29,8 @@ class BuildResult:
     """What a build did: where the store is, how many images it holds, what was skipped, how fast,
     its classes and how many samples each split holds."""
 
-    path: Path
+    #: The store: a local path, or the URL of a store in an object store (without its storage options).
+    path: Path | str
     count: int
     skipped: tuple[InputFileError, ...]
     seconds: float
