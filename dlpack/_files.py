@@ -195,8 +195,9 @@ def writing(path: str | os.PathLike[str]) -> Iterator[None]:
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
-def refuse_url(path: object, what: str) -> None:
-    """Refuse a URL where a local path is read or written, before anything is made.
+def refuse_url(path: object, what: str, instead: str | None = None) -> None:
+    """Refuse a URL where a local path is read or written, before anything is made (``instead``:
+    what to do instead, when the caller knows better than the general advice).
 
     ``s3://bucket/x.zarr`` as a path is a folder ``s3:`` in the current one: writing there would
     say "done" and leave the bucket empty, and reading it would open that folder.
@@ -205,6 +206,10 @@ def refuse_url(path: object, what: str) -> None:
         text = os.fspath(path)
         if isinstance(text, str) and _URL.match(text):
             raise OptionError(
-                f"{what} {text!r} is a URL: this version of dlpack reads and writes local paths only; give a "
-                "local path (a bucket mounted as a folder works), or copy the store to local disk first"
+                f"{what} {text!r} is a URL: "
+                + (
+                    instead
+                    or "this version of dlpack reads and writes local paths only; give a local path (a bucket "
+                    "mounted as a folder works), or copy the store to local disk first"
+                )
             )

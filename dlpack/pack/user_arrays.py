@@ -89,7 +89,12 @@ def add_array(
     ArraySpec
         What was stored.
     """
-    refuse_url(path, "the store")
+    refuse_url(
+        path,
+        "the store",
+        "add_array writes into a store on a local path; add the array to a local build and upload the store, "
+        "or build into a new prefix",
+    )
     from ..storage.lock import BuildLock
 
     out = Path(path)

@@ -76,7 +76,12 @@ def augment(
     StoreLockedError
         A build, update, ``add_array`` or another ``augment`` holds the store's lock.
     """
-    refuse_url(store, "the store")
+    refuse_url(
+        store,
+        "the store",
+        "augment writes its variants into a store on a local path; build locally (with --augment) and upload "
+        "the store, or build into a new prefix",
+    )
     from .run import augment_store
 
     given = {name: v for name, v in (("k", k), ("config", config)) if v is not None}

@@ -355,3 +355,17 @@ def test_storage_options_with_a_local_store_are_refused(src: Path, tmp_path: Pat
     with pytest.raises(OptionError, match="object-store URLs"):
         _build(src, str(tmp_path / "o.zarr"), storage_options={"region": "eu-west-1"})
     assert main(["info", str(tmp_path / "o.zarr"), "--storage-option", "region=x"]) == 2
+
+
+def test_augment_and_add_array_into_s3_are_refused_saying_what_to_do(
+    s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = s3.url("x.zarr")
+    with pytest.raises(OptionError, match="build locally .*or build into a new prefix"):
+        dlpack.augment(url, 2, "c.json")
+    with pytest.raises(OptionError, match="add the array to a local build and upload the store"):
+        dlpack.add_array(url, "w", np.zeros(6, np.float32))
+    (tmp_path / "c.json").write_text(json.dumps({"mirror": "c"}), encoding="utf-8")
+    assert main(["augment", url, "--augment", "2", "--augment-config", str(tmp_path / "c.json")]) == 2
+    assert "build into a new prefix" in capsys.readouterr().err
+    assert _keys(url) == []
