@@ -25,7 +25,18 @@ from .._files import NotRegularFileError, file_kind, irregular_entries, open_reg
 from ..errors import IncompleteStoreError, StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import ArraySpec, Manifest, sha256_hex
 from ._shard import ShardedArray, crc32c
-from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, ArrayAccess, ArrayChange, Backend, Mode, changed_error, check_mode
+from .base import (
+    DEFAULT_SHARD_BYTES,
+    DIGEST_ATTR,
+    ArrayAccess,
+    ArrayChange,
+    Backend,
+    Mode,
+    changed_error,
+    check_mode,
+    is_remote,
+    remote_opener,
+)
 from .reader import StoreReader
 from .writer import StoreWriter
 
@@ -829,6 +840,11 @@ class ZarrBackend(Backend):
 
     @classmethod
     def open_writer(cls, path: Path, mode: Mode = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
+        """A writer of the Zarr store ``path``: a local folder, or an object-store URL or Location
+        (:class:`~dlpack.backends._object_zarr.ObjectZarrWriter`, through the storage layer)."""
+        if is_remote(path):
+            writer: StoreWriter = remote_opener("writer", path)(path, mode, shard_bytes)
+            return writer
         return ZarrWriter(path, mode, shard_bytes)
 
     # A change of the arrays: the next generation is prepared beside the store (every data file a

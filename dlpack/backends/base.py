@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -47,6 +48,35 @@ _SMALL_SAMPLE = 4096
 #: Attribute of every stored array's metadata (Zarr ``zarr.json`` attributes, HDF5 dataset
 #: attribute): the SHA-256 of its bytes once committed, "" while it is being written.
 DIGEST_ATTR = "dlpack_sha256"
+
+
+#: How a store in an object store is opened, by kind ("writer": ``(where, mode, shard_bytes)``;
+#: "reader": ``(where, mode)``): installed by :mod:`dlpack.storage`, which sits above the backends
+#: and owns the object-store client (:func:`register_remote`).
+_REMOTE: dict[str, Any] = {}
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def register_remote(kind: str, opener: Any) -> None:
+    """Install how stores in an object store are opened (``kind``: "writer" or "reader")."""
+    _REMOTE[kind] = opener
+
+
+def is_remote(where: object) -> bool:
+    """Whether ``where`` names a store in an object store (an ``s3://`` URL, or such a Location)."""
+    if hasattr(where, "is_local"):
+        return not where.is_local
+    return isinstance(where, str) and _URL.match(where) is not None
+
+
+def remote_opener(kind: str, where: object) -> Any:
+    """The installed opener of ``kind`` for the object-store ``where`` (a StoreError when none is)."""
+    opener = _REMOTE.get(kind)
+    if opener is None:
+        raise StoreError(f"{where}: no {kind} of stores in an object store is installed; import dlpack first")
+    return opener
+
+
 #: Rows hashed per read when checksumming a whole array (bounded memory).
 _HASH_BYTES = 32 * 2**20
 

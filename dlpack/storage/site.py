@@ -24,6 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..backends import Backend, StoreWriter, remove_store
 from ..backends._object_zarr import GROUP_META, MANIFEST, ObjectZarrWriter, ShardInfo, dlpack_marker
+from ..backends.base import DEFAULT_SHARD_BYTES, register_remote
 from ..errors import OptionError, StoreError, StoreExistsError
 from .journal import JOURNAL_KEY, JOURNAL_VERSION, BuildJournal, Journal, JournalState, Record, Restart, read_journal
 from .lease import LEASE_KEY, Lease
@@ -378,6 +379,15 @@ class ObjectSite:
     def nbytes(self) -> int:
         """Bytes of the store's objects (without the lease and journal)."""
         return sum(o.size for o in self.storage.list() if o.key != LEASE_KEY and not o.key.startswith(JOURNAL_PREFIX))
+
+
+def open_object_writer(where: Location | str, mode: str = "w-", shard_bytes: int = DEFAULT_SHARD_BYTES) -> StoreWriter:
+    """A writer of the Zarr store at the object-store ``where`` (a URL, or a Location with its options);
+    what ``ZarrBackend.open_writer`` of a URL opens."""
+    return ObjectZarrWriter(ObjectStorage(Location.parse(where)), mode, shard_bytes)  # type: ignore[arg-type]
+
+
+register_remote("writer", open_object_writer)
 
 
 def site_for(location: Location, path: Path | None = None) -> BuildSite:
