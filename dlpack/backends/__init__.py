@@ -14,7 +14,7 @@ from .._files import file_kind
 from ..errors import OptionError, StoreError, StoreNotFoundError
 from ._hdf5 import Hdf5Backend
 from ._zarr import ZarrBackend
-from .base import DEFAULT_SHARD_BYTES, ArraySpec, Backend, Mode
+from .base import DEFAULT_SHARD_BYTES, ArraySpec, Backend, Mode, is_remote, remote_opener
 from .reader import StoreReader
 from .writer import StoreWriter
 
@@ -84,7 +84,9 @@ def backend_for_path(path: str | os.PathLike[str], format: str | None = None, *,
 
 
 def detect_backend(path: str | os.PathLike[str]) -> type[Backend]:
-    """The backend whose store is at ``path``."""
+    """The backend whose store is at ``path`` (a store in an object store is a Zarr store)."""
+    if is_remote(path):
+        return ZarrBackend
     p = Path(path)
     if not p.exists():
         raise StoreNotFoundError(f"no store at {os.fspath(path)!r}")
@@ -100,6 +102,8 @@ def detect_backend(path: str | os.PathLike[str]) -> type[Backend]:
 
 def owned_store(path: str | os.PathLike[str]) -> type[Backend] | None:
     """The backend whose dlpack marker ``path`` carries (a complete or partial dlpack store), else None."""
+    if is_remote(path):
+        return ZarrBackend if remote_opener("owned", path)(path) else None
     p = Path(path)
     for backend in BACKENDS.values():
         if backend.is_own(p):
@@ -114,7 +118,7 @@ def open_reader(path: str | os.PathLike[str], mode: Mode = "r", *, check_labels:
     mislabelled store) instead of refusing it, so that it can be repaired.
     """
     backend = get_backend(detect_backend(path).name, random_access=True)
-    reader = backend.open_reader(Path(path), mode)
+    reader = backend.open_reader(path if is_remote(path) else Path(path), mode)  # type: ignore[arg-type]
     reader.check_labels = check_labels
     return reader
 
@@ -132,6 +136,10 @@ def open_writer(
     missing); ``w-`` creates a new one. The backend of an existing store is detected; a new one
     takes ``format`` or the one owning the path's suffix.
     """
+    if is_remote(path):
+        remote = ZarrBackend.open_writer(path, mode, shard_bytes)  # type: ignore[arg-type]
+        remote.open()
+        return remote
     p = Path(path)
     if mode != "w-" and (p.exists() or p.is_symlink()):
         backend = get_backend(detect_backend(p).name, write=True)

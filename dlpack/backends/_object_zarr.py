@@ -18,12 +18,14 @@ this package needs no object-store client of its own.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from .. import schema
 from ..errors import StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import ArraySpec, Manifest, sha256_hex
 from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, Mode, rows_sha256, shard_digest
@@ -36,6 +38,11 @@ __all__ = ["GROUP_META", "MANIFEST", "ObjectZarrWriter", "ShardInfo", "dlpack_ma
 
 MANIFEST = "manifest.json"
 GROUP_META = "zarr.json"
+#: What a build keeps in a store's prefix beside the store (its lease, its journal): never someone else's.
+_OWN_PREFIX = ".dlpack-"
+#: Arrays whose digest is always taken shard by shard (a build's workers write their shards), so a
+#: store's bytes do not depend on how many processes wrote it.
+_BY_SHARD = (*schema.PIXEL_ARRAYS, schema.MASK)
 
 
 @dataclass(frozen=True)
@@ -132,18 +139,30 @@ class ObjectZarrWriter(StoreWriter):
         self._landed: dict[str, dict[int, ShardInfo]] = {}
         #: The listing of a reopened partial store: key -> (size, etag).
         self.listed: dict[str, tuple[int, str]] = {}
+        self._reset_handles()
+
+    def _reset_handles(self) -> None:
+        #: Per stored array: the next shard in order and the SHA-256 of the rows written in order so far.
+        self._h_running: dict[str, tuple[int, Any]] = {}
 
     # ------------------------------------------------------------------ store
 
     def open(self) -> None:
         """Create the group (its marker first) or reopen a partial store of ours."""
         group = self.storage.head(GROUP_META)
-        if self.mode == "w-" or (self.mode == "a" and group is None):
-            if group is not None:
+        # Objects there without the group: someone else's (a file named like the store, or a prefix of objects).
+        foreign = group is None and (
+            self.storage.head("") is not None
+            or any(not o.key.startswith(_OWN_PREFIX) for o in self.storage.list())
+        )
+        if self.mode == "w-" or (self.mode == "a" and group is None and not foreign):
+            if group is not None or foreign:
                 raise StoreExistsError(f"{self.path} already exists")
             self.storage.put(GROUP_META, _new_group_meta())
             return
         if group is None:
+            if foreign:
+                raise StoreError(f"{self.path} is not a dlpack store; dlpack writes only into its own stores")
             raise StoreNotFoundError(f"no store at {self.path} to open with mode {self.mode!r}")
         if dlpack_marker(self.storage.get(GROUP_META)) is None:
             raise StoreError(f"{self.path} is not a dlpack store; dlpack writes only into its own stores")
@@ -238,6 +257,13 @@ class ObjectZarrWriter(StoreWriter):
             data = _encoded_shard(lay, s, rows)
         info = self.storage.put(self._shard_key(name, lay, s), data)
         got = ShardInfo(info.size, info.etag, rows_sha256(rows, lay.dtype).hex())
+        nxt, h = self._h_running.get(name, (0, hashlib.sha256()))
+        if s == nxt:  # in order from the first shard: the whole-array digest a local store records
+            block = np.ascontiguousarray(rows, dtype=np.dtype(lay.dtype).newbyteorder("<"))
+            h.update(block.data.cast("B") if block.size else b"")
+            self._h_running[name] = (nxt + 1, h)
+        else:
+            self._h_running[name] = (-1, h)
         self._landed.setdefault(name, {})[s] = got
         self.shards.setdefault(name, {})[s] = got
 
@@ -284,6 +310,39 @@ class ObjectZarrWriter(StoreWriter):
         self._layout.pop(name, None)
         self.shards.pop(name, None)
 
+    def _rename_stored(self, old: str, new: str) -> None:
+        """Copy every object of stored array ``old`` to ``new`` (an object store has no rename), then
+        delete the old ones."""
+        keys = [o.key for o in self.storage.list(old + "/")]
+        if next(iter(self.storage.list(new + "/")), None) is not None:
+            raise StoreError(f"{self.path}/{new} already exists; dlpack does not replace what it did not write")
+        for key in keys:
+            self.storage.put(new + key[len(old) :], self.storage.get(key))
+        self.storage.delete(keys)
+        if old in self._layout:
+            self._layout[new] = self._layout.pop(old)
+        if old in self.shards:
+            self.shards[new] = self.shards.pop(old)
+
+    def clear_debris(self) -> list[str]:
+        """Delete the arrays a killed writer began that no manifest lists (their ``zarr.json`` still
+        says "being written"); returns their names."""
+        listed = {n for spec in self.arrays.values() for n in spec.stored_names()}
+        tops = sorted({o.key.split("/", 1)[0] for o in self.storage.list() if "/" in o.key})
+        found = []
+        for name in tops:
+            if name in listed or name.startswith("."):
+                continue
+            try:
+                meta = json.loads(self.storage.get(f"{name}/zarr.json"))
+            except (StoreNotFoundError, ValueError):
+                continue
+            if meta.get("attributes", {}).get(DIGEST_ATTR) == "":
+                self.storage.delete([o.key for o in self.storage.list(name + "/")])
+                self._layout.pop(name, None)
+                found.append(name)
+        return found
+
     def _set_digest(self, name: str, digest: str) -> None:
         lay = self._layout_of(name)
         lay.meta.setdefault("attributes", {})[DIGEST_ATTR] = digest
@@ -299,11 +358,21 @@ class ObjectZarrWriter(StoreWriter):
         for name in sorted(self._touched):
             lay = self._layout_of(name)
             n = -(-lay.rows // lay.shard_rows)
+            nxt, h = self._h_running.get(name, (0, hashlib.sha256()))
+            if nxt == n and name not in _BY_SHARD:
+                # Written whole, in order, by this process: the digest a local store of it records.
+                self._written_digests[name] = h.hexdigest()
+                continue
             got = self.shards.get(name, {})
-            if any(s not in got for s in range(n)):
-                missing = next(s for s in range(n) if s not in got)
-                raise StoreError(f"shard {missing} of array {name!r} of {self.path} was never written")
-            self._written_digests[name] = shard_digest([bytes.fromhex(got[s].sha256) for s in range(n)])
+            per = lay.shard_rows
+            # A shard written by a copy of this writer that did not report it (take_landed) is read back.
+            hashes = [
+                bytes.fromhex(got[s].sha256)
+                if s in got
+                else rows_sha256(self._read_stored(name, s * per, min(lay.rows, (s + 1) * per)), lay.dtype)
+                for s in range(n)
+            ]
+            self._written_digests[name] = shard_digest(hashes)
         super().commit(manifest)
 
     def _write_manifest(self, manifest: Manifest) -> None:

@@ -835,7 +835,12 @@ class ZarrBackend(Backend):
 
     @classmethod
     def open_reader(cls, path: Path, mode: Mode = "r") -> StoreReader:
+        """A reader of the Zarr store ``path``: a local folder, or an object-store URL or Location
+        (the storage layer's reader)."""
         check_mode(mode, ("r",))
+        if is_remote(path):
+            reader: StoreReader = remote_opener("reader", path)(path, mode)
+            return reader
         return ZarrReader(path, mode)
 
     @classmethod

@@ -73,7 +73,7 @@ def remote_opener(kind: str, where: object) -> Any:
     """The installed opener of ``kind`` for the object-store ``where`` (a StoreError when none is)."""
     opener = _REMOTE.get(kind)
     if opener is None:
-        raise StoreError(f"{where}: no {kind} of stores in an object store is installed; import dlpack first")
+        raise StoreError(f"{where}: no {kind} of stores in an object store is installed; import dlpack.storage first")
     return opener
 
 

@@ -7,3 +7,8 @@ and augment fan their blocks out through (:mod:`.runner`).
 The build (``dlpack.pack``), the augmentation cache (``dlpack.variants``), ``add_array`` and the
 exports all stand on this one copy.
 """
+
+# The openers of stores in an object store (the writer of .site, the reader of .remote) are
+# installed into the backends' registry (dlpack.backends.base.register_remote) when this package is
+# first imported: the backends sit below the storage layer and import none of it.
+from . import site as _site  # noqa: E402, F401

@@ -387,7 +387,14 @@ def open_object_writer(where: Location | str, mode: str = "w-", shard_bytes: int
     return ObjectZarrWriter(ObjectStorage(Location.parse(where)), mode, shard_bytes)  # type: ignore[arg-type]
 
 
+def holds_dlpack_marker(where: Location | str) -> bool:
+    """Whether the object-store prefix ``where`` holds a group ``zarr.json`` with dlpack's marker."""
+    storage = ObjectStorage(Location.parse(where))
+    return storage.head(GROUP_META) is not None and dlpack_marker(storage.get(GROUP_META)) is not None
+
+
 register_remote("writer", open_object_writer)
+register_remote("owned", holds_dlpack_marker)
 
 
 def site_for(location: Location, path: Path | None = None) -> BuildSite:
