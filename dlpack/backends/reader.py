@@ -24,6 +24,7 @@ from .base import (
     changed_error,
     check_mode,
     checked_positions,
+    digest_like,
     stored_dtype,
 )
 from .gather import RowSpan, _no_check, gather_rows
