@@ -6,8 +6,10 @@ renews it every third of its length, each time only over the version it wrote (`
 lease whose ``expires`` has passed is taken over the same way, so a build killed without releasing
 it blocks the next one for at most one lease length. The build deletes it at the end.
 
-A store that cannot refuse a write by condition (storage option ``conditional_writes=false``)
-cannot hold a lease: the build warns and the single-writer rule applies (docs/format.md, "Lease").
+A store that cannot refuse a write by condition (storage option ``conditional_writes=false``) gets
+the lease written plainly: it refuses a build started while another runs, but two started at the
+same moment are not told apart, so the build warns and the single-writer rule applies
+(docs/format.md, "Stores in an object store").
 Expiry is judged by the clocks of the hosts involved: they must agree to well within a lease.
 """
 
@@ -77,23 +79,28 @@ class Lease:
     def acquire(self) -> None:
         """Take the lease, or raise :class:`StoreLockedError` naming its holder."""
         where = self.storage.where()
-        if not self.storage.conditional:
+        conditional = self.storage.conditional
+        if not conditional:
             warnings.warn(
-                f"{where}: the object store cannot refuse a write by condition (conditional_writes=false), "
-                "so no lease guards this build: run one writer at a time on this store",
+                f"{where}: the object store cannot refuse a write by condition (conditional_writes=false), so "
+                "the lease only refuses a build started while this one runs, not one started at the same "
+                "moment: run one writer at a time on this store",
                 stacklevel=3,
             )
-            return
         self.started = _now()
         for _attempt in range(5):
-            try:
-                self.etag = self.storage.put(LEASE_KEY, self._body(), create=True).etag
-                break
-            except ConditionFailed:
-                pass
+            if conditional:
+                try:
+                    self.etag = self.storage.put(LEASE_KEY, self._body(), create=True).etag
+                    break
+                except ConditionFailed:
+                    pass
             info = self.storage.head(LEASE_KEY)
             if info is None:
-                continue  # released in between: try again
+                if conditional:
+                    continue  # released in between: try again
+                self.etag = self.storage.put(LEASE_KEY, self._body()).etag
+                break
             try:
                 holder = json.loads(self.storage.get(LEASE_KEY, if_match=info.etag))
                 expires = float(holder["expires"])

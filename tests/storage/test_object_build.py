@@ -187,9 +187,20 @@ def test_an_expired_lease_is_taken_over(src: Path, s3: Any) -> None:
 
 
 def test_without_conditional_writes_a_build_warns_of_the_single_writer_rule(src: Path, s3: Any) -> None:
+    url = s3.url("x.zarr")
     with pytest.warns(UserWarning, match="one writer at a time"):
-        result = _build(src, s3.url("x.zarr"), storage_options={"conditional_writes": "false"})
-    assert result.count == N
+        result = _build(src, url, storage_options={"conditional_writes": "false"})
+    assert result.count == N and _storage(url).head(lease_mod.LEASE_KEY) is None
+    held = lease_mod.Lease(_storage(url))
+    held.acquire()
+    try:  # a lease written plainly still refuses a build started while it is held
+        with (
+            pytest.warns(UserWarning, match="one writer"),
+            pytest.raises(StoreLockedError, match=rf"pid {os.getpid()}"),
+        ):
+            _build(src, url, overwrite=True, storage_options={"conditional_writes": "false"})
+    finally:
+        held.release()
 
 
 # ------------------------------------------------------------------------------------------ faults
