@@ -238,13 +238,21 @@ def _fail_at(cls: type[_Faulty], which: int, exc: BaseException) -> None:
     cls.fault = staticmethod(fault)
 
 
-@pytest.mark.parametrize("at", [2, 0], ids=["second-shard", "manifest"])
+@pytest.mark.parametrize(
+    ("at", "stop"),
+    [
+        (2, StoreError("injected: the PUT failed")),
+        (0, StoreError("injected: the PUT failed")),
+        (2, KeyboardInterrupt()),
+    ],
+    ids=["second-shard", "manifest", "ctrl-c"],
+)
 def test_a_failed_put_leaves_nothing_complete_and_the_rerun_resumes(
-    src: Path, tmp_path: Path, s3: Any, faulty: type[_Faulty], at: int
+    src: Path, tmp_path: Path, s3: Any, faulty: type[_Faulty], at: int, stop: BaseException
 ) -> None:
     url = s3.url("x.zarr")
-    _fail_at(faulty, at, StoreError("injected: the PUT failed"))
-    with pytest.raises(StoreError, match="injected"):
+    _fail_at(faulty, at, stop)
+    with pytest.raises(type(stop)):
         _build(src, url)
     keys = _keys(url)
     assert "manifest.json" not in keys and not _complete(url)
