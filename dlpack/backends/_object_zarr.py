@@ -152,8 +152,7 @@ class ObjectZarrWriter(StoreWriter):
         group = self.storage.head(GROUP_META)
         # Objects there without the group: someone else's (a file named like the store, or a prefix of objects).
         foreign = group is None and (
-            self.storage.head("") is not None
-            or any(not o.key.startswith(_OWN_PREFIX) for o in self.storage.list())
+            self.storage.head("") is not None or any(not o.key.startswith(_OWN_PREFIX) for o in self.storage.list())
         )
         if self.mode == "w-" or (self.mode == "a" and group is None and not foreign):
             if group is not None or foreign:
