@@ -397,7 +397,7 @@ class _Hints:
 def source_prefetch(source: object) -> Callable[[np.ndarray], object] | None:
     """The source's ``prefetch`` when calling it can help: not on a source that says it is not
     ``streamed`` (a local store, whose prefetch does nothing: the loader skips even the call)."""
-    fetch = getattr(source, "prefetch", None)
+    fetch: Callable[[np.ndarray], object] | None = getattr(source, "prefetch", None)
     if not callable(fetch) or getattr(source, "streamed", True) is False:
         return None
     return fetch
