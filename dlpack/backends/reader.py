@@ -505,6 +505,20 @@ class StoreReader(ABC):
         data, off = self._sources if self._sources is not None else (b"", [0])
         return SourceList(data, off, indices)
 
+    #: Whether rows come from a store read over the network, where a whole shard costs about what
+    #: one of its rows costs (an object store): the loader then reads in shard-sized runs
+    #: (:attr:`dlpack.read.dataset.Dataset.block_hint`). False for stores on a local file system.
+    streamed: bool = False
+
+    def prefetch(self, positions: Sequence[int] | np.ndarray) -> None:
+        """Start fetching the shards that samples ``positions`` touch, in that order, without waiting.
+
+        A hint: it never changes what a read returns. A no-op here: a local store's reads are
+        memory-mapped, so there is nothing to fetch ahead; a streamed store's reader queues
+        whole-shard fetches into its cache, so the reads that follow find them there.
+        """
+        return None
+
     def shard_len(self, name: str) -> int | None:
         """Rows per shard of fixed array ``name`` as stored, or None where the backend has no shards
         (how ``build --update`` writes a carried array with its layout, so it can share its shards)."""

@@ -360,6 +360,29 @@ class Dataset:
             )
         return idx
 
+    @property
+    def streamed(self) -> bool:
+        """Whether the store is read over the network (an object store), not from a local file system."""
+        return bool(self._reader.streamed)
+
+    @property
+    def shard_rows(self) -> int | None:
+        """Images per shard of the image array (None for a variable-size store, or one that does not record it)."""
+        rows = self.manifest.shard_rows
+        return rows if self.manifest.image.shape is not None and rows > 0 else None
+
+    @property
+    def block_hint(self) -> int | None:
+        """The run of consecutive samples the loader's ``order="block"`` reads by default: one whole
+        shard on a streamed store (each fetch is then used whole, by one rank), None on a local
+        one (the loader keeps its fixed default there, so local orders never change)."""
+        return self.shard_rows if self.streamed else None
+
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Start fetching what samples ``indices`` (the loader's next reads, in order) need: the
+        shards of a streamed store; nothing on a local one. Never changes what a read returns."""
+        self._reader.prefetch(np.asarray(indices, dtype=np.int64).reshape(-1))
+
     def warm(self) -> None:
         """Open maps and read indexes now (the loader calls it before its threads start), of the
         arrays samples and batches read: not of the augmentation variants (K times the images), which

@@ -38,7 +38,7 @@ def here(make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         (["build", "{src}", "s.zarr", "--update", "--size", "16x16", "--labels", "auto"], None),
         (["info", URL], "the store"),
         (["verify", URL], "the store"),
-        (["bench", URL, "--seconds", "0.1", "--repeat", "1"], "bench target"),
+        (["bench", URL, "--seconds", "0.1", "--repeat", "1"], "the store"),  # bench opens a URL as dlpack.open does
         (["export", URL, "--to", "coco", "out"], "the store"),
         (["export", "s.zarr", "--to", "folders", "gs://bucket/out"], "the output"),
         (["augment", URL, "--augment", "2", "--augment-config", "c.json"], "the store"),
