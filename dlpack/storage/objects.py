@@ -509,6 +509,8 @@ class LocalStorage:
                 else:
                     a, b = start or 0, st.st_size if stop is None else min(stop, st.st_size)
                 return os.pread(f.fileno(), max(0, b - a), a), info
+        except StoreError:  # ConditionFailed (a StoreError is an OSError too)
+            raise
         except FileNotFoundError:
             raise StoreNotFoundError(f"no file {self.where(key)}") from None
         except OSError as exc:

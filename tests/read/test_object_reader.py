@@ -3,6 +3,7 @@ handful of requests, ETag pinning, verify of damaged shards, pickling, and the s
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import time
@@ -241,3 +242,17 @@ def test_a_cache_folder_key_holds_the_etag(tmp_path: Path) -> None:
     assert cache.get(("store", "images", 0, '"abc"')) == b"one"
     assert cache.get(("store", "images", 0, '"def"')) is None  # another version of the shard: a miss
     assert os.listdir(tmp_path / "c") == ["store"]
+
+
+def test_info_and_verify_read_a_url(tmp_path: Path, s3: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from dlpack.cli import main
+
+    local, url = _store(tmp_path, s3)
+    assert main(["info", url, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["path"] == url and info["count"] == 9
+    assert main(["verify", url]) == 0
+    assert "all 9 images match" in capsys.readouterr().out
+    storage_for(Location.parse(url)).delete(["images/c/1/0/0/0"])
+    assert main(["verify", url]) != 0
+    assert "images/c/1/0/0/0" in capsys.readouterr().err
