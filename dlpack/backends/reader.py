@@ -19,10 +19,10 @@ from .base import (
     _SMALL_SAMPLE,
     ArrayAccess,
     Mode,
-    array_digest,
     changed_error,
     check_mode,
     checked_positions,
+    digest_like,
     stored_dtype,
 )
 from .gather import RowSpan, _no_check, gather_rows
@@ -548,7 +548,11 @@ class StoreReader(ABC):
                     if want is None:
                         continue
                     row = int(np.prod(acc.shape[1:], dtype=np.int64)) * np.dtype(acc.dtype).itemsize
-                    got = array_digest(acc.read_rows, acc.shape[0], row, stored_dtype(spec, stored))
+                    per = getattr(acc, "shard_rows", None)
+                    got = digest_like(
+                        want, acc.read_rows, acc.shape[0], row, stored_dtype(spec, stored),
+                        per if isinstance(per, int) else acc.shape[0],
+                    )  # fmt: skip
                 except StoreError as exc:
                     problems.append((stored, str(exc)))
                     continue
@@ -578,6 +582,10 @@ class StoreReader(ABC):
     def array_nbytes_on_disk(self, name: str) -> int:
         """Bytes the per-sample array ``name`` takes on disk (its data and offsets, if ragged)."""
         return sum(self._stored(stored).nbytes_on_disk() for stored in self.spec(name).stored_names())
+
+    def prefetch(self, positions: Sequence[int] | np.ndarray) -> None:
+        """Start fetching what samples ``positions`` will read (a no-op where reads are local)."""
+        return None
 
     def warm(self, skip: Collection[str] = ()) -> None:
         """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads
