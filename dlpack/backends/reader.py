@@ -583,10 +583,6 @@ class StoreReader(ABC):
         """Bytes the per-sample array ``name`` takes on disk (its data and offsets, if ragged)."""
         return sum(self._stored(stored).nbytes_on_disk() for stored in self.spec(name).stored_names())
 
-    def prefetch(self, positions: Sequence[int] | np.ndarray) -> None:
-        """Start fetching what samples ``positions`` will read (a no-op where reads are local)."""
-        return None
-
     def warm(self, skip: Collection[str] = ()) -> None:
         """Open maps and read indexes now (thread-safe afterwards; the loader calls it before threads
         start), of every array but those named in ``skip``."""

@@ -109,6 +109,8 @@ class ObjectZarrReader(StoreReader):
     process makes its own client and memory cache.
     """
 
+    streamed = True  # a shard costs about what one of its rows costs: read in shard runs, fetch ahead
+
     def __init__(
         self,
         location: Location,
