@@ -28,7 +28,7 @@ from .. import _parallel
 from ..backends import Backend, backend_for_path, owned_store, remove_store
 from ..errors import StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
-from ..sources.base import Source, SourceScan
+from ..sources.base import Source, SourceScan, files_of
 from ..storage.lock import BuildLock, journal_path, partial_path
 from ..storage.publish import (
     PublishedInterrupt,
@@ -209,7 +209,8 @@ def build(
         if opts.split:
             scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         give_back_freed()  # what the scan's sort freed, before the stages that hold large blocks
-        probes = probe_stage(root, scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet)
+        files = files_of(source)
+        probes = probe_stage(files, scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet)
         give_back_freed()
         plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(root))
         variants = after.config(opts, plan, scan) if after is not None else None
@@ -230,7 +231,7 @@ def build(
             return finish_step(existing, out_path, opts, variants, t0, finish=True)
         if sel.errors and opts.on_error == "fail":
             pairs = jobs_of(scan.items, probes, sel.keep)
-            found = validate_stage(os.fspath(root), plan, pairs, n_jobs=opts.n_jobs, quiet=opts.quiet)
+            found = validate_stage(files, plan, pairs, n_jobs=opts.n_jobs, quiet=opts.quiet)
             raise bad_inputs([*sel.errors, *found], root, nothing_left=len(found) == len(pairs))
         tmp = partial_path(out_path)
         plan, sel, samples, partial, resume = pack_stage(
@@ -244,6 +245,7 @@ def build(
             WriteOptions(opts.n_jobs, opts.quiet, opts.no_resume),
             on_error=opts.on_error,
             replan=lambda kept: plan_stage(scan, probes, kept, opts, backend.name, os.fspath(root)),
+            files=files,
         )
         try:
             result = _finish(backend, out_path, tmp, opts, t0, scan, probes, plan, sel, samples, partial, resume)

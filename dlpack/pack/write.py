@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from .._parallel import Ticks
 from ..backends import ArraySpec, Backend, StoreWriter, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
-from ..sources.base import SourceScan
+from ..sources.base import SourceFiles, SourceScan
 from ..storage.journal import Journal, JournalState, Restart
 from ..storage.lock import journal_path, partial_path
 from ..storage.runner import block_checks_out, resume_journal, run_blocks
@@ -75,7 +74,7 @@ def _verified_blocks(
     writer: StoreWriter,
     images: ArraySpec,
     state: JournalState[Sample],
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
 ) -> dict[int, list[Sample]]:
     """The journalled blocks still good: whole aligned blocks whose source files kept their size and
@@ -87,10 +86,10 @@ def _verified_blocks(
         if start % step or start >= len(pairs) or stop != min(start + step, len(pairs)):
             continue
         try:
-            stats = [os.stat(Path(root, job[0])) for job in pairs[start:stop]]
+            stats = [files.stat(job[0]) for job in pairs[start:stop]]
         except OSError:
             continue
-        if any((st.st_size, st.st_mtime_ns) != s.stat for st, s in zip(stats, samples, strict=True)):
+        if any(st != s.stat for st, s in zip(stats, samples, strict=True)):
             continue
         if block_checks_out(writer, start, samples, images.name, "mask" if "mask" in writer.arrays else None):
             done[start] = samples
@@ -127,7 +126,7 @@ def _continue_partial(
     out: Path,
     plan: BuildPlan,
     images: ArraySpec,
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
     no_resume: bool,
 ) -> Partial:
@@ -149,7 +148,7 @@ def _continue_partial(
         writer.remove_temp_files()
         n_blocks = -(-len(pairs) // max(1, int(state.header.get("block_len") or 1)))
         if writer.arrays:  # its manifest was written: the killed build had finished the store
-            complete = _complete_partial(writer, backend, out, plan, images, state, root, pairs)
+            complete = _complete_partial(writer, backend, out, plan, images, state, files, pairs)
             if complete is not None:
                 journal = Journal.create(jpath, state.header, complete)
                 journal.mark_commit()
@@ -164,7 +163,7 @@ def _continue_partial(
             writer.attach_array(masks, plan.count)
         if not _resumable(writer, images) or writer.shard_rows(images.name) != state.header.get("block_len"):
             raise Restart(f"its {backend.name} image blocks cannot be continued")
-        done = _verified_blocks(writer, images, state, root, pairs)
+        done = _verified_blocks(writer, images, state, files, pairs)
     except Restart:
         writer.abort()
         raise
@@ -187,7 +186,7 @@ def _complete_partial(
     plan: BuildPlan,
     images: ArraySpec,
     state: JournalState[Sample],
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
 ) -> dict[int, list[Sample]] | None:
     """The blocks of a partial store that a killed build had committed, when it is exactly what this
@@ -207,7 +206,7 @@ def _complete_partial(
         return None
     if not _resumable(writer, spec) or writer.shard_rows(images.name) != state.header.get("block_len"):
         return None
-    done = _verified_blocks(writer, spec, state, root, pairs)
+    done = _verified_blocks(writer, spec, state, files, pairs)
     step = writer.shard_rows(images.name)
     return done if len(done) == -(-len(pairs) // step) else None
 
@@ -216,7 +215,7 @@ def open_partial(
     backend: type[Backend],
     out: Path,
     plan: BuildPlan,
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
     no_resume: bool,
 ) -> Partial:
@@ -232,7 +231,7 @@ def open_partial(
     note = ""
     if tmp.exists() or tmp.is_symlink():
         try:
-            return _continue_partial(backend, out, plan, images, root, pairs, no_resume)
+            return _continue_partial(backend, out, plan, images, files, pairs, no_resume)
         except Restart as exc:
             note = f"started over: {exc}"
     remove_store(jpath)
@@ -279,7 +278,7 @@ def write_images(
     backend: type[Backend],
     out: Path,
     plan: BuildPlan,
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
     opts: WriteOptions,
 ) -> tuple[Sequence[Sample | InputFileError], Partial | None, str]:
@@ -290,7 +289,7 @@ def write_images(
     partial, and what became of an earlier partial (for the summary). When any file failed to
     decode, the partial is removed and None returned in its place.
     """
-    partial = open_partial(backend, out, plan, root, pairs, opts.no_resume)
+    partial = open_partial(backend, out, plan, files, pairs, opts.no_resume)
     writer, journal = partial.writer, partial.journal
     try:
         images = writer.arrays[image_array(plan.image, plan.compression).name]
@@ -313,11 +312,11 @@ def write_images(
         behind = in_workers and not pool.pooled(len(starts))
         # A block's jobs are made when the pool takes its call, not all before the first.
         work: Callable[[int, Ticks | None], Any] = (
-            (lambda s, ticks: (decode_fixed_block, (root, plan, pairs[s : s + step], ticks), {}))
+            (lambda s, ticks: (decode_fixed_block, (files, plan, pairs[s : s + step], ticks), {}))
             if behind
-            else (lambda s, ticks: (_write_block_packed, (writer, root, plan, s, pairs[s : s + step], ticks), {}))
+            else (lambda s, ticks: (_write_block_packed, (writer, files, plan, s, pairs[s : s + step], ticks), {}))
             if in_workers
-            else (lambda s, ticks: (decode_block, (root, plan, pairs[s : s + step], None, True, ticks), {}))
+            else (lambda s, ticks: (decode_block, (files, plan, pairs[s : s + step], None, True, ticks), {}))
         )
         land = state.decoded_fixed if behind else state.packed if in_workers else state.decoded
         run_blocks(
@@ -348,10 +347,15 @@ def write_images(
 
 
 def _write_block_packed(
-    writer: StoreWriter, root: str, plan: BuildPlan, start: int, pairs: Sequence[Job], ticks: Ticks | None = None
+    writer: StoreWriter,
+    files: SourceFiles,
+    plan: BuildPlan,
+    start: int,
+    pairs: Sequence[Job],
+    ticks: Ticks | None = None,
 ) -> tuple[SampleBlock, np.ndarray | None]:
     """:func:`write_block_worker` in a worker, its results sent back as columns (a :class:`SampleBlock`)."""
-    results, counts = write_block_worker(writer, root, plan, start, pairs, ticks)
+    results, counts = write_block_worker(writer, files, plan, start, pairs, ticks)
     return SampleBlock(results), counts
 
 
@@ -550,6 +554,7 @@ def pack_stage(
     *,
     on_error: str,
     replan: Callable[[Selection], tuple[BuildPlan, Selection]],
+    files: SourceFiles,
 ) -> tuple[BuildPlan, Selection, SampleTable, Partial, str]:
     """4-5. Decode and write the selected items under ``plan`` into the partial store of ``out``.
 
@@ -564,7 +569,7 @@ def pack_stage(
         if not sel.keep:
             raise bad_inputs(sel.errors, root, nothing_left=True)
         pairs = jobs_of(scan.items, probes, sel.keep)
-        results, partial, found = write_images(backend, out, plan, os.fspath(root), pairs, opts)
+        results, partial, found = write_images(backend, out, plan, files, pairs, opts)
         note = note or found
         if partial is not None:
             assert isinstance(results, SampleTable)
