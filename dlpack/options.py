@@ -681,6 +681,10 @@ def online_dict(value: Any) -> dict[str, Any] | None:
     return dict(out)
 
 
+#: ``order="block"``'s run length where neither ``block_size`` nor the source says one.
+BLOCK_SIZE = 64
+
+
 @dataclass(frozen=True)
 class LoaderOptions:
     """How a :class:`~dlpack.read.loader.Loader` walks a store.
@@ -708,6 +712,13 @@ class LoaderOptions:
     state) drops them. Off, and with a ``transform`` (which may count or log what it sees), no
     read happens after a pass ends (what a cold-cache measurement that evicts the files after
     each pass needs).
+
+    ``block_size`` (``order="block"``): samples per run; None (the default) means one shard on a
+    streamed store (the source's ``block_hint``: each shard fetched is used whole, by one rank)
+    and 64 elsewhere. ``fetch_ahead``: how many batches ahead of its reads the loader names the
+    samples it will read to the source's ``prefetch`` (a streamed store starts fetching their
+    shards; a local store does nothing); 0 names none. Neither changes which samples are read
+    when, apart from ``block_size`` itself.
     """
 
     batch_size: int = 32
@@ -721,7 +732,7 @@ class LoaderOptions:
     order: Order | None = None
     # Block order for cold storage: runs of consecutive samples are shuffled, then samples are
     # shuffled inside windows of runs; 64 x 16 keeps reads sequential-ish and mixing wide.
-    block_size: int = 64
+    block_size: int | None = None
     window: int = 16
     augment: Literal["cached"] | None = None
     original_rate: float | None = None
@@ -729,15 +740,20 @@ class LoaderOptions:
     online: dict[str, Any] | None = None
     report: bool = False
     read_ahead_epochs: bool = True
+    fetch_ahead: int = 64
 
     def __post_init__(self) -> None:
-        for name, minimum in (("seed", 0), ("batch_size", 1), ("prefetch", 0)):
+        for name, minimum in (("seed", 0), ("batch_size", 1), ("prefetch", 0), ("fetch_ahead", 0)):
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum))
         if self.workers != "auto" and isinstance(self.workers, str):
             raise OptionError(f"workers must be 'auto' or an integer >= 0, got {self.workers!r}")
         object.__setattr__(self, "workers", check_workers(self.workers))
-        for name, minimum in (("world_size", 1), ("block_size", 1), ("window", 1)):
+        for name, minimum in (("world_size", 1), ("window", 1)):
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum))
+        if self.block_size is not None:
+            object.__setattr__(
+                self, "block_size", check_int("block_size", self.block_size, 1, wanted="None or an integer >= 1")
+            )
         in_range = f"in 0..{self.world_size - 1} for world_size {self.world_size}"
         rank = check_int("rank", self.rank, 0, wanted=in_range)
         if rank >= self.world_size:
@@ -773,6 +789,13 @@ class LoaderOptions:
                     "original_rate chooses between the original and the cached variants; pass augment='cached'"
                 )
         object.__setattr__(self, "online", online_dict(self.online))
+
+    def block_for(self, hint: int | None) -> int:
+        """The run length of ``order="block"``: ``block_size`` when given, else the source's
+        ``hint`` (a streamed store's shard rows), else :data:`BLOCK_SIZE`."""
+        if self.block_size is not None:
+            return self.block_size
+        return hint if isinstance(hint, int) and not isinstance(hint, bool) and hint > 0 else BLOCK_SIZE
 
     @property
     def effective_order(self) -> Order:

@@ -118,3 +118,20 @@ def skip_without_s3() -> None:
     why = have_s3()
     if why:
         pytest.skip(why)
+
+
+def upload(local_dir: os.PathLike[str] | str, url: str, threads: int = 8) -> int:
+    """PUT every file of the local folder ``local_dir`` (a store dlpack built locally) under ``url``
+    (keys relative to the folder); returns how many objects were written."""
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from dlpack.storage.location import Location
+    from dlpack.storage.objects import storage_for
+
+    root = Path(local_dir)
+    storage = storage_for(Location.parse(url))
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda p: storage.put(p.relative_to(root).as_posix(), p.read_bytes()), files))
+    return len(files)

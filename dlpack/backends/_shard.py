@@ -22,7 +22,9 @@ from .._files import open_regular, read_regular
 from .._maps import map_consecutive
 from ..errors import StoreError
 
-__all__ = ["ShardedArray", "parse_array_meta"]
+__all__ = [
+    "ShardedArray", "check_ratio", "decode_chunk_into", "parse_array_meta", "parse_shard_index", "shard_key",
+]  # fmt: skip
 
 _MISSING = np.uint64(2**64 - 1)
 #: An inner chunk of one sample may be this large (a 2**28-pixel RGB uint16 image is 1.5 GiB) ...
@@ -38,7 +40,7 @@ _MAX_DIMS = 32
 _MAX_ALIGN = 2**26
 
 
-def _ints(value: Any, what: str, where: Path, minimum: int) -> list[int]:
+def _ints(value: Any, what: str, where: object, minimum: int) -> list[int]:
     if not isinstance(value, list) or not 1 <= len(value) <= _MAX_DIMS:
         raise StoreError(f"{where}: {what} must be a list of 1-{_MAX_DIMS} integers, got {value!r}")
     for v in value:
@@ -47,16 +49,17 @@ def _ints(value: Any, what: str, where: Path, minimum: int) -> list[int]:
     return list(value)
 
 
-def _obj(value: Any, what: str, where: Path) -> dict[str, Any]:
+def _obj(value: Any, what: str, where: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise StoreError(f"{where}: {what} must be an object, got {value!r}")
     return value
 
 
-def parse_array_meta(meta: Any, where: Path) -> dict[str, Any]:
+def parse_array_meta(meta: Any, where: object) -> dict[str, Any]:
     """Check a sharded array's ``zarr.json`` (types, ranges, dlpack's layout) and return the facts
-    the reader needs; anything else is a StoreError naming the file."""
-    where = where / "zarr.json"
+    the reader needs; anything else is a StoreError naming the file. ``where`` is the array's
+    folder or URL (for messages)."""
+    where = f"{where}/zarr.json"
     meta = _obj(meta, "the metadata", where)
     if meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
         raise StoreError(f"{where}: not Zarr v3 array metadata")
@@ -113,13 +116,62 @@ def parse_array_meta(meta: Any, where: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def shard_key(s: int, sep: str, ndim: int) -> str:
+    """The key of shard ``s`` of an array of ``ndim`` dimensions sharded along axis 0 only, relative
+    to the array's folder (default chunk keys: ``c/S/0/0`` with separator ``/``)."""
+    return sep.join(["c", str(s), *("0" for _ in range(ndim - 1))])
+
+
+def parse_shard_index(tail: bytes | np.ndarray | mmap.mmap, chunks: int, size: int, where: object) -> np.ndarray:
+    """The ``(offset, nbytes)`` table of a shard of ``size`` bytes from its last ``16 * chunks + 4``
+    bytes (``tail``), checked: its CRC-32C, and every entry inside the shard's data."""
+    table = 16 * chunks
+    if size < table + 4 or len(tail) != table + 4:
+        raise StoreError(f"shard {where} is truncated ({size} bytes)")
+    view = np.frombuffer(tail, dtype=np.uint8)
+    if crc32c(view[:table]) != int.from_bytes(view[table:].tobytes(), "little"):
+        raise StoreError(
+            f"shard {where} is corrupt or truncated (its index checksum does not match); rebuild the store"
+        )
+    part = view[:table].view("<u8").reshape(-1, 2).astype(np.uint64)
+    ok = part[:, 0] != _MISSING
+    end = np.uint64(size - table - 4)
+    off, nb = part[ok, 0], part[ok, 1]
+    if np.any(off > end) or np.any(nb > end - np.minimum(off, end)):  # no uint64 wrap-around
+        raise StoreError(f"shard {where} is corrupt: its index points past the data")
+    return part
+
+
+def check_ratio(nb: int | np.ndarray, chunk_nbytes: int, where: object) -> None:
+    """A compressed chunk must not claim to decode to far more than it could (a bound on memory)."""
+    if np.any(np.maximum(_RATIO_FLOOR, np.asarray(nb, dtype=np.float64) * _MAX_RATIO) < chunk_nbytes):
+        raise StoreError(
+            f"{where}: a compressed chunk would decode to {chunk_nbytes} bytes, more than "
+            f"{_MAX_RATIO} times its stored size; the store is damaged"
+        )
+
+
+def decode_chunk_into(raw: np.ndarray, out: np.ndarray, decoder: Any, chunk_nbytes: int, what: str) -> None:
+    """Chunk bytes ``raw`` (uint8) into ``out`` (one chunk, C-contiguous): copied when stored raw
+    (``decoder`` None), else decompressed; a damaged chunk is a StoreError naming ``what``."""
+    if decoder is None:
+        if len(raw) != chunk_nbytes:
+            raise StoreError(f"{what} has {len(raw)} bytes, expected {chunk_nbytes}")
+        out[...] = raw.view(out.dtype).reshape(out.shape)
+        return
+    try:
+        decoder.decode(raw, out=out.reshape(-1).view(np.uint8))
+    except Exception as exc:  # codec errors come in many types; all mean a damaged chunk
+        raise StoreError(f"{what} cannot be decompressed: {exc}") from exc
+
+
 def crc32c(data: bytes | np.ndarray) -> int:
     import google_crc32c  # a dependency of dlpack itself (pyproject.toml)
 
     return int(google_crc32c.value(bytes(data)))
 
 
-def _decoder(codecs: list[dict[str, Any]], where: Path) -> Any:
+def decoder_for(codecs: list[dict[str, Any]], where: object) -> Any:
     """A numcodecs codec for the inner chunks' bytes-to-bytes codec, or None for raw bytes."""
     for c in codecs:
         conf = c.get("configuration") or {}
@@ -171,9 +223,8 @@ class ShardedArray:
         self.shard_rows = self.chunk_len * self.chunks_per_shard
         self.n_chunks = -(-self.shape[0] // self.chunk_len) if self.shape[0] else 0
         self.n_shards = -(-self.n_chunks // self.chunks_per_shard) if self.n_chunks else 0
-        self.decoder = _decoder(facts["codecs"], path)
+        self.decoder = decoder_for(facts["codecs"], path)
         self._sep: str = facts["sep"]
-        self._key_tail: str = self._sep.join("0" for _ in self.shape[1:])
         # Filled as shards are mapped (a dict: its size follows the files found, not the metadata's claim).
         self._maps: dict[int, mmap.mmap | np.ndarray] = {}
         #: Per mapped shard: (device, inode, size) of the file mapped, to tell when it shrinks under the map.
@@ -184,7 +235,7 @@ class ShardedArray:
 
     def shard_key(self, s: int) -> str:
         """The key of shard ``s``, relative to the array's folder."""
-        return self._sep.join(["c", str(s)] + ([self._key_tail] if self._key_tail else []))
+        return shard_key(s, self._sep, len(self.shape))
 
     def shard_file(self, s: int) -> Path:
         """The file of shard ``s``."""
@@ -321,22 +372,8 @@ class ShardedArray:
                     parts.append(np.full((self.chunks_per_shard, 2), _MISSING, dtype=np.uint64))
                     continue
                 on_disk += len(m)
-                if len(m) < table + 4:
-                    raise StoreError(f"shard {self.shard_file(s)} is truncated ({len(m)} bytes)")
-                tail = m[len(m) - table - 4 :]
-                if crc32c(tail[:table]) != int.from_bytes(tail[table:], "little"):
-                    raise StoreError(
-                        f"shard {self.shard_file(s)} is corrupt or truncated (its index checksum does not match); "
-                        "rebuild the store"
-                    )
-                part = (
-                    np.frombuffer(tail, dtype="<u8", count=2 * self.chunks_per_shard).reshape(-1, 2).astype(np.uint64)
-                )
-                ok = part[:, 0] != _MISSING
-                end = np.uint64(len(m) - table - 4)
-                off, nb = part[ok, 0], part[ok, 1]
-                if np.any(off > end) or np.any(nb > end - np.minimum(off, end)):  # no uint64 wrap-around
-                    raise StoreError(f"shard {self.shard_file(s)} is corrupt: its index points past the data")
+                tail = m[max(0, len(m) - table - 4) :]
+                part = parse_shard_index(tail, self.chunks_per_shard, len(m), self.shard_file(s))
                 parts.append(part)
             idx = np.concatenate(parts)[: self.n_chunks] if parts else np.empty((0, 2), dtype=np.uint64)
             if self.strict and bool(np.any(idx[:, 0] == _MISSING)):
@@ -350,12 +387,7 @@ class ShardedArray:
         return self._index
 
     def _check_ratio(self, nb: int | np.ndarray) -> None:
-        """A compressed chunk must not claim to decode to far more than it could (a bound on memory)."""
-        if np.any(np.maximum(_RATIO_FLOOR, np.asarray(nb, dtype=np.float64) * _MAX_RATIO) < self.chunk_nbytes):
-            raise StoreError(
-                f"{self.path}: a compressed chunk would decode to {self.chunk_nbytes} bytes, more than "
-                f"{_MAX_RATIO} times its stored size; the store is damaged"
-            )
+        check_ratio(nb, self.chunk_nbytes, self.path)
 
     def shard_views(self) -> list[np.ndarray | None]:
         """Per shard, an array view of its chunks when they are stored raw and in order (as dlpack
@@ -390,15 +422,7 @@ class ShardedArray:
         raw = np.frombuffer(m, dtype=np.uint8, count=int(nb), offset=int(off))
         if self.decoder is not None:
             self._check_ratio(int(nb))
-        if self.decoder is None:
-            if nb != self.chunk_nbytes:
-                raise StoreError(f"chunk {c} of {self.path} has {nb} bytes, expected {self.chunk_nbytes}")
-            out[...] = raw.view(self.dtype).reshape(out.shape)
-        else:
-            try:
-                self.decoder.decode(raw, out=out.reshape(-1).view(np.uint8))
-            except Exception as exc:  # codec errors come in many types; all mean a damaged chunk
-                raise StoreError(f"chunk {c} of {self.path} cannot be decompressed: {exc}") from exc
+        decode_chunk_into(raw, out, self.decoder, self.chunk_nbytes, f"chunk {c} of {self.path}")
 
     def chunk(self, c: int) -> np.ndarray:
         """Chunk ``c`` as a new array; the last chunk is trimmed to the array's length."""

@@ -40,7 +40,7 @@ from .base import (
 from .reader import StoreReader
 from .writer import StoreWriter
 
-__all__ = ["ZarrBackend", "ZarrReader", "ZarrWriter"]
+__all__ = ["ZarrBackend", "ZarrReader", "ZarrWriter", "array_digest_attr", "is_sharded", "manifest_of"]
 
 MANIFEST = "manifest.json"
 _MISSING = 2**64 - 1
@@ -105,7 +105,7 @@ def _read_text(name: str, dir_fd: int | None, folder: Path) -> str:
         os.close(fd)
 
 
-def _json(text: str, where: Path) -> Any:
+def _json(text: str | bytes, where: object) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -643,6 +643,19 @@ class _ZarrPythonArray:
         return sum(p.lstat().st_size for p in self.path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+def array_digest_attr(meta: Any) -> object:
+    """The digest an array's ``zarr.json`` carries (``dlpack_sha256``), for ``check_generation``."""
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    return attrs.get(DIGEST_ATTR) if isinstance(attrs, dict) else None
+
+
+def is_sharded(meta: Any) -> bool:
+    """Whether an array's ``zarr.json`` names one ``sharding_indexed`` codec (read directly)."""
+    codecs = meta.get("codecs") if isinstance(meta, dict) else None
+    first = codecs[0] if isinstance(codecs, list) and len(codecs) == 1 else None
+    return isinstance(first, dict) and first.get("name") == "sharding_indexed"
+
+
 class ZarrReader(StoreReader):
     """Reads every array through :class:`ShardedArray` (direct shard access).
 
@@ -707,11 +720,8 @@ class ZarrReader(StoreReader):
                 os.close(afd)
             raise StoreError(f"cannot read array metadata {path / 'zarr.json'}: {exc}") from exc
         try:
-            attrs = meta.get("attributes") if isinstance(meta, dict) else None
-            self.check_generation(stored_name, attrs.get(DIGEST_ATTR) if isinstance(attrs, dict) else None)
-            codecs = meta.get("codecs") if isinstance(meta, dict) else None
-            first = codecs[0] if isinstance(codecs, list) and len(codecs) == 1 else None
-            if isinstance(first, dict) and first.get("name") == "sharding_indexed":
+            self.check_generation(stored_name, array_digest_attr(meta))
+            if is_sharded(meta):
                 arr = ShardedArray(path, strict=True, meta=meta, dir_fd=afd)
                 try:
                     arr.map_all()
@@ -755,22 +765,32 @@ def _load_manifest(path: Path, dir_fd: int | None, pin: Any = None) -> Manifest:
         group = None
     except (OSError, UnicodeDecodeError) as exc:
         raise StoreError(f"cannot read {path / 'zarr.json'}: {exc}") from exc
-    marker = _marker(group)
     try:
-        text = _read_text(MANIFEST, dir_fd, path)
+        text: str | None = _read_text(MANIFEST, dir_fd, path)
     except FileNotFoundError:
-        if marker is not None:
-            raise IncompleteStoreError(
-                f"{path} is an incomplete dlpack store (no {MANIFEST}: the build failed or was killed); "
-                "run dlpack build again with --overwrite"
-            ) from None
-        raise StoreNotFoundError(f"{path} is not a dlpack store (no {MANIFEST})") from None
+        text = None
     except (OSError, UnicodeDecodeError) as exc:
         raise StoreError(f"cannot read {path / MANIFEST}: {exc}") from exc
+    return manifest_of(group, text, path, pin)
+
+
+def manifest_of(group: Any, text: str | None, where: object, pin: Any = None) -> Manifest:
+    """The manifest ``text`` of the Zarr store at ``where`` (a folder or a URL), checked against the
+    checksum in its group metadata ``group`` (parsed; None when absent); ``text`` None when there
+    is no manifest (an incomplete store, or no store). ``pin(text)`` records or checks what was read.
+    The rules a local and a remote reader share."""
+    marker = _marker(group)
+    if text is None:
+        if marker is not None:
+            raise IncompleteStoreError(
+                f"{where} is an incomplete dlpack store (no {MANIFEST}: the build failed or was killed); "
+                "run dlpack build again with --overwrite"
+            )
+        raise StoreNotFoundError(f"{where} is not a dlpack store (no {MANIFEST})")
     digest = marker.get("manifest_sha256") if marker is not None else None
     if digest is not None and not isinstance(digest, str):
-        raise StoreError(f"{path / 'zarr.json'}: manifest_sha256 must be a string")
-    manifest = Manifest.from_json(text, str(path), sha256=digest)
+        raise StoreError(f"{where}/zarr.json: manifest_sha256 must be a string")
+    manifest = Manifest.from_json(text, str(where), sha256=digest)
     if pin is not None:
         pin(text)
     return manifest

@@ -131,7 +131,7 @@ def stored_dtype(spec: ArraySpec, stored: str) -> str:
     return "<i8" if spec.ragged and stored.endswith("_offsets") else spec.dtype
 
 
-def changed_error(path: Path, detail: str) -> StoreError:
+def changed_error(path: object, detail: str) -> StoreError:
     """The error a reader raises when its store is no longer the one it opened."""
     return StoreError(f"store {path} changed while it was open ({detail}); reopen it")
 

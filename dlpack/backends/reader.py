@@ -20,7 +20,6 @@ from .base import (
     SHARD_DIGEST,
     ArrayAccess,
     Mode,
-    array_digest,
     changed_error,
     check_mode,
     checked_positions,
@@ -514,6 +513,20 @@ class StoreReader(ABC):
         data, off = self._sources if self._sources is not None else (b"", [0])
         return SourceList(data, off, indices)
 
+    #: Whether rows come from a store read over the network, where a whole shard costs about what
+    #: one of its rows costs (an object store): the loader then reads in shard-sized runs
+    #: (:attr:`dlpack.read.dataset.Dataset.block_hint`). False for stores on a local file system.
+    streamed: bool = False
+
+    def prefetch(self, positions: Sequence[int] | np.ndarray) -> None:
+        """Start fetching the shards that samples ``positions`` touch, in that order, without waiting.
+
+        A hint: it never changes what a read returns. A no-op here: a local store's reads are
+        memory-mapped, so there is nothing to fetch ahead; a streamed store's reader queues
+        whole-shard fetches into its cache, so the reads that follow find them there.
+        """
+        return None
+
     def shard_len(self, name: str) -> int | None:
         """Rows per shard of fixed array ``name`` as stored, or None where the backend has no shards
         (how ``build --update`` writes a carried array with its layout, so it can share its shards)."""
@@ -543,7 +556,11 @@ class StoreReader(ABC):
                     if want is None:
                         continue
                     row = int(np.prod(acc.shape[1:], dtype=np.int64)) * np.dtype(acc.dtype).itemsize
-                    got = array_digest(acc.read_rows, acc.shape[0], row, stored_dtype(spec, stored))
+                    per = getattr(acc, "shard_rows", None)
+                    got = digest_like(
+                        want, acc.read_rows, acc.shape[0], row, stored_dtype(spec, stored),
+                        per if isinstance(per, int) else acc.shape[0],
+                    )  # fmt: skip
                 except StoreError as exc:
                     problems.append((stored, str(exc)))
                     continue

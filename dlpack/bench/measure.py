@@ -174,6 +174,25 @@ def _timed_run(
     return run, epoch
 
 
+def _fill_shard_cache(source: FolderReader | Dataset, lopts: LoaderOptions) -> None:
+    """Warm a store on object storage: one untimed sequential epoch fetches every shard a batch
+    reads into the reader's shard cache (what a later epoch of a training run finds there)."""
+    loader = Loader(source, replace(lopts, order="sequential", shuffle=False, read_ahead_epochs=False))
+    try:
+        for _ in loader:
+            pass
+    finally:
+        loader.close()
+
+
+def _empty_shard_cache(source: FolderReader | Dataset) -> None:
+    """Cold on object storage: a fresh reader's shard cache, emptied (nothing fetched before the run)."""
+    cache = getattr(getattr(source, "reader", None), "cache", None)
+    clear = getattr(cache, "clear", None)
+    if callable(clear):
+        clear()
+
+
 def _close(source: FolderReader | Dataset) -> None:
     source.close()
     gc.collect()  # drop memory maps now: the kernel keeps mapped pages cached whatever we advise
@@ -196,11 +215,14 @@ def measure_cell(
     scoped = reset_peak_rss()
     epoch = 0
     if cache == "warm":
-        prime(target.files)
+        if not target.remote:
+            prime(target.files)
         source = target.open(spec)
         try:
             source.warm()  # open maps and indexes outside the timing, as after a first epoch
-            resident = resident_fraction(target.files)
+            if target.remote:
+                _fill_shard_cache(source, lopts)
+            resident = None if target.remote else resident_fraction(target.files)
             for _ in range(options.repeat):
                 for s in kinds:
                     run, epoch = _timed_run(
@@ -214,10 +236,15 @@ def measure_cell(
     else:
         for _ in range(options.repeat):
             for s in kinds:
-                advised = evict(target.files)
-                resident = resident_fraction(target.files)
+                if target.remote:  # no page cache to evict: a fresh reader, its shard cache empty
+                    advised, resident = True, 0.0
+                else:
+                    advised = evict(target.files)
+                    resident = resident_fraction(target.files)
                 source = target.open(spec)
                 try:
+                    if target.remote:
+                        _empty_shard_cache(source)
                     run, epoch = _timed_run(
                         target, source, lopts, epoch, _budget(options, target.count, True, s is not None), s
                     )

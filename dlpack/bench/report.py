@@ -31,8 +31,10 @@ def check_outputs(
     a target measured (a store, or a folder of images whose next run would read a report there as
     input), and matplotlib is there for a plot."""
     from .._output import check_outputs as check
+    from ..storage.location import is_url
 
-    check([("--json-file", json_path), ("--plot", plot_path)], [("the bench target", t) for t in targets])
+    local = [("the bench target", t) for t in targets if not is_url(t)]  # a URL's objects are no file here
+    check([("--json-file", json_path), ("--plot", plot_path)], local)
     if plot_path is not None:
         from .plot import require_matplotlib
 
@@ -274,6 +276,14 @@ def report_notes(
     for t in targets:
         cold = [c for c in report_cells if c.target == t.name and c.cache == "cold"]
         warm = [c for c in report_cells if c.target == t.name and c.cache == "warm"]
+        if t.remote:
+            if cold or warm:
+                notes.append(
+                    f"{t.name}: remote (object storage): page-cache residency does not apply; cold runs start with an "
+                    "empty shard cache (a fresh reader), warm runs after one untimed epoch fetched every shard a "
+                    "batch reads into it (a store larger than the reader's shard cache stays partly cold)"
+                )
+            continue
         if cold:
             if not all(c.evicted for c in cold):
                 if hasattr(os, "posix_fadvise"):

@@ -61,7 +61,7 @@ def run_bench(
     spec = reference_spec(resolved, opts)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     before = load_average()
-    machine = machine_info([t.path for t in resolved])
+    machine = machine_info([t.path for t in resolved if not t.remote])  # a bucket has no local disk
     t0 = time.perf_counter()
     per_cell = opts.repeat * (2 if opts.step_ms is not None else 1)
     total = len(resolved) * len(opts.caches) * len(opts.orders) * per_cell

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._files import refuse_url
 from ..errors import OptionError, StoreError, StoreNotFoundError
 from ..options import BenchOptions
+from ..storage.location import is_url
 from .folder import FolderReader, FolderSpec
 from .pagecache import files_under
 
@@ -30,7 +30,7 @@ class Target:
     """One bench target: its files (what eviction drops) and the facts the report shows."""
 
     name: str
-    path: Path
+    path: Path | str  # a store on object storage: its URL (never a Path)
     kind: str  # a backend name, "folder", or "dldataset" (a HALCON DLDataset's images, read in place)
     count: int
     files: list[Path]
@@ -44,6 +44,9 @@ class Target:
     #: Stores: bytes on disk of the arrays a batch reads (not the checksums, source paths or
     #: augmentation variants, which a plain read never touches); None: every byte counts.
     read_bytes: int | None = None
+    #: A store on object storage: no files here, so no page cache to evict or measure; its cache is
+    #: the reader's shard cache (cold: emptied, warm: filled by one untimed epoch).
+    remote: bool = False
 
     @property
     def is_folder(self) -> bool:
@@ -65,6 +68,8 @@ class Target:
 
     def open(self, spec: FolderSpec | None) -> FolderReader | Dataset:
         """A fresh reader of the target; a folder needs the ``spec`` its images are decoded to."""
+        if self.remote:
+            return _open_remote(str(self.path))
         if not self.is_folder:
             from ..read.dataset import Dataset
 
@@ -90,6 +95,7 @@ class Target:
             "image_shape": shape,
             "dtype": (spec.dtype if spec else None) if self.is_folder else self.dtype,
             "decoded_on_the_fly": self.is_folder,
+            "remote": self.remote,
         }
 
 
@@ -114,8 +120,10 @@ def _dldataset_target(p: Path) -> Target:
 
 
 def resolve_target(path: str | os.PathLike[str]) -> Target:
-    """Classify ``path`` as a dlpack store, a HALCON DLDataset or a folder of images and list its files."""
-    refuse_url(path, "bench target")
+    """Classify ``path`` as a dlpack store, a HALCON DLDataset or a folder of images and list its
+    files; a URL is a store on object storage (no files: its cache is the reader's shard cache)."""
+    if is_url(path):
+        return _remote_target(os.fspath(path))
     from ..backends import detect_backend
     from ..halcon.view import is_dldataset
     from ..read.dataset import Dataset
@@ -152,22 +160,42 @@ def resolve_target(path: str | os.PathLike[str]) -> Target:
             sizes=sizes,
         )
     with Dataset(p) as ds:
-        m = ds.manifest
-        # The store's own size on disk (shards, index, manifest), as the backend counts it.
-        on_disk = ds.reader.nbytes_on_disk()
-        read = sum(ds.reader.array_nbytes_on_disk(name) for name in ds.batch_arrays())
-        return Target(
-            name=p.resolve().name or str(p),
-            path=p.resolve(),
-            kind=ds.backend,
-            count=m.count,
-            files=files_under(p),
-            bytes_on_disk=on_disk,
-            read_bytes=read,
-            shape=m.image.shape,
-            dtype=m.image.dtype,
-            resize_mode=str(m.resize.get("mode")) if m.resize else None,
-        )
+        return _store_target(ds, p.resolve().name or str(p), p.resolve(), files_under(p))
+
+
+def _remote_target(url: str) -> Target:
+    """A store on object storage, opened as ``dlpack.open`` opens it (a handful of requests)."""
+    with _open_remote(url) as ds:
+        return _store_target(ds, url.rstrip("/").rsplit("/", 1)[-1] or url, url, [], remote=True)
+
+
+def _open_remote(url: str) -> Dataset:
+    """The store at ``url``, opened by ``dlpack.open`` (what training reads it with)."""
+    from ..read.dataset import Dataset, open
+
+    ds = open(url)
+    if not isinstance(ds, Dataset):
+        raise StoreError(f"bench target {url!r} is not a dlpack store")
+    return ds
+
+
+def _store_target(ds: Dataset, name: str, where: Path | str, files: list[Path], *, remote: bool = False) -> Target:
+    """The target of an open store: its size as the backend counts it (shards, index, manifest)
+    and the bytes of the arrays a batch reads."""
+    m = ds.manifest
+    return Target(
+        name=name,
+        path=where,
+        kind=ds.backend,
+        count=m.count,
+        files=files,
+        bytes_on_disk=ds.reader.nbytes_on_disk(),
+        read_bytes=sum(ds.reader.array_nbytes_on_disk(n) for n in ds.batch_arrays()),
+        shape=m.image.shape,
+        dtype=m.image.dtype,
+        resize_mode=str(m.resize.get("mode")) if m.resize else None,
+        remote=remote,
+    )
 
 
 def reference_spec(targets: Sequence[Target], options: BenchOptions) -> FolderSpec | None:

@@ -19,7 +19,7 @@ from ..options import BuildOptions
 from ..pack import BuildResult
 from ..pack.inputs import as_source, probe_stage, probed, scan_stage, source_options, split_stage
 from ..pack.plan import plan_stage
-from ..sources.base import Source
+from ..sources.base import Source, files_of
 from ..storage.lock import BuildLock, journal_path, lock_path, old_path, partial_path
 from ..storage.publish import clear_leftovers, not_ours
 
@@ -145,7 +145,7 @@ def _exported_result(
     scan = scan_stage(source)
     if opts.split:
         scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(source.root))
-    probes = probe_stage(source.root, scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet)
+    probes = probe_stage(files_of(source), scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet)
     plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(source.root))
     if plan.fingerprint() != recorded:
         return None

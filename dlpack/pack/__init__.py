@@ -28,7 +28,7 @@ from .. import _parallel
 from ..backends import Backend, backend_for_path, owned_store
 from ..errors import StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
-from ..sources.base import Source, SourceScan
+from ..sources.base import Source, SourceScan, files_of
 from ..storage.location import Location
 from ..storage.publish import PublishedInterrupt, check_replaceable
 from ..storage.site import BuildSite, ObjectSite, site_for
@@ -216,7 +216,8 @@ def build(
         if opts.split:
             scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         give_back_freed()  # what the scan's sort freed, before the stages that hold large blocks
-        probes = probe_stage(root, scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet)
+        files = files_of(source)
+        probes = probe_stage(files, scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet)
         give_back_freed()
         plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(root))
         variants = after.config(opts, plan, scan) if after is not None else None
@@ -237,7 +238,7 @@ def build(
             return finish_step(existing, out_path, opts, variants, t0, finish=True)
         if sel.errors and opts.on_error == "fail":
             pairs = jobs_of(scan.items, probes, sel.keep)
-            found = validate_stage(os.fspath(root), plan, pairs, n_jobs=opts.n_jobs, quiet=opts.quiet)
+            found = validate_stage(files, plan, pairs, n_jobs=opts.n_jobs, quiet=opts.quiet)
             raise bad_inputs([*sel.errors, *found], root, nothing_left=len(found) == len(pairs))
         plan, sel, samples, partial, resume = pack_stage(
             backend,
@@ -250,6 +251,7 @@ def build(
             WriteOptions(opts.n_jobs, opts.quiet, opts.no_resume),
             on_error=opts.on_error,
             replan=lambda kept: plan_stage(scan, probes, kept, opts, backend.name, os.fspath(root)),
+            files=files,
         )
         try:
             result = _finish(backend, site, out_path, opts, t0, scan, probes, plan, sel, samples, partial, resume)

@@ -19,20 +19,11 @@ from ..errors import BadInputsError, InputFileError, OptionError, SourceError
 from ..manifest import Manifest
 from ..options import BuildOptions
 from ..sources.anomaly import AnomalyFolderSource
-from ..sources.base import Source, SourceScan
+from ..sources.base import Source, SourceFiles, SourceScan
 from ..sources.folder import FOLLOW_ADVICE, SPLIT_NAMES, FolderSource, label_path, label_paths_error
 from ..sources.masks import MaskFolderSource
 from .inputs import Probe, split_names
 from .plan import BuildPlan
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(2**20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 #: What ``build --update`` does with each build option (a test holds every field of BuildOptions to
 #: one entry): "plan" options must match the store's plan when given; "kept" ones keep the store's
@@ -252,7 +243,12 @@ def class_aliases(old: Sequence[str], new: Sequence[str]) -> dict[str, str]:
 
 
 def source_changes(
-    root: Path, scan: SourceScan, probes: Sequence[Probe], rels0: Sequence[str], stat0: np.ndarray, sha0: np.ndarray
+    files: SourceFiles,
+    scan: SourceScan,
+    probes: Sequence[Probe],
+    rels0: Sequence[str],
+    stat0: np.ndarray,
+    sha0: np.ndarray,
 ) -> Changes:
     """Compare the source with the store: size and mtime first, then the content hash."""
     match = _match_paths(rels0, scan)
@@ -261,12 +257,12 @@ def source_changes(
     restat: dict[int, tuple[int, int]] = {}
     for i in kept:
         k = match[i]
-        path = Path(root, scan.items[k].rel)
-        st = os.stat(path)
-        if (st.st_size, st.st_mtime_ns) == tuple(int(v) for v in stat0[i]):
+        rel = scan.items[k].rel
+        st = files.stat(rel)
+        if st == tuple(int(v) for v in stat0[i]):
             continue
-        if probes[k].error is None and _file_sha256(path) == bytes(sha0[i]).hex():
-            restat[i] = (st.st_size, st.st_mtime_ns)  # touched or copied, same bytes: nothing to decode
+        if probes[k].error is None and hashlib.sha256(files.read(rel)[0]).hexdigest() == bytes(sha0[i]).hex():
+            restat[i] = (st.size, st.version)  # touched or copied, same bytes: nothing to decode
         else:
             replaced.add(i)
     removed = tuple(i for i in range(len(rels0)) if i not in match)

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, overload
+from typing import Any, overload
 
 import numpy as np
 
 from .. import _parallel
-from .._files import NotRegularFileError, open_regular, refuse_url
+from .._files import refuse_url
 from .._names import shown as shown_name
 from ..backends import BACKENDS
 from ..errors import BadInputsError, InputFileError, OptionError, SourceError, SourceNotFoundError
 from ..options import SPLIT_PART_NAMES, BuildOptions
 from ..sources._items import ItemTable
 from ..sources.anomaly import AnomalyFolderSource
-from ..sources.base import Source, SourceItem, SourceScan
+from ..sources.base import Source, SourceFiles, SourceItem, SourceScan
+from ..sources.base import open_input as open_input  # where it lived: the regular-files rule of input files
 from ..sources.decode import DecodeError, check_header, incomplete_reason, no_header_reason, normalise_header
 from ..sources.folder import FolderSource
 from ..sources.masks import MaskFolderSource
@@ -419,39 +419,20 @@ class ProbeTable(Sequence[Probe]):
         return total
 
 
-def open_input(path: Path) -> BinaryIO:
-    """Open ``path`` for reading only if it is a regular file; anything else raises OSError saying what it is.
-
-    A named pipe blocks its reader until a writer comes (forever, in a build) and opening a device
-    can have side effects: see :func:`dlpack._files.open_regular`.
-    """
-    try:
-        fd = open_regular(path)
-    except NotRegularFileError as exc:
-        raise OSError(errno.EINVAL, f"{exc.strerror}; only regular files are packed", os.fspath(path)) from None
-    return os.fdopen(fd, "rb")
-
-
-def _tail_ok(path: Path, header: ImageHeader) -> str | None:
+def _tail_ok(files: SourceFiles, rel: str, header: ImageHeader) -> str | None:
     """Truncation check from the file's last bytes; the whole file is read only when they are unusual."""
     if header.format not in ("jpeg", "png"):
         return None
-    with open_input(path) as f:
-        f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
-        if incomplete_reason(f.read(), header.format, whole=False) is None:
-            return None
-        f.seek(0)
-        return incomplete_reason(f.read(), header.format)
+    if incomplete_reason(files.read_tail(rel, 64), header.format, whole=False) is None:
+        return None
+    return incomplete_reason(files.read(rel)[0], header.format)
 
 
-def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[Probe]:
+def _probe_files(files: SourceFiles, rels: Sequence[str], max_pixels: int) -> list[Probe]:
     out = []
     for rel in rels:
-        path = Path(root, rel)
         try:
-            with open_input(path) as f:
-                head = f.read(HEADER_BYTES)
-                size = os.fstat(f.fileno()).st_size
+            head, size = files.read_head(rel, HEADER_BYTES)
         except OSError as exc:
             out.append(Probe(None, 0, f"cannot read: {exc.strerror or exc}"))
             continue
@@ -463,8 +444,7 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[Probe]
             # TIFF keeps its first IFD after the pixels, JPEG metadata can exceed the head, and a
             # WebP's EXIF chunk follows its image data.
             try:
-                with open_input(path) as f:
-                    head = f.read()
+                head = files.read(rel)[0]
                 header = probe_header(head)
             except OSError as exc:
                 out.append(Probe(None, size, f"cannot read: {exc.strerror or exc}"))
@@ -480,7 +460,7 @@ def _probe_files(root: str, rels: Sequence[str], max_pixels: int) -> list[Probe]
             out.append(Probe(header, size, str(exc)))
             continue
         try:
-            out.append(Probe(header, size, _tail_ok(path, header)))
+            out.append(Probe(header, size, _tail_ok(files, rel, header)))
         except OSError as exc:
             out.append(Probe(header, size, f"cannot read: {exc.strerror or exc}"))
     return out
@@ -495,7 +475,9 @@ def _rels(items: Sequence[SourceItem], start: int, stop: int) -> list[str]:
     return [rel(k) for k in range(start, stop)] if rel is not None else [it.rel for it in items[start:stop]]
 
 
-def probe_stage(root: Path, items: Sequence[SourceItem], *, max_pixels: int, n_jobs: int, quiet: bool) -> ProbeTable:
+def probe_stage(
+    files: SourceFiles, items: Sequence[SourceItem], *, max_pixels: int, n_jobs: int, quiet: bool
+) -> ProbeTable:
     """2. Read every file's header (in workers): size, channels, depth, and why a file is unusable.
 
     The paths of a call are listed only when the pool asks for it, and its probes go into columns.
@@ -504,9 +486,7 @@ def probe_stage(root: Path, items: Sequence[SourceItem], *, max_pixels: int, n_j
 
     step = PROBE_STEP
     n = len(items)
-    calls = (
-        delayed(_probe_files)(os.fspath(root), _rels(items, s, min(s + step, n)), max_pixels) for s in range(0, n, step)
-    )
+    calls = (delayed(_probe_files)(files, _rels(items, s, min(s + step, n)), max_pixels) for s in range(0, n, step))
     n_calls = -(-n // step)
     probes = ProbeTable(n)
     # While the pool is still starting (see build), reading headers here beats waiting for it.

@@ -19,7 +19,7 @@ from ..backends import ArraySpec, Backend, StoreWriter, owned_store, remove_stor
 from ..errors import DlpackError, InputFileError, OptionError, SourceError, StoreError, StoreNotFoundError
 from ..manifest import Manifest
 from ..options import BuildOptions, parse_labels
-from ..sources.base import Source, SourceItem, SourceScan
+from ..sources.base import Source, SourceFiles, SourceItem, SourceScan, files_of
 from ..sources.folder import FolderSource
 from ..storage.lock import journal_path, partial_path
 from ..storage.publish import publish, unmarked
@@ -165,10 +165,11 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         root = source.root
         scan, plan0 = _scan_update(source, m, plan0, out)
         user = user_arrays(m, uo.fill_values, uo.drop_array, out)
-        probes = probe_stage(root, scan.items, max_pixels=uo.max_pixels, n_jobs=uo.n_jobs, quiet=uo.quiet)
+        files = files_of(source)
+        probes = probe_stage(files, scan.items, max_pixels=uo.max_pixels, n_jobs=uo.n_jobs, quiet=uo.quiet)
         ch = _change_stage(reader, m, plan0, source, scan, probes, out, compact=uo.compact)
         added, errors = _validate_update(
-            root, plan0, scan, probes, ch, on_error=uo.on_error, n_jobs=uo.n_jobs, quiet=uo.quiet
+            root, files, plan0, scan, probes, ch, on_error=uo.on_error, n_jobs=uo.n_jobs, quiet=uo.quiet
         )
         at = _place_samples(scan, ch, added, out)
         unfilled = [s for s in user if s.name not in uo.fill_values]
@@ -183,7 +184,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         try:
             pool = LocalPool(uo.n_jobs)
             decoded, shared, written = _write_update(
-                partial.writer, reader, out, plan0, up, scan, probes, root, user, uo.fill_values, pool, uo.quiet
+                partial.writer, reader, out, plan0, up, scan, probes, files, user, uo.fill_values, pool, uo.quiet
             )
             arrays, manifest = _update_manifest(reader, m, up, ch, scan, decoded, errors)
         except BaseException as exc:
@@ -231,16 +232,16 @@ def _change_stage(
 ) -> Changes:
     """How the source differs from the store (files and, where recorded, their labels); files gone
     from the source are refused unless ``compact``."""
-    root = source.root
+    root, files = source.root, files_of(source)
     rels0 = [reader.source(i) for i in range(m.count)]
-    ch = source_changes(root, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
+    ch = source_changes(files, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
     lp0 = plan0.labels
     if lp0 is not None and "label_sha256" in m.arrays:
         ch = label_changes(
             ch,
             scan,
             reader.meta("label_sha256"),
-            lambda it: label_digest(os.fspath(root), lp0.label_root, it.annotations),
+            lambda it: label_digest(files.root, lp0.label_root, it.annotations),
         )
     if isinstance(source, FolderSource):
         new_label_paths(scan, ch.added, root)
@@ -251,6 +252,7 @@ def _change_stage(
 
 def _validate_update(
     root: Path,
+    files: SourceFiles,
     plan0: BuildPlan,
     scan: SourceScan,
     probes: Sequence[Probe],
@@ -266,7 +268,7 @@ def _validate_update(
     todo = [ch.match[i] for i in sorted(ch.replaced)] + list(ch.added)
     bad = {k: InputFileError(scan.items[k].rel, probes[k].error or "") for k in todo if probes[k].error}
     pairs = jobs_of(scan.items, probes, [k for k in todo if k not in bad])
-    found = validate_stage(os.fspath(root), plan0, pairs, n_jobs=n_jobs, quiet=quiet)
+    found = validate_stage(files, plan0, pairs, n_jobs=n_jobs, quiet=quiet)
     now = {it.rel: k for k, it in enumerate(scan.items)}
     bad.update({now[e.path]: e for e in found})
     bad = {k: InputFileError(e.path, update_reason(e.reason, plan0)) for k, e in bad.items()}
@@ -423,7 +425,7 @@ def _write_update(
     up: UpdatePlan,
     scan: SourceScan,
     probes: Sequence[Probe],
-    root: Path,
+    files: SourceFiles,
     user: Sequence[ArraySpec],
     fills: Mapping[str, float | None],
     pool: Pool,
@@ -439,7 +441,7 @@ def _write_update(
     if masks is not None:
         writer.create_array(masks, plan.count, rows=writer.shard_rows(images.name))
     decoded, shared, written = _update_blocks(
-        writer, reader, out, plan0, plan, up.at.origin, scan, probes, root, pool, quiet
+        writer, reader, out, plan0, plan, up.at.origin, scan, probes, files, pool, quiet
     )
     carry_arrays(writer, reader, out, user, up.at.rows, fills)
     if up.keep_variants:
@@ -712,7 +714,7 @@ def _update_blocks(
     origin: Sequence[tuple[str, int]],
     scan: SourceScan,
     probes: Sequence[Probe],
-    root: Path,
+    files: SourceFiles,
     pool: Pool,
     quiet: bool,
 ) -> tuple[dict[int, Sample], int, int]:
@@ -739,7 +741,7 @@ def _update_blocks(
         pairs = [
             (rel[k], probes[k].header, scan.items[k].annotations) for src, k in origin[s : s + step] if src == "new"
         ]
-        return (decode_block, (os.fspath(root), plan, pairs, None, True, ticks), {})
+        return (decode_block, (files, plan, pairs, None, True, ticks), {})
 
     def land(s: int, results: Sequence[Sample | InputFileError]) -> tuple[None, int]:
         block = fixed_block(plan, min(step, len(origin) - s))

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
@@ -24,10 +22,11 @@ from .. import _parallel
 from .._parallel import Ticks
 from ..backends import StoreWriter
 from ..errors import InputFileError
+from ..sources.base import SourceFiles
 from ..sources.decode import DecodeError, prepare_image
-from ..sources.labels import prepare_labels
+from ..sources.labels import prepare_labels, read_label_file
 from ..sources.probe import ImageHeader
-from .inputs import Kept, open_input
+from .inputs import Kept
 from .plan import BuildPlan
 from .stats import histograms
 
@@ -93,11 +92,9 @@ def label_digest(root: str, label_root: str | None, annotations: Mapping[str, An
         name = (annotations or {}).get(key)
         if not name:
             continue
-        path = Path(name) if Path(name).is_absolute() else Path(label_root if label_root is not None else root, name)
         h.update(b"\0" + key.encode())
         try:
-            with open_input(path) as f:
-                h.update(f.read())
+            h.update(read_label_file(root, label_root, name))
         except OSError as exc:
             h.update(f"unreadable: {exc.strerror or exc}".encode())
     return h.hexdigest()
@@ -184,15 +181,17 @@ class Sample:
 
 
 def prepare_file(
-    root: str, plan: BuildPlan, rel: str, header: ImageHeader | None, annotations: Mapping[str, Any] | None = None
+    files: SourceFiles,
+    plan: BuildPlan,
+    rel: str,
+    header: ImageHeader | None,
+    annotations: Mapping[str, Any] | None = None,
 ) -> tuple[np.ndarray, Sample]:
     """Read one file and turn it into its stored form with :func:`~dlpack.sources.decode.prepare_image`,
     and its annotations into the label outputs with :func:`~dlpack.sources.prepare_labels` (the
     sample's ``mask`` rides on it). A label file that cannot be used is a :class:`DecodeError` of the
     image, naming the label file."""
-    with open_input(Path(root, rel)) as f:
-        st = os.fstat(f.fileno())
-        data = f.read()
+    data, st = files.read(rel)
     prepared = prepare_image(data, plan.target, header)
     img, g = prepared.pixels, prepared.geometry
     spec = plan.image
@@ -208,14 +207,14 @@ def prepare_file(
         (g.scale_y, g.scale_x, float(g.off_y), float(g.off_x)),
         zlib.crc32(img.data),
         prepared.conversions,
-        stat=(st.st_size, st.st_mtime_ns),
+        stat=(st.size, st.version),
         sha256=hashlib.sha256(data).hexdigest(),
     )
     lp = plan.labels
     if lp is None:
         return img, meta
     out = prepare_labels(
-        root, lp.label_root, annotations, prepared, lp.task, lp.mask_dtype, lp.mask_ignore, lp.class_ids,
+        files.root, lp.label_root, annotations, prepared, lp.task, lp.mask_dtype, lp.mask_ignore, lp.class_ids,
         instance_masks=lp.instance_masks,
     )  # fmt: skip
     arrays = out.arrays
@@ -236,7 +235,7 @@ def prepare_file(
         box_labels=tuple(int(v) for v in arrays["box_labels"].tolist()) if lp.boxes and n else (),
         box_crowd=(tuple(int(v) for v in crowd.tolist()) if crowd is not None else (0,) * n) if lp.crowd else None,
         mask_crc=None if mask is None else zlib.crc32(mask.data),
-        label_sha256=label_digest(root, lp.label_root, annotations),
+        label_sha256=label_digest(files.root, lp.label_root, annotations),
         clipped=out.clipped,
         dropped=out.dropped,
         mask=mask,
@@ -245,7 +244,7 @@ def prepare_file(
 
 
 def decode_block(
-    root: str,
+    files: SourceFiles,
     plan: BuildPlan,
     pairs: Sequence[Job],
     out: np.ndarray | None = None,
@@ -264,7 +263,7 @@ def decode_block(
         if ticks is not None and k and k % ticks.EVERY == 0:
             ticks(k)
         try:
-            img, meta = prepare_file(root, plan, rel, header, ann)
+            img, meta = prepare_file(files, plan, rel, header, ann)
         except DecodeError as exc:
             results.append(InputFileError(rel, str(exc)))
             continue
@@ -280,13 +279,13 @@ def decode_block(
 
 
 def validate_stage(
-    root: str, plan: BuildPlan, pairs: Sequence[Job], *, n_jobs: int, quiet: bool
+    files: SourceFiles, plan: BuildPlan, pairs: Sequence[Job], *, n_jobs: int, quiet: bool
 ) -> list[InputFileError]:
     """Decode every file without writing; the failures (so one error can list every bad file)."""
     from joblib import delayed
 
     step = 16
-    calls = (delayed(decode_block)(root, plan, pairs[s : s + step]) for s in range(0, len(pairs), step))
+    calls = (delayed(decode_block)(files, plan, pairs[s : s + step]) for s in range(0, len(pairs), step))
     found: list[InputFileError] = []
     with _parallel.progress(len(pairs), "checking pixels", quiet) as bar:
         for block in _parallel.parallel(n_jobs, calls, -(-len(pairs) // step)):
@@ -312,12 +311,12 @@ def mask_block(plan: BuildPlan, n: int) -> np.ndarray | None:
 
 
 def decode_fixed_block(
-    root: str, plan: BuildPlan, pairs: Sequence[Job], ticks: Ticks | None = None
+    files: SourceFiles, plan: BuildPlan, pairs: Sequence[Job], ticks: Ticks | None = None
 ) -> tuple[np.ndarray, np.ndarray | None, list[Sample | InputFileError]]:
     """Decode a block of a fixed-size store: its images, its masks (or None), and per-file results."""
     block = fixed_block(plan, len(pairs))
     masks = mask_block(plan, len(pairs))
-    return block, masks, decode_block(root, plan, pairs, out=block, ticks=ticks, masks=masks)
+    return block, masks, decode_block(files, plan, pairs, out=block, ticks=ticks, masks=masks)
 
 
 def write_decoded(
@@ -345,7 +344,7 @@ def block_counts(plan: BuildPlan, block: np.ndarray) -> np.ndarray:
 
 def write_block_worker(
     writer: StoreWriter,
-    root: str,
+    files: SourceFiles,
     plan: BuildPlan,
     start: int,
     pairs: Sequence[Job],
@@ -353,7 +352,7 @@ def write_block_worker(
 ) -> tuple[list[Sample | InputFileError], np.ndarray | None]:
     """Decode a block and write it as one block (in a worker, for writers that allow it): the
     per-file results, and the block's :func:`block_counts` (None when a file failed and nothing was written)."""
-    block, masks, results = decode_fixed_block(root, plan, pairs, ticks)
+    block, masks, results = decode_fixed_block(files, plan, pairs, ticks)
     if not write_decoded(writer, start, block, masks, results):
         return results, None
     return results, block_counts(plan, block)

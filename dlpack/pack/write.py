@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from .._parallel import Ticks
 from ..backends import ArraySpec, Backend, StoreWriter, remove_store
 from ..errors import DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
-from ..sources.base import SourceScan
+from ..sources.base import SourceFiles, SourceScan
 from ..storage.journal import BuildJournal, JournalState, Restart
 from ..storage.location import Location
 from ..storage.runner import resume_journal, run_blocks
@@ -77,7 +76,7 @@ def _verified_blocks(
     writer: StoreWriter,
     images: ArraySpec,
     state: JournalState[Sample],
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
 ) -> dict[int, list[Sample]]:
     """The journalled blocks still good: whole aligned blocks whose source files kept their size and
@@ -89,10 +88,10 @@ def _verified_blocks(
         if start % step or start >= len(pairs) or stop != min(start + step, len(pairs)):
             continue
         try:
-            stats = [os.stat(Path(root, job[0])) for job in pairs[start:stop]]
+            stats = [files.stat(job[0]) for job in pairs[start:stop]]
         except OSError:
             continue
-        if any((st.st_size, st.st_mtime_ns) != s.stat for st, s in zip(stats, samples, strict=True)):
+        if any(st != s.stat for st, s in zip(stats, samples, strict=True)):
             continue
         if site.block_intact(writer, start, samples, images.name, "mask" if "mask" in writer.arrays else None):
             done[start] = samples
@@ -129,7 +128,7 @@ def _continue_partial(
     site: BuildSite,
     plan: BuildPlan,
     images: ArraySpec,
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
     no_resume: bool,
 ) -> Partial:
@@ -154,7 +153,7 @@ def _continue_partial(
         if writer.arrays and isinstance(
             site, LocalSite
         ):  # its manifest was written: the killed build had finished the store
-            complete = _complete_partial(site, writer, backend, plan, images, state, root, pairs)
+            complete = _complete_partial(site, writer, backend, plan, images, state, files, pairs)
             if complete is not None:
                 journal = site.create_journal(state.header, complete, writer)
                 journal.mark_commit()
@@ -169,7 +168,7 @@ def _continue_partial(
             writer.attach_array(masks, plan.count)
         if not _resumable(writer, images) or writer.shard_rows(images.name) != state.header.get("block_len"):
             raise Restart(f"its {backend.name} image blocks cannot be continued")
-        done = _verified_blocks(site, writer, images, state, root, pairs)
+        done = _verified_blocks(site, writer, images, state, files, pairs)
     except Restart:
         writer.abort()
         raise
@@ -192,7 +191,7 @@ def _complete_partial(
     plan: BuildPlan,
     images: ArraySpec,
     state: JournalState[Sample],
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
 ) -> dict[int, list[Sample]] | None:
     """The blocks of a partial store that a killed build had committed, when it is exactly what this
@@ -212,7 +211,7 @@ def _complete_partial(
         return None
     if not _resumable(writer, spec) or writer.shard_rows(images.name) != state.header.get("block_len"):
         return None
-    done = _verified_blocks(site, writer, spec, state, root, pairs)
+    done = _verified_blocks(site, writer, spec, state, files, pairs)
     step = writer.shard_rows(images.name)
     return done if len(done) == -(-len(pairs) // step) else None
 
@@ -221,7 +220,7 @@ def open_partial(
     backend: type[Backend],
     site: BuildSite,
     plan: BuildPlan,
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
     no_resume: bool,
 ) -> Partial:
@@ -236,7 +235,7 @@ def open_partial(
     note = ""
     if site.partial_exists():
         try:
-            return _continue_partial(backend, site, plan, images, root, pairs, no_resume)
+            return _continue_partial(backend, site, plan, images, files, pairs, no_resume)
         except Restart as exc:
             note = f"started over: {exc}"
     site.remove_journal()
@@ -291,7 +290,7 @@ def write_images(
     backend: type[Backend],
     out: BuildSite,
     plan: BuildPlan,
-    root: str,
+    files: SourceFiles,
     pairs: Sequence[Job],
     opts: WriteOptions,
 ) -> tuple[Sequence[Sample | InputFileError], Partial | None, str]:
@@ -302,7 +301,7 @@ def write_images(
     partial, and what became of an earlier partial (for the summary). When any file failed to
     decode, the partial is removed and None returned in its place.
     """
-    partial = open_partial(backend, out, plan, root, pairs, opts.no_resume)
+    partial = open_partial(backend, out, plan, files, pairs, opts.no_resume)
     writer, journal = partial.writer, partial.journal
     try:
         images = writer.arrays[image_array(plan.image, plan.compression).name]
@@ -326,11 +325,11 @@ def write_images(
         behind = in_workers and not pool.pooled(len(starts))
         # A block's jobs are made when the pool takes its call, not all before the first.
         work: Callable[[int, Ticks | None], Any] = (
-            (lambda s, ticks: (decode_fixed_block, (root, plan, pairs[s : s + step], ticks), {}))
+            (lambda s, ticks: (decode_fixed_block, (files, plan, pairs[s : s + step], ticks), {}))
             if behind
-            else (lambda s, ticks: (_write_block_packed, (writer, root, plan, s, pairs[s : s + step], ticks), {}))
+            else (lambda s, ticks: (_write_block_packed, (writer, files, plan, s, pairs[s : s + step], ticks), {}))
             if in_workers
-            else (lambda s, ticks: (decode_block, (root, plan, pairs[s : s + step], None, True, ticks), {}))
+            else (lambda s, ticks: (decode_block, (files, plan, pairs[s : s + step], None, True, ticks), {}))
         )
         land = state.decoded_fixed if behind else state.packed if in_workers else state.decoded
         run_blocks(
@@ -361,11 +360,16 @@ def write_images(
 
 
 def _write_block_packed(
-    writer: StoreWriter, root: str, plan: BuildPlan, start: int, pairs: Sequence[Job], ticks: Ticks | None = None
+    writer: StoreWriter,
+    files: SourceFiles,
+    plan: BuildPlan,
+    start: int,
+    pairs: Sequence[Job],
+    ticks: Ticks | None = None,
 ) -> tuple[SampleBlock, np.ndarray | None, Any]:
     """:func:`write_block_worker` in a worker, its results sent back as columns (a :class:`SampleBlock`),
     with what its copy of the writer reports it wrote (:meth:`~dlpack.backends.StoreWriter.take_landed`)."""
-    results, counts = write_block_worker(writer, root, plan, start, pairs, ticks)
+    results, counts = write_block_worker(writer, files, plan, start, pairs, ticks)
     return SampleBlock(results), counts, writer.take_landed()
 
 
@@ -571,6 +575,7 @@ def pack_stage(
     *,
     on_error: str,
     replan: Callable[[Selection], tuple[BuildPlan, Selection]],
+    files: SourceFiles,
 ) -> tuple[BuildPlan, Selection, SampleTable, Partial, str]:
     """4-5. Decode and write the selected items under ``plan`` into the partial store of ``out``.
 
@@ -585,7 +590,7 @@ def pack_stage(
         if not sel.keep:
             raise bad_inputs(sel.errors, root, nothing_left=True)
         pairs = jobs_of(scan.items, probes, sel.keep)
-        results, partial, found = write_images(backend, out, plan, os.fspath(root), pairs, opts)
+        results, partial, found = write_images(backend, out, plan, files, pairs, opts)
         note = note or found
         if partial is not None:
             assert isinstance(results, SampleTable)

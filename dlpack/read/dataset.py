@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import schema
-from .._files import refuse_url
-from ..backends import StoreReader, open_reader
+from ..backends import StoreReader
 from ..errors import (
     DlpackError,
     OptionError,
@@ -25,6 +24,8 @@ from ..errors import (
     StoreNotFoundError,
 )
 from ..manifest import ArraySpec, Manifest
+from ..storage.location import Location, is_url
+from ..storage.remote import open_reader
 from .loader import Loader, LoaderOptions, source_loader
 
 if TYPE_CHECKING:
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from .views import CachedViews
 
 __all__ = ["Dataset", "open"]
+
+#: Images :meth:`Dataset.check` reads at a time (bounded memory).
+_VERIFY_BYTES = 64 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,19 +58,29 @@ class VerifyReport:
         return not self.mismatched and not self.damaged
 
 
-def verify_store(path: str | os.PathLike[str]) -> VerifyReport:
-    """Verify the store at ``path`` (see :meth:`Dataset.check`), also when it does not open:
-    then every array whose damage keeps it from opening is named where its manifest can be read."""
-    refuse_url(path, "the store")
+def verify_store(path: str | os.PathLike[str] | Location, storage_options: Any = None) -> VerifyReport:
+    """Verify the store at ``path`` (a local path or an object-store URL; see :meth:`Dataset.check`),
+    also when it does not open: then every array whose damage keeps it from opening is named where
+    its manifest can be read."""
+    where = _where(path, storage_options)
     try:
-        ds = Dataset(path)
+        ds = Dataset(where)
     except (StoreError, StoreNotFoundError) as exc:
-        return _unopenable(Path(path), exc)
+        return _unopenable(where, exc)
     with ds:
         return ds.check()
 
 
-def _unopenable(path: Path, exc: DlpackError) -> VerifyReport:
+def _where(path: str | os.PathLike[str] | Location, storage_options: Any) -> Path | Location:
+    """A local store's path as given (made a Path), or the Location of a URL with its options."""
+    if is_url(path):
+        return Location.parse(path, storage_options)
+    if storage_options:
+        Location.parse(path, storage_options)  # the OptionError: options are for URLs
+    return Path(path.url if isinstance(path, Location) else path)
+
+
+def _unopenable(path: Path | Location, exc: DlpackError) -> VerifyReport:
     try:
         reader = open_reader(path)
         count = len(reader)
@@ -90,12 +104,24 @@ class Dataset:
     the path travels, and each process opens its own handles on first use.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._setup(Path(path), None)
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | Location,
+        storage_options: Any = None,
+        *,
+        cache_bytes: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._cache = (cache_bytes, None if cache_dir is None else os.fspath(cache_dir))
+        self._setup(_where(path, storage_options), None)
 
-    def _setup(self, path: Path, pin: str | None) -> None:
-        self.path = path
-        self._reader: StoreReader = open_reader(self.path)
+    def _setup(self, path: Path | Location, pin: str | None) -> None:
+        #: The store's local path, or its :class:`~dlpack.storage.location.Location` (printed as its URL).
+        self.path: Any = path
+        if isinstance(path, Location):
+            self._reader: StoreReader = open_reader(path, cache_bytes=self._cache[0], cache_dir=self._cache[1])
+        else:
+            self._reader = open_reader(path)
         self._reader.pin_to(pin)  # a copy must read the very store its original opened
         self._warm_skip: frozenset[str] | None = None  # what warm() leaves cold (the variants), found once
         m = self._reader.manifest  # fail now, not at the first sample, on incomplete or newer stores
@@ -116,9 +142,11 @@ class Dataset:
         ]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "pin": self._reader.pin}
+        # A Location travels with its storage options; each process makes its own client and cache.
+        return {"path": self.path, "pin": self._reader.pin, "cache": self._cache}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self._cache = state.get("cache", (None, None))
         self._setup(state["path"], state.get("pin"))
 
     @property
@@ -360,6 +388,29 @@ class Dataset:
             )
         return idx
 
+    @property
+    def streamed(self) -> bool:
+        """Whether the store is read over the network (an object store), not from a local file system."""
+        return bool(self._reader.streamed)
+
+    @property
+    def shard_rows(self) -> int | None:
+        """Images per shard of the image array (None for a variable-size store, or one that does not record it)."""
+        rows = self.manifest.shard_rows
+        return rows if self.manifest.image.shape is not None and rows > 0 else None
+
+    @property
+    def block_hint(self) -> int | None:
+        """The run of consecutive samples the loader's ``order="block"`` reads by default: one whole
+        shard on a streamed store (each fetch is then used whole, by one rank), None on a local
+        one (the loader keeps its fixed default there, so local orders never change)."""
+        return self.shard_rows if self.streamed else None
+
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Start fetching what samples ``indices`` (the loader's next reads, in order) need: the
+        shards of a streamed store; nothing on a local one. Never changes what a read returns."""
+        self._reader.prefetch(np.asarray(indices, dtype=np.int64).reshape(-1))
+
     def warm(self) -> None:
         """Open maps and read indexes now (the loader calls it before its threads start), of the
         arrays samples and batches read: not of the augmentation variants (K times the images), which
@@ -475,10 +526,20 @@ class Dataset:
         if not broken & needed:
             try:
                 expected = r.read_all(schema.CHECKSUM)
-                for i in range(len(self)):
-                    img = np.ascontiguousarray(r.read_image(i))
-                    if zlib.crc32(img.data) != int(expected[i]):
-                        bad.append((i, r.source(i)))
+                shape = self.manifest.image.shape
+                if shape is None:
+                    for i in range(len(self)):
+                        img = np.ascontiguousarray(r.read_image(i))
+                        if zlib.crc32(img.data) != int(expected[i]):
+                            bad.append((i, r.source(i)))
+                else:  # in blocks: a remote reader fetches the shards of a block whole, several at once
+                    step = max(1, _VERIFY_BYTES // max(1, r.spec(schema.IMAGES).item_nbytes))
+                    buf = np.empty((min(step, len(self)), *shape), dtype=self.manifest.image.dtype)
+                    for a in range(0, len(self), step):
+                        got = r.read_into(schema.IMAGES, np.arange(a, min(len(self), a + step)), buf)
+                        for k in range(min(step, len(self) - a)):
+                            if zlib.crc32(np.ascontiguousarray(got[k]).data) != int(expected[a + k]):
+                                bad.append((a + k, r.source(a + k)))
             except StoreError as exc:
                 damaged.append((image_arrays[0], str(exc)))
             damaged += self._variant_problems(broken)
@@ -625,10 +686,24 @@ def _shown(spec: ArraySpec) -> str:
     return "name" if spec.name == schema.SPLIT else "int"
 
 
-def open(path: str | os.PathLike[str]) -> Dataset | DLDatasetView:  # noqa: A001 - the public name is dlpack.open
+def open(  # noqa: A001 - the public name is dlpack.open
+    path: str | os.PathLike[str] | Location,
+    storage_options: Any = None,
+    *,
+    cache_bytes: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Dataset | DLDatasetView:
     """Open a store (Zarr folder or HDF5 file) for reading; a HALCON DLDataset (a folder holding
-    ``dataset.json``, or its ``.json`` file) opens read-only in place, decoded on the fly."""
-    refuse_url(path, "the store")
+    ``dataset.json``, or its ``.json`` file) opens read-only in place, decoded on the fly.
+
+    ``path`` may be an object-store URL (``s3://bucket/x.zarr``, a Zarr store), with
+    ``storage_options`` (endpoint, keys, ...: :data:`dlpack.storage.location.OPTION_KEYS`) over the
+    AWS environment; whole shards are kept in ``cache_bytes`` of memory (default 1 GiB) and, with
+    ``cache_dir``, in a local folder the processes of one machine share."""
+    if is_url(path):
+        return Dataset(path, storage_options, cache_bytes=cache_bytes, cache_dir=cache_dir)
+    if storage_options:
+        Location.parse(path, storage_options)  # the OptionError: options are for URLs
     from ..halcon.view import DLDatasetView, is_dldataset
 
     if is_dldataset(path):

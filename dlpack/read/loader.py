@@ -58,6 +58,13 @@ class BatchSource(Protocol):
     call, says so with a true ``batch_rows_independent`` attribute. The loader then reads several
     consecutive batches with one ``get_batch`` and cuts the result into per-batch views (a call
     costs tens of microseconds of Python, as much as copying a 32x32 batch).
+
+    Optional, for a source read over the network (a store on object storage):
+    ``prefetch(indices)`` is told, ahead of the reads (``LoaderOptions.fetch_ahead`` batches), the
+    indices the loader will read next, in order; it starts fetching and returns at once, and never
+    changes what a read returns. A source with ``streamed = False`` is never called (a local store).
+    ``block_hint`` (int or None) is the run of consecutive samples the source reads best together
+    (a streamed store's shard): ``order="block"`` uses it when ``block_size`` is None.
     """
 
     def __len__(self) -> int: ...
@@ -361,6 +368,41 @@ class _Read:
     epoch: int
 
 
+class _Hints:
+    """Names the samples of the groups ahead of the reads to the source's ``prefetch``, in the order
+    they will be read, each group once: before group ``k`` is read, every group up to ``k + lead``
+    has been named (one call per group once the first ``lead`` are). A streamed store then fetches
+    whole shards while the groups before them are read and used; nothing it does changes a read.
+    """
+
+    __slots__ = ("_prefetch", "_groups", "_lead", "_next")
+
+    def __init__(
+        self, prefetch: Callable[[np.ndarray], object] | None, groups: list[list[np.ndarray]], lead: int, done: int = 0
+    ) -> None:
+        self._prefetch = prefetch if lead > 0 else None
+        self._groups, self._lead, self._next = groups, lead, done
+
+    def reach(self, k: int) -> None:
+        """Group ``k`` is about to be read: name the groups up to ``k + lead`` not named yet."""
+        if self._prefetch is None:
+            return
+        stop = min(len(self._groups), k + self._lead)
+        if stop > self._next:
+            named = [ix for group in self._groups[self._next : stop] for ix in group]
+            self._next = stop
+            self._prefetch(np.concatenate(named))
+
+
+def source_prefetch(source: object) -> Callable[[np.ndarray], object] | None:
+    """The source's ``prefetch`` when calling it can help: not on a source that says it is not
+    ``streamed`` (a local store, whose prefetch does nothing: the loader skips even the call)."""
+    fetch: Callable[[np.ndarray], object] | None = getattr(source, "prefetch", None)
+    if not callable(fetch) or getattr(source, "streamed", True) is False:
+        return None
+    return fetch
+
+
 def split_batch(batch: dict[str, Any], sizes: Sequence[int]) -> list[dict[str, Any]] | None:
     """``batch`` of ``sum(sizes)`` rows cut into consecutive batches of ``sizes`` rows, keys in the
     same order: arrays and lists by rows (views), other values by their ``take_rows(start, stop)``
@@ -429,8 +471,14 @@ class Loader:
                     f"augment='cached' reads the variants of a dlpack store; {where} is not one (open a store with "
                     "dlpack.open)"
                 )
+            hint = getattr(source, "block_hint", None)
             source = cached(o.seed, original_rate=o.original_rate, views_per_batch=o.views_per_batch)
+        else:
+            hint = getattr(source, "block_hint", None)
         self.source = source
+        #: ``order="block"``'s run length: ``block_size``, else the source's ``block_hint`` (a streamed
+        #: store's shard rows), else 64; resolved once, and what states record as ``block_size``.
+        self.block_size = o.block_for(hint if o.effective_order == "block" else None)
         self.transform = transform
         #: Applied to each batch after ``transform``, on the reader thread that read it (the PyTorch
         #: adapter converts there, so the caller's thread only receives finished tensors). An
@@ -516,7 +564,7 @@ class Loader:
         o = self.options
         sel = self.selection
         glob = epoch_order(
-            len(self.source) if sel is None else len(sel), o.seed, epoch, o.effective_order, o.block_size, o.window
+            len(self.source) if sel is None else len(sel), o.seed, epoch, o.effective_order, self.block_size, o.window
         )
         return glob if sel is None else sel[glob]  # the same shuffle, over the selection's positions
 
@@ -734,10 +782,14 @@ class Loader:
             per = self._image_bytes if self.finisher is None else int(getattr(self.finisher, "image_nbytes", 0) or 0)
         g = self._group
         groups = [batches[s : s + g] for s in range(start, len(batches), g)]
+        fetch = source_prefetch(src)
+        lead = -(-o.fetch_ahead // g)  # groups named ahead, >= fetch_ahead batches
         if o.prefetch == 0 or self._workers == 0:
             self._drop_carry()
             k = start
-            for group in groups:  # prefetch=0 reads one batch at a time (groups of one)
+            hints = _Hints(fetch, groups, lead)
+            for q, group in enumerate(groups):  # prefetch=0 reads one batch at a time (groups of one)
+                hints.reach(q)
                 for batch in self._load_group(group, epoch):
                     n = len(batches[k])
                     timer.handed(n, n * per if per else batch_nbytes(batch))
@@ -750,6 +802,7 @@ class Loader:
         pool = self._executor(min(self._workers, ahead))
         pending: deque[_Read] = deque(self._take_carry(epoch, start))
         nxt = len(pending)  # reads made ahead are this epoch's first groups
+        hints = _Hints(fetch, groups, lead, done=nxt)  # the last pass named the groups it read ahead
         follow: list[_Read] = []  # the next epoch's first groups, read ahead once this one's are all submitted
         after: list[list[np.ndarray]] | None = None
 
@@ -760,6 +813,7 @@ class Loader:
             nonlocal nxt, after
             while len(pending) + len(follow) < ahead:
                 if nxt < len(groups):
+                    hints.reach(nxt)
                     pending.append(submit(groups[nxt], epoch))
                     nxt += 1
                     continue
@@ -770,6 +824,8 @@ class Loader:
                     after = [nb[s : s + g] for s in range(0, len(nb), g)]
                 if len(follow) >= len(after):
                     return
+                if fetch is not None and lead > 0:  # named as it is read ahead; the next pass names the rest
+                    fetch(np.concatenate(after[len(follow)]))
                 follow.append(submit(after[len(follow)], epoch + 1))
 
         top_up()
@@ -830,6 +886,7 @@ class Loader:
         ``rank``, so any rank's state describes the whole run.
         """
         o = asdict(self.options)
+        o["block_size"] = self.block_size  # resolved: the run length this loader's orders were drawn with
         return {
             "version": STATE_VERSION,
             "dataset": self._fingerprint(),
@@ -863,6 +920,7 @@ class Loader:
             raise StateError(f"loader state version {state['version']} is not one this dlpack reads ({STATE_VERSION})")
         saved = state["options"]
         mine = asdict(self.options)
+        mine["block_size"] = self.block_size
         for key in AUGMENT_OPTIONS:  # first: a state of cached views is also a state of other data
             if _json(saved.get(key, AUGMENT_OPTIONS[key])) != _json(mine[key]):
                 raise StateError(

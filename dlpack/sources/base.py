@@ -1,21 +1,26 @@
 """What a build reads: the :class:`Source` protocol and the items a source lists.
 
 A source turns the user's input (a folder tree, later a COCO file, a CSV, a mask folder or a
-DLDataset) into an ordered list of :class:`SourceItem`. The build decodes each item's file at
-``source.root / item.rel`` and stores the samples in the order the source gives; it knows nothing
-else about where the items came from, so a new source plugs in without touching the build (:mod:`dlpack.pack`).
+DLDataset) into an ordered list of :class:`SourceItem`. The build reads each item's file through
+the source's :class:`SourceFiles` (:func:`files_of`: a :class:`LocalFiles` on ``source.root``
+unless the source gives its own) and stores the samples in the order the source gives; it knows
+nothing else about where the items came from, so a new source plugs in without touching the build
+(:mod:`dlpack.pack`).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
+from .._files import NotRegularFileError, open_regular
 from ..errors import InputFileError
 
-__all__ = ["Source", "SourceItem", "SourceScan"]
+__all__ = ["FileStat", "LocalFiles", "Source", "SourceFiles", "SourceItem", "SourceScan", "files_of", "open_input"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +108,96 @@ class Source(Protocol):
     def scan(self) -> SourceScan:
         """Every item, with the single inputs that could not be used in ``errors``."""
         ...
+
+
+class FileStat(NamedTuple):
+    """What tells one state of an input file from another: its size in bytes and its version (the
+    modification time in nanoseconds for a local file), as the store records them for ``--update``
+    and a resumed build."""
+
+    size: int
+    version: int
+
+
+@runtime_checkable
+class SourceFiles(Protocol):
+    """How the build reads a source's files, by their path relative to the source root.
+
+    Workers get a pickled copy (no open handles), so an implementation holds only what locates the
+    files. An unreadable or irregular file raises ``OSError`` (its ``strerror`` says why). Label
+    images are read by the label parsers of :mod:`dlpack.sources.labels`, from ``root``.
+    """
+
+    @property
+    def root(self) -> str:
+        """The folder relative label-file paths start from (the source's root)."""
+        ...
+
+    def read(self, rel: str) -> tuple[bytes, FileStat]:
+        """The whole file, and its size and version as read."""
+        ...
+
+    def read_head(self, rel: str, n: int) -> tuple[bytes, int]:
+        """The file's first ``n`` bytes (fewer when it is shorter) and its size."""
+        ...
+
+    def read_tail(self, rel: str, n: int) -> bytes:
+        """The file's last ``n`` bytes (all of it when it is shorter)."""
+        ...
+
+    def stat(self, rel: str) -> FileStat:
+        """The file's size and version, without reading it."""
+        ...
+
+
+def open_input(path: Path) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file; anything else raises OSError saying what it is.
+
+    A named pipe blocks its reader until a writer comes (forever, in a build) and opening a device
+    can have side effects: see :func:`dlpack._files.open_regular`.
+    """
+    try:
+        fd = open_regular(path)
+    except NotRegularFileError as exc:
+        raise OSError(errno.EINVAL, f"{exc.strerror}; only regular files are packed", os.fspath(path)) from None
+    return os.fdopen(fd, "rb")
+
+
+@dataclass(frozen=True)
+class LocalFiles:
+    """The files of a local folder: each opened with :func:`open_input` (regular files only, never
+    blocking on a named pipe), its size and version taken from the open descriptor."""
+
+    root: str
+
+    def read(self, rel: str) -> tuple[bytes, FileStat]:
+        """The whole file, and its size and mtime (ns) from the descriptor it was read through."""
+        with open_input(Path(self.root, rel)) as f:
+            st = os.fstat(f.fileno())
+            data = f.read()
+        return data, FileStat(st.st_size, st.st_mtime_ns)
+
+    def read_head(self, rel: str, n: int) -> tuple[bytes, int]:
+        """The first ``n`` bytes and the file's size."""
+        with open_input(Path(self.root, rel)) as f:
+            head = f.read(n)
+            size = os.fstat(f.fileno()).st_size
+        return head, size
+
+    def read_tail(self, rel: str, n: int) -> bytes:
+        """The last ``n`` bytes."""
+        with open_input(Path(self.root, rel)) as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - n))
+            return f.read()
+
+    def stat(self, rel: str) -> FileStat:
+        """The size and mtime (ns) of the file (following a symbolic link, as the scan did)."""
+        st = os.stat(Path(self.root, rel))
+        return FileStat(st.st_size, st.st_mtime_ns)
+
+
+def files_of(source: Source) -> SourceFiles:
+    """How the build reads ``source``'s files: its own ``files`` when it has them, else the local
+    folder ``source.root`` (every source that only lists items keeps working)."""
+    files = getattr(source, "files", None)
+    return files if isinstance(files, SourceFiles) else LocalFiles(os.fspath(source.root))

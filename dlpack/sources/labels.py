@@ -19,6 +19,7 @@ import numpy as np
 
 from .._files import NotRegularFileError, open_regular
 from ..transforms.functional import orient_boxes, polygons_to_mask, resize_boxes, resize_mask, rle_to_mask
+from .base import open_input
 from .decode import DecodeError, PreparedImage, damage_reason, incomplete_reason, library_messages, no_header_reason
 from .probe import probe_header
 
@@ -92,6 +93,13 @@ class _Frames:
 def _label_path(root: str | os.PathLike[str], label_root: str | os.PathLike[str] | None, path: str) -> Path:
     p = Path(path)
     return p if p.is_absolute() else Path(label_root if label_root is not None else root) / p
+
+
+def read_label_file(root: str | os.PathLike[str], label_root: str | os.PathLike[str] | None, path: str) -> bytes:
+    """The bytes of the label file ``path`` names (relative to ``label_root``, else ``root``), read
+    as input files are (:func:`~dlpack.sources.base.open_input`); OSError when it cannot be."""
+    with open_input(_label_path(root, label_root, path)) as f:
+        return f.read()
 
 
 def _read_label_image(path: Path, name: str, what: str, frames: _Frames, frame: str) -> tuple[np.ndarray, str]:

@@ -82,6 +82,14 @@ class Storage(Protocol):
         """Several ranges of one object (coalesced into as few requests as the client can)."""
         ...
 
+    def fetch(
+        self, key: str, start: int | None = None, stop: int | None = None, *, if_match: str | None = None
+    ) -> tuple[bytes, ObjectInfo]:
+        """Bytes ``start:stop`` of an object (whole: both None; its last ``-start`` bytes: ``start``
+        negative, ``stop`` None) and the object they came from (whole size, version tag), in one
+        request: how a reader learns the version it pins without asking twice."""
+        ...
+
     def head(self, key: str) -> ObjectInfo | None:
         """The object's size and version tag, or None when there is none."""
         ...
@@ -274,6 +282,28 @@ class ObjectStorage:
         except Exception as exc:
             raise self._error(exc, key, "read") from None
 
+    def fetch(
+        self, key: str, start: int | None = None, stop: int | None = None, *, if_match: str | None = None
+    ) -> tuple[bytes, ObjectInfo]:
+        """Bytes of an object and its size and version tag, in one request (see :class:`Storage`)."""
+        import obstore
+
+        options: Any = {}
+        if if_match:
+            options["if_match"] = if_match
+        if start is not None and start < 0 and stop is None:
+            options["range"] = {"suffix": -start}
+        elif start is not None or stop is not None:
+            options["range"] = (start or 0, stop) if stop is not None else {"offset": start}
+        self._count("GET")
+        try:
+            got = obstore.get(self.client, self._key(key), options=options or None)
+            data = bytes(got.bytes())
+        except Exception as exc:
+            raise self._error(exc, key, "read") from None
+        meta = got.meta
+        return data, ObjectInfo(key, int(meta["size"]), str(meta.get("e_tag") or ""))
+
     def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]], *, if_match: str | None = None) -> list[bytes]:
         """Several ranges of one object."""
         import obstore
@@ -463,6 +493,28 @@ class LocalStorage:
     def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]], *, if_match: str | None = None) -> list[bytes]:
         """Several ranges of one object."""
         return [self.get_range(key, a, b, if_match=if_match) for a, b in ranges]
+
+    def fetch(
+        self, key: str, start: int | None = None, stop: int | None = None, *, if_match: str | None = None
+    ) -> tuple[bytes, ObjectInfo]:
+        """Bytes of a file and its size and version tag, from one open file (see :class:`Storage`)."""
+        try:
+            with open(self._path(key), "rb") as f:
+                st = os.fstat(f.fileno())
+                info = ObjectInfo(key, st.st_size, self._tag(st))
+                if if_match is not None and info.etag != if_match:
+                    raise ConditionFailed(f"{self.where(key)} changed since it was read")
+                if start is not None and start < 0 and stop is None:
+                    a, b = max(0, st.st_size + start), st.st_size
+                else:
+                    a, b = start or 0, st.st_size if stop is None else min(stop, st.st_size)
+                return os.pread(f.fileno(), max(0, b - a), a), info
+        except StoreError:  # ConditionFailed (a StoreError is an OSError too)
+            raise
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"no file {self.where(key)}") from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {self.where(key)}: {exc.strerror or exc}") from exc
 
     def head(self, key: str) -> ObjectInfo | None:
         """The object's size and version tag, or None."""

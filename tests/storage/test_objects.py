@@ -122,3 +122,17 @@ def test_refused_credentials_are_named() -> None:
                 mp.setenv(k, v)
             with pytest.raises(StoreError, match="refused the credentials"):
                 storage_for(loc).get("zarr.json")
+
+
+def test_fetch_returns_the_version_it_read(storage: Any) -> None:
+    info = storage.put("s.bin", b"0123456789")
+    data, got = storage.fetch("s.bin")
+    assert data == b"0123456789" and (got.size, got.etag) == (10, info.etag)
+    assert storage.fetch("s.bin", 2, 5)[0] == b"234"
+    tail, whole = storage.fetch("s.bin", -3)
+    assert tail == b"789" and whole.size == 10  # the object's size, not the range's
+    storage.put("s.bin", b"changed!")
+    with pytest.raises(ConditionFailed):
+        storage.fetch("s.bin", 0, 2, if_match=info.etag)
+    with pytest.raises(StoreNotFoundError):
+        storage.fetch("gone.bin")

@@ -1,6 +1,7 @@
 """A URL is never a local path: every command and call that reads or writes a store, a source or an
 output refuses ``scheme://...`` (exit 2, naming it), and nothing named ``s3:`` is ever made. (A build
-into ``s3://`` is tested in tests/storage/test_object_build.py.)"""
+into ``s3://`` is tested in tests/storage/test_object_build.py; reading a store, ``dlpack.open``,
+``info`` and ``verify``, in tests/read/test_object_reader.py.)"""
 
 from __future__ import annotations
 
@@ -35,9 +36,6 @@ def here(make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     [
         (["build", "s3://bucket/raw/", "o.zarr", "--size", "16x16"], "the source"),
         (["build", "{src}", "s.zarr", "--update", "--size", "16x16", "--labels", "auto"], None),
-        (["info", URL], "the store"),
-        (["verify", URL], "the store"),
-        (["bench", URL, "--seconds", "0.1", "--repeat", "1"], "bench target"),
         (["export", URL, "--to", "coco", "out"], "the store"),
         (["export", "s.zarr", "--to", "folders", "gs://bucket/out"], "the output"),
         (["augment", URL, "--augment", "2", "--augment-config", "c.json"], "the store"),
@@ -66,7 +64,6 @@ def test_a_url_is_refused_by_every_command_and_makes_no_folder(
 def test_a_url_is_refused_by_the_library(here: Path, tmp_path: Path) -> None:
     calls: list[Callable[[], object]] = [
         lambda: dlpack.build(URL, "o.zarr", size=(16, 16), quiet=True),
-        lambda: dlpack.open(URL),
         lambda: dlpack.add_array(URL, "w", np.zeros(6, np.float32)),
         lambda: dlpack.export(URL, "coco", "out"),
         lambda: dlpack.augment(URL, 2, "c.json"),
