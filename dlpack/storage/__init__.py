@@ -11,4 +11,5 @@ exports all stand on this one copy.
 # The openers of stores in an object store (the writer of .site, the reader of .remote) are
 # installed into the backends' registry (dlpack.backends.base.register_remote) when this package is
 # first imported: the backends sit below the storage layer and import none of it.
+from . import remote as _remote  # noqa: E402, F401
 from . import site as _site  # noqa: E402, F401

@@ -41,7 +41,7 @@ from ..backends._shard import (
     shard_key,
 )
 from ..backends._zarr import MANIFEST, _json, array_digest_attr, is_sharded, manifest_of
-from ..backends.base import Backend, Mode, changed_error, check_mode
+from ..backends.base import Backend, Mode, changed_error, check_mode, register_remote
 from ..errors import OptionError, StoreError, StoreNotFoundError
 from ..manifest import Manifest
 from .location import Location, is_url
@@ -485,3 +485,6 @@ class RemoteArray:
     def nbytes_on_disk(self) -> int:
         """Bytes of the array's objects (one listing)."""
         return sum(info.size for info in self.storage.list(self.name + "/"))
+
+
+register_remote("reader", lambda where, mode="r": ObjectZarrReader(Location.parse(where), mode))

@@ -388,3 +388,17 @@ def test_augment_and_add_array_into_s3_are_refused_saying_what_to_do(
     assert main(["augment", url, "--augment", "2", "--augment-config", str(tmp_path / "c.json")]) == 2
     assert "build into a new prefix" in capsys.readouterr().err
     assert _keys(url) == []
+
+
+def test_dlpack_open_of_a_store_built_into_s3_equals_the_local_store(src: Path, tmp_path: Path, s3: Any) -> None:
+    url = s3.url("x.zarr")
+    _build(src, url)
+    _build(src, str(tmp_path / "local.zarr"))
+    with dlpack.open(url) as remote, dlpack.open(tmp_path / "local.zarr") as local:
+        assert len(remote) == len(local) == N
+        for i in range(N):
+            mine, theirs = remote[i], local[i]
+            assert mine.keys() == theirs.keys()
+            for key, value in theirs.items():
+                assert np.array_equal(mine[key], value), (i, key)
+        assert remote.check().ok  # every image against its checksum, by whole shards
