@@ -50,13 +50,14 @@ def export(
     *,
     overwrite: bool = False,
     include_variants: bool = False,
+    storage_options: Any = None,
 ) -> ExportResult:
     """Write the store at ``store`` to the folder ``out`` in the format ``to``.
 
     Parameters
     ----------
     store
-        A dlpack store (Zarr folder or HDF5 file).
+        A dlpack store (Zarr folder or HDF5 file), or a Zarr store's ``s3://`` URL.
     to
         ``"dldataset"`` (HALCON's DLDataset as JSON, plus ``to_hdict.py``; ``dataset.hdict`` too
         where ``import halcon`` works), ``"coco"``, or ``"folders"`` (the layout HALCON's
@@ -76,9 +77,10 @@ def export(
     StoreExistsError
         ``out`` holds something else, or a previous export without ``overwrite``.
     """
-    refuse_url(store, "the store")
     refuse_url(out, "the output")
-    return export_from(store, to, out, overwrite=overwrite, include_variants=include_variants)
+    return export_from(
+        store, to, out, overwrite=overwrite, include_variants=include_variants, storage_options=storage_options
+    )
 
 
 def export_from(
@@ -91,6 +93,7 @@ def export_from(
     built_from: str | None = None,
     plan: str | None = None,
     locked: bool = False,
+    storage_options: Any = None,
 ) -> ExportResult:
     """:func:`export`; with ``built_from`` (a build's source, for ``build --format dldataset``), the
     marker names that source instead of ``store``, a staging store removed once exported, and
@@ -105,7 +108,10 @@ def export_from(
         )
     from ..read.dataset import open as open_store
 
-    with open_store(store) as ds:
+    from ..storage.location import is_url
+
+    remote = is_url(store)
+    with open_store(store, storage_options) as ds:
         if include_variants and not getattr(ds, "variants", 0):
             raise OptionError(
                 f"store {store} has no augmentation variants to include; add them with "
@@ -114,11 +120,13 @@ def export_from(
         view = describe(ds)
         notes = Notes()
         final = Path(os.path.abspath(out))
-        origin = {"store": os.path.abspath(store)} if built_from is None else {"built_from": built_from}
+        where = str(store) if remote else os.path.abspath(store)
+        origin = {"store": where} if built_from is None else {"built_from": built_from}
         if plan is not None:
             origin["plan"] = plan
         marker = {"to": to, "task": view.task, **origin, "dlpack_version": __version__}
-        with staged_output(final, Path(store), overwrite, marker, locked) as stage:
+        # A store in a bucket cannot overlap a local folder: the overlap check is for local stores.
+        with staged_output(final, None if remote else Path(store), overwrite, marker, locked) as stage:
             note_classes(view, notes)
             counts = _write(ds, view, to, stage, final, notes, include_variants)
     return ExportResult(

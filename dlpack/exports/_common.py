@@ -375,7 +375,7 @@ def export_marker(path: Path) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def staged_output(
-    out: Path, store: Path, overwrite: bool, marker: dict[str, Any], locked: bool = False
+    out: Path, store: Path | None, overwrite: bool, marker: dict[str, Any], locked: bool = False
 ) -> Iterator[Path]:
     """Yield an empty folder beside ``out`` to write the export into; on success write the marker
     and publish the folder at ``out`` as a build publishes its store (replacing a previous export
@@ -386,9 +386,11 @@ def staged_output(
     from ..storage.lock import BuildLock
 
     out = Path(os.path.abspath(out))
-    real_store = Path(os.path.realpath(store))
+    real_store = Path(os.path.realpath(store)) if store is not None else None  # None: a store in a bucket
     real_out = Path(os.path.realpath(out))
-    if real_out == real_store or real_store in real_out.parents or real_out in real_store.parents:
+    if real_store is not None and (
+        real_out == real_store or real_store in real_out.parents or real_out in real_store.parents
+    ):
         raise OptionError(f"the export folder {out} and the store {store} overlap; choose a folder outside the store")
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = BuildLock(out)

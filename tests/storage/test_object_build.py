@@ -402,3 +402,23 @@ def test_dlpack_open_of_a_store_built_into_s3_equals_the_local_store(src: Path, 
             for key, value in theirs.items():
                 assert np.array_equal(mine[key], value), (i, key)
         assert remote.check().ok  # every image against its checksum, by whole shards
+
+
+def test_a_store_in_s3_exports_as_the_local_store_does(src: Path, tmp_path: Path, s3: Any) -> None:
+    url = s3.url("x.zarr")
+    _build(src, url)
+    _build(src, str(tmp_path / "local.zarr"))
+    assert main(["export", url, "--to", "folders", str(tmp_path / "from-s3")]) == 0
+    assert main(["export", str(tmp_path / "local.zarr"), "--to", "folders", str(tmp_path / "from-local")]) == 0
+
+    def files(root: Path) -> dict[str, bytes]:
+        # The export's marker names its store (a URL or a path): everything else is the same bytes.
+        return {
+            p.relative_to(root).as_posix(): p.read_bytes()
+            for p in root.rglob("*")
+            if p.is_file() and "dlpack" not in p.name
+        }
+
+    remote, local = files(tmp_path / "from-s3"), files(tmp_path / "from-local")
+    assert remote and remote == local
+    assert not (tmp_path / "s3:").exists()

@@ -36,7 +36,6 @@ def here(make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     [
         (["build", "s3://bucket/raw/", "o.zarr", "--size", "16x16"], "the source"),
         (["build", "{src}", "s.zarr", "--update", "--size", "16x16", "--labels", "auto"], None),
-        (["export", URL, "--to", "coco", "out"], "the store"),
         (["export", "s.zarr", "--to", "folders", "gs://bucket/out"], "the output"),
         (["augment", URL, "--augment", "2", "--augment-config", "c.json"], "the store"),
         (["preview", URL, "p.png"], "the store"),
@@ -65,7 +64,6 @@ def test_a_url_is_refused_by_the_library(here: Path, tmp_path: Path) -> None:
     calls: list[Callable[[], object]] = [
         lambda: dlpack.build(URL, "o.zarr", size=(16, 16), quiet=True),
         lambda: dlpack.add_array(URL, "w", np.zeros(6, np.float32)),
-        lambda: dlpack.export(URL, "coco", "out"),
         lambda: dlpack.augment(URL, 2, "c.json"),
         lambda: dlpack.tune(URL, 5.0),
     ]
