@@ -69,6 +69,8 @@ def export(
     include_variants
         ``dldataset`` only: the store's augmentation variants of its training samples become extra
         samples, each pointing back at its original (docs/export.md).
+    storage_options
+        Options of an object-store location (:func:`dlpack.open`'s): endpoint, credentials, ...
 
     Raises
     ------
@@ -107,7 +109,6 @@ def export_from(
             "export has no key to point a variant back at its original"
         )
     from ..read.dataset import open as open_store
-
     from ..storage.location import is_url
 
     remote = is_url(store)
