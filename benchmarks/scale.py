@@ -87,7 +87,9 @@ def clients_section(endpoint: str, bucket: str, repeat: int, quick: bool) -> lis
     try:
         import s3fs
 
-        fs = s3fs.S3FileSystem(endpoint_url=endpoint, key=os.environ["AWS_ACCESS_KEY_ID"], secret=os.environ["AWS_SECRET_ACCESS_KEY"])
+        fs = s3fs.S3FileSystem(
+            endpoint_url=endpoint, key=os.environ["AWS_ACCESS_KEY_ID"], secret=os.environ["AWS_SECRET_ACCESS_KEY"]
+        )
     except ImportError:
         pass
 
@@ -106,10 +108,10 @@ def clients_section(endpoint: str, bucket: str, repeat: int, quick: bool) -> lis
         for conc in (1, 4):
             with ThreadPoolExecutor(conc) as pool:
 
-                def all_whole() -> int:
+                def all_whole(pool: Any = pool, whole: Any = whole) -> int:
                     return sum(pool.map(whole, keys)) // 2**20
 
-                def all_ranged() -> int:
+                def all_ranged(pool: Any = pool, ranged: Any = ranged) -> int:
                     return len(list(pool.map(ranged, [keys[i % n_obj] for i in range(n_ranges)], range(n_ranges))))
 
                 all_whole()  # warm-up: connections open
@@ -186,8 +188,152 @@ def _print_rows(title: str, rows: list[dict[str, Any]]) -> None:
     sys.stdout.flush()
 
 
-#: The sections that need the reader and the loader (added below).
-SECTIONS: dict[str, Callable[[Any, Path, argparse.Namespace], list[dict[str, Any]]]] = {}
+# ------------------------------------------------------------------------------------------ loader
+
+
+def _stores(server: Any, work: Path, a: argparse.Namespace) -> tuple[Path, str]:
+    """The local store (built once, kept in ``work``) and the same store built into a new bucket."""
+    from _images import make_pngs
+
+    import dlpack
+
+    tag = f"{a.count}-{a.side}-{a.shard_mb}"
+    src, local = work / f"src-{tag}", work / f"local-{tag}.zarr"
+    if not src.exists():
+        make_pngs(src, a.count, a.side)
+    opts = {"size": (a.side, a.side), "shard_bytes": int(a.shard_mb * 2**20), "quiet": True}
+    if not local.exists():
+        dlpack.build(src, local, **opts)
+    url = f"s3://{server.new_bucket('loader')}/store.zarr"
+    dlpack.build(src, url, **opts)
+    return local, url
+
+
+def _epoch(ds: Any, order: str, batch: int, epoch: int) -> int:
+    n = 0
+    loader = ds.loader(batch_size=batch, order=order, seed=1, drop_last=False)
+    loader.set_epoch(epoch)
+    for b in loader:
+        n += len(b["image"])
+    return n
+
+
+def loader_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Images/s of the loader on the remote store (cold, warm) and the local one, and the raw ceiling."""
+    import dlpack
+    from dlpack.storage.location import Location
+    from dlpack.storage.objects import ObjectStorage
+    from dlpack.storage.remote import DEFAULT_THREADS
+
+    local, url = _stores(server, work, a)
+    store = ObjectStorage(Location.parse(url))
+    shards = sorted((o.key, o.size) for o in store.list("images/c/"))
+    with dlpack.open(local) as ds:
+        n_images = len(ds)
+        row_nbytes = int(ds[0]["image"].nbytes)
+    used = n_images * row_nbytes
+    rows: list[dict[str, Any]] = []
+
+    def raw() -> int:
+        with ThreadPoolExecutor(DEFAULT_THREADS) as pool:
+            got = sum(pool.map(lambda k: len(store.get(k)), [k for k, _ in shards]))
+        assert got == sum(size for _, size in shards)
+        return n_images
+
+    rate, _, other = _median_rate(raw, a.repeat)
+    rows.append({"row": f"raw fetch ({DEFAULT_THREADS} in flight)", "img_s": round(rate), "other_cpu": round(other, 2)})
+    ceiling = rate
+    big = 4 * sum(size for _, size in shards) + 2**20
+    epoch = [0]
+    for order in ("block", "sequential", "random"):
+        for cache in ("cold", "warm"):
+            ds = dlpack.open(url, cache_bytes=big)
+            reader = ds._reader
+            if cache == "warm":
+                _epoch(ds, "sequential", a.batch, 0)  # fills the cache: the whole store fits
+            fetched: list[int] = []
+
+            def run(
+                ds: Any = ds, reader: Any = reader, cache: str = cache, order: str = order, fetched: list[int] = fetched
+            ) -> int:
+                if cache == "cold":
+                    reader.cache.clear()
+                before = reader.cache.stats["fetched_bytes"]
+                epoch[0] += 1
+                n = _epoch(ds, order, a.batch, epoch[0])
+                fetched.append(reader.cache.stats["fetched_bytes"] - before)
+                return n
+
+            rate, _, other = _median_rate(run, a.repeat)
+            ds.close()
+            rows.append(
+                {
+                    "row": f"remote {order} {cache}",
+                    "img_s": round(rate),
+                    "vs_raw": round(rate / ceiling, 2),
+                    "fetched_per_used": round(statistics.median(fetched) / used, 2) if used else None,
+                    "other_cpu": round(other, 2),
+                }
+            )
+    with dlpack.open(local) as ds:
+        for order in ("block", "sequential", "random"):
+            _epoch(ds, order, a.batch, 0)  # page cache warm
+
+            def run_local(ds: Any = ds, order: str = order) -> int:
+                epoch[0] += 1
+                return _epoch(ds, order, a.batch, epoch[0])
+
+            rate, _, other = _median_rate(run_local, a.repeat)
+            rows.append({"row": f"local {order} (warm page cache)", "img_s": round(rate), "other_cpu": round(other, 2)})
+    local_rate = {r["row"].split()[1]: r["img_s"] for r in rows if r["row"].startswith("local")}
+    for r in rows:
+        if r["row"].startswith("remote") and r["row"].endswith("warm"):
+            r["vs_local"] = round(r["img_s"] / local_rate[r["row"].split()[1]], 2)
+    rows.append(
+        {"row": "store", "images": n_images, "shards": len(shards), "MiB": round(sum(s for _, s in shards) / 2**20, 1)}
+    )
+    return rows
+
+
+def open_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Requests and seconds of ``dlpack.open`` + one sample of a store of ``--open-shards`` shards."""
+    from _images import make_pngs
+
+    import dlpack
+
+    src = work / f"open-src-{a.open_shards}-148"
+    if not src.exists():
+        make_pngs(src, a.open_shards, 148)
+    url = f"s3://{server.new_bucket('open')}/store.zarr"
+    # One 148x148x3 image (65,712 bytes) per shard of the smallest shard size (64 KiB).
+    dlpack.build(src, url, size=(148, 148), shard_bytes=2**16, quiet=True)
+    rows = []
+    for _ in range(a.repeat):
+        t0 = time.perf_counter()
+        ds = dlpack.open(url)
+        opened = time.perf_counter() - t0
+        open_requests = sum(ds._reader.storage.requests.values())
+        ds[len(ds) // 2]
+        first = time.perf_counter() - t0
+        total = dict(ds._reader.storage.requests)
+        ds.close()
+        rows.append(
+            {
+                "shards": a.open_shards,
+                "open_requests": open_requests,
+                "open_s": round(opened, 3),
+                "open_plus_one_sample_requests": sum(total.values()),
+                "open_plus_one_sample_s": round(first, 3),
+                "by_kind": json.dumps(total),
+            }
+        )
+    return rows
+
+
+SECTIONS: dict[str, Callable[[Any, Path, argparse.Namespace], list[dict[str, Any]]]] = {
+    "loader": loader_section,
+    "open": open_section,
+}
 
 if __name__ == "__main__":
     threading.excepthook = lambda args: None  # a server stopping under an idle keep-alive thread is not news

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -135,7 +135,9 @@ class ObjectZarrReader(StoreReader):
         self._manifest: Manifest | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._inflight: set[tuple[str, int]] = set()
+        #: Whole-shard fetches queued or running (by array and shard): a read of such a shard waits
+        #: for it instead of asking the server a second time.
+        self._inflight: dict[tuple[str, int], Future[bytes]] = {}
 
     @property
     def manifest(self) -> Manifest:
@@ -222,6 +224,11 @@ class ObjectZarrReader(StoreReader):
         self.check_labels = state.get("check_labels", True)
 
 
+#: Rows at least this large are copied out of a whole shard one by one (one copy each); smaller
+#: ones by fancy indexing (a copy into a temporary, then into the batch), whose per-row cost is lower.
+_ROW_LOOP_BYTES = 16384
+
+
 class RemoteArray:
     """One sharded array of a remote store (an :class:`~dlpack.backends.base.ArrayAccess`)."""
 
@@ -243,6 +250,8 @@ class RemoteArray:
         self.n_shards = -(-self.n_chunks // self.chunks_per_shard) if self.n_chunks else 0
         self.decoder = decoder_for(facts["codecs"], where)
         self._sep: str = facts["sep"]
+        self._row_items = int(np.prod(self.shape[1:], dtype=np.int64))
+        self._ordered: dict[int, bool] = {}
         self._table = 16 * self.chunks_per_shard + 4
         #: Per shard touched: the ETag and size of the object first read (the pin), and its index.
         self._etags: dict[int, str] = {}
@@ -348,21 +357,26 @@ class RemoteArray:
         if ck is not None and self.reader.cache.resident(ck):
             return
         job = (self.name, s)
-        with self.reader._pool_lock:
-            if job in self.reader._inflight:
+        reader = self.reader
+        pool = reader.pool()
+        with reader._pool_lock:
+            if job in reader._inflight:
                 return
-            self.reader._inflight.add(job)
+            fut = pool.submit(self.whole, s, ahead=True)
+            reader._inflight[job] = fut
 
-        def run() -> None:
-            try:
-                self.whole(s, ahead=True)
-            except StoreError:
-                pass  # the read of the shard raises it again, where the caller sees it
-            finally:
-                with self.reader._pool_lock:
-                    self.reader._inflight.discard(job)
+        def done(_: Future[bytes]) -> None:
+            # The shard is in the cache by now (whole() offers it before it returns), or the read
+            # that wanted it raises the fetch's error itself.
+            with reader._pool_lock:
+                if reader._inflight.get(job) is fut:
+                    del reader._inflight[job]
 
-        self.reader.pool().submit(run)
+        fut.add_done_callback(done)
+
+    def _on_its_way(self, s: int) -> Future[bytes] | None:
+        with self.reader._pool_lock:
+            return self.reader._inflight.get((self.name, s))
 
     def _index_of(self, s: int) -> np.ndarray:
         """Shard ``s``'s index for ranged reads: computed for a raw shard of the size dlpack writes,
@@ -412,6 +426,16 @@ class RemoteArray:
     def _shard_into(self, s: int, rows: list[int], dest: list[int], out: np.ndarray, data: bytes | None) -> None:
         """Rows ``rows`` (within shard ``s``) into ``out[dest[k]]``."""
         per = self.chunk_len
+        if data is not None and self.decoder is None and self._in_order(s):
+            # A whole raw shard whose chunks are its rows in order: one vectorised gather.
+            n = self._chunks_in(s) * per
+            view = np.frombuffer(data, dtype=self.dtype, count=n * self._row_items).reshape(n, *self.shape[1:])
+            if self._row_items * self.dtype.itemsize >= _ROW_LOOP_BYTES:
+                for r, d in zip(rows, dest, strict=True):  # one copy per row (fancy indexing makes two)
+                    out[d] = view[r]
+            else:
+                out[dest] = view[rows]
+            return
         chunks = sorted({r // per for r in rows})
         got = self._chunk_bytes(s, chunks, data)
         base = s * self.chunks_per_shard
@@ -426,6 +450,16 @@ class RemoteArray:
             decoded[j] = buf
         for r, d in zip(rows, dest, strict=True):
             out[d] = decoded[r // per][r % per]
+
+    def _in_order(self, s: int) -> bool:
+        """Whether shard ``s``'s (checked) index is the one dlpack writes: chunk j at j * chunk_nbytes."""
+        known = self._ordered.get(s)
+        if known is None:
+            part = self._index.get(s)
+            if part is None:
+                return False
+            known = self._ordered[s] = bool(np.array_equal(part, self._computed(s)))
+        return known
 
     def _what(self, c: int) -> str:
         return f"chunk {c} of {self.where}"
@@ -452,6 +486,10 @@ class RemoteArray:
                     self._index[s] = self._checked(
                         s, parse_shard_index(data[-self._table :], self.chunks_per_shard, len(data), self.where)
                     )
+                continue
+            fut = self._on_its_way(s)
+            if fut is not None:
+                whole[s] = fut.result()  # fetched ahead: wait for it rather than fetch it twice
                 continue
             if ck is None:
                 cache.stats["misses"] += 1  # first touch: no tag to look the shard up by yet
