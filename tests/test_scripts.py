@@ -97,6 +97,19 @@ def _check_compression(out: str, work: Path) -> None:
     assert all(r["count"] == 8 and r["read_images_per_s"] > 0 for r in rows)
 
 
+def _check_scale(out: str, work: Path) -> None:
+    res = json.loads((work / "scale.json").read_text())
+    assert [r["client"] for r in res["clients"]][:2] == ["obstore", "obstore"]
+    rows = {r["row"]: r for r in res["loader"]}
+    for order in ("block", "sequential", "random"):
+        for cache in ("cold", "warm"):
+            assert rows[f"remote {order} {cache}"]["img_s"] > 0
+    assert rows["remote block cold"]["fetched_per_used"] >= 1.0  # every shard fetched at least once, cold
+    assert rows["remote block warm"]["fetched_per_used"] == 0  # warm: nothing fetched
+    assert all(r["open_requests"] < 10 for r in res["open"])
+    assert "## loader" in out
+
+
 def _check_loader(out: str, work: Path) -> None:
     assert "16 images of 512x512x3" in out and "ratios (targets:" in out
     res = json.loads((work / "loader.json").read_text())
@@ -455,6 +468,9 @@ RUNS: dict[str, list[Run]] = {
             + ("--size", "32", "--epochs", "1", "--repeat", "1", "--json", "versions.json"),
             _check_versions,
         )
+    ],
+    "benchmarks/scale.py": [
+        Run(("--quick", "--work", "work", "--json", "scale.json"), _check_scale, needs=("obstore", "moto")),
     ],
     "benchmarks/peers.py": [
         Run(
