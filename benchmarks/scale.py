@@ -20,8 +20,13 @@ Sections, each a table (and the JSON):
   * the same loader on the local store (warm page cache);
   and bytes fetched per byte used for each remote row.
 - ``open``: the requests and seconds ``dlpack.open`` costs for a store of ``--open-shards`` shards.
-- ``peers``: LitData and Mosaic Streaming reading the same images from the same server, where
-  they are installed (``--peers``; benchmarks/peers-requirements.txt says how to install them).
+- ``peers``: LitData and Mosaic Streaming reading the loader section's images (decoded to uint8
+  arrays, chunks of about ``--shard-mb``) from their own format in a bucket of the same server,
+  unshuffled, through a torch DataLoader (``--batch``, no workers, like the loader rows): cold (a
+  new dataset on an empty local cache folder) and warm, median of ``--repeat`` epochs. A peer that
+  is not installed is reported as such (benchmarks/peers-requirements.txt says how to install them:
+  run this script with that venv's python, ``PYTHONPATH`` at the repository root); one that fails
+  is reported with its error, and the run goes on.
 """
 
 from __future__ import annotations
@@ -330,9 +335,162 @@ def open_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[st
     return rows
 
 
+# ------------------------------------------------------------------------------------------ peers
+
+#: Writes one peer's format of the PNG folder into a local folder. Run as a script of its own: LitData's
+#: optimize() leaves state behind that slows its own loader in the same process, and its workers are
+#: spawned, so they import the function they run from this file.
+_PEER_WRITE = r"""
+import sys
+from pathlib import Path
+
+import cv2
+
+
+def item(f):
+    img = cv2.cvtColor(cv2.imread(f, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    return {"image": img, "label": int(Path(f).parent.name.removeprefix("class"))}
+
+
+def main(kind, src, out, chunk):
+    files = sorted(str(p) for p in Path(src).rglob("*.png"))
+    if kind == "litdata":
+        from litdata import optimize
+
+        optimize(fn=item, inputs=files, output_dir=out, chunk_bytes=int(chunk), num_workers=1, verbose=False)
+    else:
+        from streaming import MDSWriter
+
+        side = item(files[0])["image"].shape[0]
+        columns = {"image": f"ndarray:uint8:{side},{side},3", "label": "int"}
+        with MDSWriter(out=out, columns=columns, size_limit=int(chunk)) as w:
+            for f in files:
+                w.write(item(f))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
+"""
+
+#: Peer name -> the module its reader needs (all imported lazily: the peers are no dependencies).
+PEERS = {"litdata": "litdata", "mosaic": "streaming"}
+
+
+def _peer_epochs(peer: str, url: str, cache: Path, batch: int) -> tuple[Callable[[], int], Callable[[], None]]:
+    """(one epoch through a torch DataLoader -> images read, close) of ``peer``'s streaming dataset on ``url``."""
+    from torch.utils.data import DataLoader
+
+    ds: Any
+    if peer == "litdata":
+        from litdata import StreamingDataset
+        from litdata.streaming import downloader
+
+        # LitData's obstore client refuses plain http, which the loopback server speaks.
+        options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+        if isinstance(options, dict):
+            options["allow_http"] = "true"
+        ds = StreamingDataset(
+            input_dir=url, cache_dir=str(cache), storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+        )
+    else:
+        from streaming import StreamingDataset as MosaicDataset
+
+        ds = MosaicDataset(remote=url, local=str(cache), shuffle=False, batch_size=batch)
+    loader: Any = DataLoader(ds, batch_size=batch, num_workers=0)
+
+    def epoch() -> int:
+        return sum(len(b["image"]) for b in loader)
+
+    def close() -> None:  # Mosaic holds its local folder in shared memory until the dataset is gone
+        nonlocal ds, loader
+        del ds, loader
+        import gc
+
+        gc.collect()
+
+    return epoch, close
+
+
+def _one_peer(peer: str, server: Any, work: Path, a: argparse.Namespace, src: Path) -> list[dict[str, Any]]:
+    """Write ``peer``'s format of the PNG folder, upload it to a new bucket, read it cold and warm."""
+    import shutil
+    import subprocess
+
+    from _s3 import upload
+
+    tag = f"{a.count}-{a.side}-{a.shard_mb}"
+    local = work / f"{peer}-{tag}"
+    done = work / f"{peer}-{tag}.done"
+    if not done.exists():
+        shutil.rmtree(local, ignore_errors=True)
+        script = work / "peer_write.py"
+        script.write_text(_PEER_WRITE)
+        chunk = str(int(a.shard_mb * 2**20))
+        subprocess.run([sys.executable, str(script), peer, str(src), str(local), chunk], check=True)
+        done.touch()
+    url = f"s3://{server.new_bucket(peer)}/data"
+    objects = upload(local, url)
+    mib = sum(p.stat().st_size for p in local.rglob("*") if p.is_file()) / 2**20
+    rows: list[dict[str, Any]] = []
+    caches = work / f"{peer}-cache"
+    shutil.rmtree(caches, ignore_errors=True)
+    tries = [0]
+
+    def cold() -> int:  # a new dataset on an empty cache folder: every chunk fetched
+        tries[0] += 1
+        epoch, close = _peer_epochs(peer, url, caches / f"cold-{tries[0]}", a.batch)
+        try:
+            return epoch()
+        finally:
+            close()
+
+    rate, _, other = _median_rate(cold, a.repeat)
+    rows.append({"row": f"{peer} block cold", "img_s": round(rate), "other_cpu": round(other, 2)})
+    epoch, close = _peer_epochs(peer, url, caches / "warm", a.batch)
+    n = epoch()  # fills the cache folder
+    rate, _, other = _median_rate(epoch, a.repeat)
+    close()
+    rows.append({"row": f"{peer} block warm", "img_s": round(rate), "other_cpu": round(other, 2)})
+    rows.append({"row": f"{peer} store", "images": n, "objects": objects, "MiB": round(mib, 1)})
+    if n != a.count:
+        rows[-1]["note"] = f"read {n} images of {a.count}"
+    shutil.rmtree(caches, ignore_errors=True)
+    return rows
+
+
+def peers_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Images/s of LitData and Mosaic Streaming (where installed) on the loader section's images."""
+    import importlib
+
+    from _images import make_pngs
+
+    src = work / f"src-{a.count}-{a.side}-{a.shard_mb}"
+    if not src.exists():
+        make_pngs(src, a.count, a.side)
+    os.environ["S3_ENDPOINT_URL"] = server.endpoint  # Mosaic's S3 client reads this one
+    import warnings
+
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # Mosaic's arrays
+    rows: list[dict[str, Any]] = []
+    for peer, module in PEERS.items():
+        try:
+            importlib.import_module(module)
+            importlib.import_module("torch")
+        except ImportError:
+            rows.append({"row": peer, "note": "not installed"})
+            continue
+        try:
+            rows += _one_peer(peer, server, work, a, src)
+        except Exception as exc:  # a peer that fails is reported; the run goes on
+            line = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+            rows.append({"row": peer, "note": f"failed: {line}"})
+    return rows
+
+
 SECTIONS: dict[str, Callable[[Any, Path, argparse.Namespace], list[dict[str, Any]]]] = {
     "loader": loader_section,
     "open": open_section,
+    "peers": peers_section,
 }
 
 if __name__ == "__main__":
