@@ -48,7 +48,9 @@ class StoreReader(ABC):
         #: The same offsets as int64 arrays, for gathering a batch's rows in one step.
         self._offsets_np: dict[str, np.ndarray] = {}
         self._offsets_twin: dict[str, str] = {}
-        self._row_sources: dict[str, tuple[ArrayAccess, Any, RowSpan | None]] = {}
+        self._row_sources: dict[str, tuple[ArrayAccess, Any, RowSpan | None, Any]] = {}
+        #: The ``views_token()`` a streamed array's gather plan was made with.
+        self._tokens: dict[str, Any] = {}
         self._mixes: dict[tuple[str, ...], Any] = {}
         #: Per fixed array, how :meth:`gather` reads it (looked up once: this runs for every batch).
         self._gathers: dict[str, tuple[str, Any, int]] = {}
@@ -284,6 +286,8 @@ class StoreReader(ABC):
         so the per-batch lookups and checks that :meth:`read_into` makes would double it.
         """
         plan = self._gathers.get(name)
+        if plan is not None and name in self._tokens and self._tokens[name] != self._token_of(name):
+            plan = None  # a streamed array's rows moved (warm now, or its cache was cleared): plan again
         if plan is None:
             spec = self._fixed(name)
             if self._small(spec):
@@ -366,13 +370,23 @@ class StoreReader(ABC):
         self._mixes[tuple(names)] = plan
         return plan
 
+    def _token_of(self, name: str) -> Any:
+        token = getattr(self._stored(name), "views_token", None)
+        return None if token is None else token()
+
     def _row_source(self, name: str) -> Any:
-        """The stored array's ``row_source()`` (None when it has none), kept while the array is open."""
+        """The stored array's ``row_source()`` (None when it has none), kept while the array is open
+        (asked again when the array's ``views_token()``, where it has one, changed)."""
         acc = self._stored(name)
         got = self._row_sources.get(name)
+        token = self._token_of(name)
+        if token is not None:
+            self._tokens[name] = token
+            if got is not None and got[0] is acc and got[3] != token:
+                got = None
         if got is None or got[0] is not acc:
             src = getattr(acc, "row_source", lambda: None)()
-            got = self._row_sources[name] = (acc, src, None if src is None else RowSpan.of(*src))
+            got = self._row_sources[name] = (acc, src, None if src is None else RowSpan.of(*src), token)
         return got[1]
 
     def _map_check(self, name: str) -> Callable[[np.ndarray], None]:
@@ -619,6 +633,7 @@ class StoreReader(ABC):
         """Release open handles and maps; the reader reopens lazily if used again."""
         self._warmed = None
         self._row_sources.clear()  # they hold views of the maps closed next
+        self._tokens.clear()
         self._mixes.clear()
         self._gathers.clear()
         for acc in self._access.values():

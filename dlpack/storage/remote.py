@@ -205,9 +205,9 @@ class ObjectZarrReader(StoreReader):
         """Release what the arrays hold and the fetch threads (the memory cache stays)."""
         super().close()
         with self._pool_lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)  # outside the lock: a finishing fetch takes it to say it is done
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -251,6 +251,10 @@ class RemoteArray:
         self.decoder = decoder_for(facts["codecs"], where)
         self._sep: str = facts["sep"]
         self._row_items = int(np.prod(self.shape[1:], dtype=np.int64))
+        #: Every row in one contiguous array once the whole (raw) array is resident, and the cache
+        #: generation it was made in (see :meth:`row_source`).
+        self._arena: np.ndarray | None = None
+        self._arena_gen = -1
         self._ordered: dict[int, bool] = {}
         self._table = 16 * self.chunks_per_shard + 4
         #: Per shard touched: the ETag and size of the object first read (the pin), and its index.
@@ -351,7 +355,7 @@ class RemoteArray:
 
     def prefetch_shard(self, s: int) -> None:
         """Queue a whole fetch of shard ``s`` unless it is in memory or on its way."""
-        if not 0 <= s < self.n_shards:
+        if not 0 <= s < self.n_shards or (self._arena is not None and self._arena_gen == self.reader.cache.generation):
             return
         ck = self._cache_key(s)
         if ck is not None and self.reader.cache.resident(ck):
@@ -467,6 +471,13 @@ class RemoteArray:
     def read_into(self, positions: list[int], out: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
         """Rows ``positions`` into ``out`` (row k, or ``rows[k]``): shard by shard, each from the
         cache, fetched whole (when most of it is wanted, or the cache has room), or by ranged reads."""
+        arena = self._arena
+        if arena is not None and self._arena_gen == self.reader.cache.generation:  # warm: every row here
+            if rows is None:
+                np.take(arena, positions, axis=0, out=out[: len(positions)])
+            else:
+                out[np.asarray(rows, dtype=np.int64)] = arena[np.asarray(positions, dtype=np.int64)]
+            return out
         dest = list(range(len(positions))) if rows is None else list(rows)
         groups: dict[int, tuple[list[int], list[int]]] = {}
         rps = self.shard_rows
@@ -513,6 +524,40 @@ class RemoteArray:
             )
         out = np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
         return self.read_into(list(range(start, stop)), out)
+
+    def views_token(self) -> tuple[int, int]:
+        """Changes whenever :meth:`row_source` may answer differently (a shard admitted to the
+        cache, the cache cleared): the reader asks again then, and keeps its plan otherwise."""
+        cache = self.reader.cache
+        return cache.generation, cache.stats["admitted"]
+
+    def row_source(self) -> tuple[list[np.ndarray], int] | None:
+        """``([all rows], rows)`` once every shard of a raw array is in the memory cache and a copy
+        of it fits the cache's budget too (it is counted there): the rows are copied into one
+        contiguous array, so a warm batch is one gather, as from a local store's maps. None before."""
+        cache = self.reader.cache
+        if self._arena is not None and self._arena_gen == cache.generation:
+            return [self._arena], self.shape[0]
+        self._arena = None
+        if self.decoder is not None or not self.n_shards or not all(self._in_order(s) for s in range(self.n_shards)):
+            return None
+        keys = [self._cache_key(s) for s in range(self.n_shards)]
+        if any(k is None for k in keys):
+            return None
+        datas = cache.reserve([k for k in keys if k is not None], self.shape[0] * self._row_items * self.dtype.itemsize)
+        if datas is None:
+            return None
+        arena = np.empty(self.shape, dtype=self.dtype)
+        at = 0
+        for s, data in enumerate(datas):
+            n = self._chunks_in(s) * self.chunk_len
+            n = min(n, self.shape[0] - at)
+            arena[at : at + n] = np.frombuffer(data, dtype=self.dtype, count=n * self._row_items).reshape(
+                n, *self.shape[1:]
+            )
+            at += n
+        self._arena, self._arena_gen = arena, cache.generation
+        return [arena], self.shape[0]
 
     def warm(self) -> None:
         """Nothing to open ahead: shards are touched as they are read."""

@@ -70,6 +70,8 @@ class ShardCache:
         self.stats: Counter[str] = Counter()
         self._resident: dict[Key, bytes] = {}
         self._used = 0
+        #: Bumped by :meth:`clear`: what a caller built from resident shards is stale once it changes.
+        self.generation = 0
         self._ahead: OrderedDict[Key, bytes] = OrderedDict()
         self._lock = threading.Lock()
         if self.folder is not None:
@@ -163,9 +165,21 @@ class ShardCache:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
 
+    def reserve(self, keys: list[Key], nbytes: int) -> list[bytes] | None:
+        """Shards ``keys`` when all are resident and ``nbytes`` more fit the memory budget, which is
+        then counted as used (the caller keeps that much, e.g. a contiguous copy of the shards,
+        until :meth:`clear`); None otherwise. The shards stay resident: a read that looked them up
+        a moment before finds them still."""
+        with self._lock:
+            if any(k not in self._resident for k in keys) or self._used + nbytes > self.memory_bytes:
+                return None
+            self._used += nbytes
+            return [self._resident[k] for k in keys]
+
     def clear(self) -> None:
         """Forget what is in memory (the folder stays)."""
         with self._lock:
+            self.generation += 1
             self._resident.clear()
             self._ahead.clear()
             self._used = 0
