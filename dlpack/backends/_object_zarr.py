@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import schema
 from ..errors import StoreError, StoreExistsError, StoreNotFoundError
-from ..manifest import ArraySpec, Manifest, sha256_hex
+from ..manifest import ArraySpec, Manifest
 from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, Mode, rows_sha256, shard_digest
 from .writer import StoreWriter
 
@@ -266,6 +266,14 @@ class ObjectZarrWriter(StoreWriter):
         self._landed.setdefault(name, {})[s] = got
         self.shards.setdefault(name, {})[s] = got
 
+    def __getstate__(self) -> dict[str, Any]:
+        # What the driver records of landed shards stays with it: a worker's copy reports its own
+        # (take_landed). Sending it would also race with the driver adding to it while a pool's
+        # feeder thread pickles the next task.
+        state = super().__getstate__()
+        state.update(shards={}, listed={}, _landed={})
+        return state
+
     def take_landed(self) -> dict[str, dict[int, ShardInfo]]:
         """The shards this copy wrote since the last call (a worker's, for the driver)."""
         landed, self._landed = self._landed, {}
@@ -376,14 +384,9 @@ class ObjectZarrWriter(StoreWriter):
 
     def _write_manifest(self, manifest: Manifest) -> None:
         text = manifest.to_json()
-        marker = {
-            "format": "dlpack",
-            "format_version": manifest.format_version,
-            "complete": True,
-            "manifest_sha256": sha256_hex(text),
-        }
-        meta = {"zarr_format": 3, "node_type": "group", "attributes": {"dlpack": marker}}
-        self.storage.put(GROUP_META, json.dumps(meta, indent=2).encode("utf-8"))
+        from ._zarr import complete_group_meta
+
+        self.storage.put(GROUP_META, complete_group_meta(text, manifest.format_version).encode("utf-8"))
         # Last: the commit point. A reader finds no manifest, or the one the marker names.
         self.storage.put(MANIFEST, text.encode("utf-8"))
 

@@ -183,6 +183,17 @@ def raw_shard_parts(lay: _Layout, rows: np.ndarray) -> list[Any]:
     return parts
 
 
+def complete_group_meta(manifest_text: str, format_version: int) -> str:
+    """The group metadata of a complete store: dlpack's marker naming its manifest's SHA-256."""
+    marker = {
+        "format": "dlpack",
+        "format_version": format_version,
+        "complete": True,
+        "manifest_sha256": sha256_hex(manifest_text),
+    }
+    return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {"dlpack": marker}}, indent=2)
+
+
 def _new_group_meta() -> str:
     """The group metadata of a store being written: dlpack's marker, not yet complete."""
     meta = {
@@ -476,14 +487,7 @@ class ZarrWriter(StoreWriter):
         # The group's zarr.json is replaced whole (a new file renamed over it), never rewritten in
         # place as zarr-python 3.0 does: a store's files may be hard links shared with another store.
         # It is written from scratch, so a copy damaged by a kill is never parsed.
-        marker = {
-            "format": "dlpack",
-            "format_version": manifest.format_version,
-            "complete": True,
-            "manifest_sha256": sha256_hex(text),
-        }
-        meta = {"zarr_format": 3, "node_type": "group", "attributes": {"dlpack": marker}}
-        _atomic_write(self.path / "zarr.json", json.dumps(meta, indent=2))
+        _atomic_write(self.path / "zarr.json", complete_group_meta(text, manifest.format_version))
         _atomic_write(self.path / MANIFEST, text)
 
     def abort(self) -> None:
