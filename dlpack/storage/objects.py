@@ -5,9 +5,9 @@ write whole objects (conditionally where the place can refuse a write: create-on
 the object one read), list and delete. Keys are ``/``-separated and relative to the location.
 
 - :class:`ObjectStorage`: an S3-compatible bucket, through the ``obstore`` client (extra ``s3``).
-  Chosen by measurement: on one loopback server, obstore fetched whole 4 MiB objects at 2.2-6x the
-  rate of s3fs and ranged reads at 1.4-2.2x (docs/scale-out.md). One client per process and
-  location, reused by every call.
+  Chosen by measurement: on one loopback server, obstore fetched whole 4 MiB objects at 1.0-1.3x
+  the rate of s3fs and 64 KiB ranges at 1.2-1.4x (docs/benchmarks.md, "Object storage"). One
+  client per process and location, reused by every call.
 - :class:`LocalStorage`: the same contract over a local folder (a file replaced by renaming a new
   one over it, created with ``O_EXCL``); dlpack's local stores keep their own faster paths (maps,
   hard links, ``renameat2``) inside the Zarr backend and :mod:`dlpack.storage`'s local modules.
