@@ -224,7 +224,11 @@ def _epoch(ds: Any, order: str, batch: int, epoch: int) -> int:
 
 
 def loader_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
-    """Images/s of the loader on the remote store (cold, warm) and the local one, and the raw ceiling."""
+    """Images/s of the loader on the remote store (cold, warm) and the local one, and the raw ceiling.
+
+    Every arm runs one epoch per round, the arms' order rotated between rounds (so a slow phase of
+    the machine or of the server hits every arm alike); figures are medians over ``--repeat`` rounds.
+    """
     import dlpack
     from dlpack.storage.location import Location
     from dlpack.storage.objects import ObjectStorage
@@ -233,70 +237,63 @@ def loader_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[
     local, url = _stores(server, work, a)
     store = ObjectStorage(Location.parse(url))
     shards = sorted((o.key, o.size) for o in store.list("images/c/"))
-    with dlpack.open(local) as ds:
-        n_images = len(ds)
-        row_nbytes = int(ds[0]["image"].nbytes)
-    used = n_images * row_nbytes
-    rows: list[dict[str, Any]] = []
+    nbytes = sum(size for _, size in shards)
+    local_ds = dlpack.open(local)
+    n_images = len(local_ds)
+    used = n_images * int(local_ds[0]["image"].nbytes)
+    cold = dlpack.open(url, cache_bytes=4 * nbytes + 2**20)
+    warm = dlpack.open(url, cache_bytes=4 * nbytes + 2**20)
+    _epoch(warm, "sequential", a.batch, 0)  # fills its cache: the whole store fits
+    for order in ("block", "sequential", "random"):
+        _epoch(local_ds, order, a.batch, 0)  # page cache warm
+    epoch = [0]
 
     def raw() -> int:
         with ThreadPoolExecutor(DEFAULT_THREADS) as pool:
             got = sum(pool.map(lambda k: len(store.get(k)), [k for k, _ in shards]))
-        assert got == sum(size for _, size in shards)
+        assert got == nbytes
         return n_images
 
-    rate, _, other = _median_rate(raw, a.repeat)
-    rows.append({"row": f"raw fetch ({DEFAULT_THREADS} in flight)", "img_s": round(rate), "other_cpu": round(other, 2)})
-    ceiling = rate
-    big = 4 * sum(size for _, size in shards) + 2**20
-    epoch = [0]
+    def loader_arm(ds: Any, order: str, clear: bool) -> Callable[[], int]:
+        def run() -> int:
+            if clear:
+                ds._reader.cache.clear()
+            epoch[0] += 1
+            return _epoch(ds, order, a.batch, epoch[0])
+
+        return run
+
+    arms: list[tuple[str, Callable[[], int], Any]] = [(f"raw fetch ({DEFAULT_THREADS} in flight)", raw, None)]
     for order in ("block", "sequential", "random"):
-        for cache in ("cold", "warm"):
-            ds = dlpack.open(url, cache_bytes=big)
-            reader = ds._reader
-            if cache == "warm":
-                _epoch(ds, "sequential", a.batch, 0)  # fills the cache: the whole store fits
-            fetched: list[int] = []
-
-            def run(
-                ds: Any = ds, reader: Any = reader, cache: str = cache, order: str = order, fetched: list[int] = fetched
-            ) -> int:
-                if cache == "cold":
-                    reader.cache.clear()
-                before = reader.cache.stats["fetched_bytes"]
-                epoch[0] += 1
-                n = _epoch(ds, order, a.batch, epoch[0])
-                fetched.append(reader.cache.stats["fetched_bytes"] - before)
-                return n
-
-            rate, _, other = _median_rate(run, a.repeat)
-            ds.close()
-            rows.append(
-                {
-                    "row": f"remote {order} {cache}",
-                    "img_s": round(rate),
-                    "vs_raw": round(rate / ceiling, 2),
-                    "fetched_per_used": round(statistics.median(fetched) / used, 2) if used else None,
-                    "other_cpu": round(other, 2),
-                }
-            )
-    with dlpack.open(local) as ds:
-        for order in ("block", "sequential", "random"):
-            _epoch(ds, order, a.batch, 0)  # page cache warm
-
-            def run_local(ds: Any = ds, order: str = order) -> int:
-                epoch[0] += 1
-                return _epoch(ds, order, a.batch, epoch[0])
-
-            rate, _, other = _median_rate(run_local, a.repeat)
-            rows.append({"row": f"local {order} (warm page cache)", "img_s": round(rate), "other_cpu": round(other, 2)})
-    local_rate = {r["row"].split()[1]: r["img_s"] for r in rows if r["row"].startswith("local")}
-    for r in rows:
-        if r["row"].startswith("remote") and r["row"].endswith("warm"):
-            r["vs_local"] = round(r["img_s"] / local_rate[r["row"].split()[1]], 2)
-    rows.append(
-        {"row": "store", "images": n_images, "shards": len(shards), "MiB": round(sum(s for _, s in shards) / 2**20, 1)}
-    )
+        arms.append((f"remote {order} cold", loader_arm(cold, order, True), cold))
+        arms.append((f"remote {order} warm", loader_arm(warm, order, False), warm))
+        arms.append((f"local {order} (warm page cache)", loader_arm(local_ds, order, False), None))
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in arms}
+    others: dict[str, list[float]] = {name: [] for name, _, _ in arms}
+    fetched: dict[str, list[int]] = {name: [] for name, _, _ in arms}
+    for r in range(a.repeat):
+        for name, run, ds in arms[r % len(arms) :] + arms[: r % len(arms)]:
+            before = ds._reader.cache.stats["fetched_bytes"] if ds is not None else 0
+            rate, _, other = _median_rate(run, 1)
+            rates[name].append(rate)
+            others[name].append(other)
+            if ds is not None:
+                fetched[name].append(ds._reader.cache.stats["fetched_bytes"] - before)
+    for ds in (cold, warm, local_ds):
+        ds.close()
+    med = {name: statistics.median(v) for name, v in rates.items()}
+    ceiling = med[arms[0][0]]
+    rows: list[dict[str, Any]] = []
+    for name, _, _ds in arms:
+        row: dict[str, Any] = {"row": name, "img_s": round(med[name]), "other_cpu": round(max(others[name]), 2)}
+        if name.startswith("remote"):
+            row["vs_raw"] = round(med[name] / ceiling, 2)
+            row["fetched_per_used"] = round(statistics.median(fetched[name]) / used, 2)
+            if name.endswith("warm"):
+                order = name.split()[1]
+                row["vs_local"] = round(med[name] / med[f"local {order} (warm page cache)"], 2)
+        rows.append(row)
+    rows.append({"row": "store", "images": n_images, "shards": len(shards), "MiB": round(nbytes / 2**20, 1)})
     return rows
 
 
