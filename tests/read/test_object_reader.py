@@ -262,3 +262,31 @@ def test_info_and_verify_read_a_url(tmp_path: Path, s3: Any, capsys: pytest.Capt
     storage_for(Location.parse(url)).delete(["images/c/1/0/0/0"])
     assert main(["verify", url]) != 0
     assert "images/c/1/0/0/0" in capsys.readouterr().err
+
+
+def test_a_warm_store_is_read_from_one_copy_and_a_cleared_cache_fetches_again(tmp_path: Path, s3: Any) -> None:
+    local, url = _store(tmp_path, s3, n=16)
+    with dlpack.open(url) as ds, dlpack.open(local) as mine:
+        reader = ds.reader  # type: ignore[attr-defined]
+
+        def epoch(e: int) -> list[np.ndarray]:
+            loader = ds.loader(batch_size=4, order="block", seed=3)
+            loader.set_epoch(e)
+            return [b["image"].copy() for b in loader]
+
+        def expected(e: int) -> list[np.ndarray]:
+            loader = mine.loader(batch_size=4, order="block", seed=3, block_size=reader.shard_len("images"))
+            loader.set_epoch(e)
+            return [b["image"].copy() for b in loader]
+
+        assert all(np.array_equal(a, b) for a, b in zip(epoch(0), expected(0), strict=True))
+        fetched = reader.cache.stats["fetched_bytes"]
+        warm = epoch(1)
+        assert reader.cache.stats["fetched_bytes"] == fetched  # nothing fetched once warm
+        images = reader._stored("images")
+        assert images._arena is not None  # every shard resident: gathered from one contiguous copy
+        assert all(np.array_equal(a, b) for a, b in zip(warm, expected(1), strict=True))
+        reader.cache.clear()  # the copy goes with the cache: the next epoch fetches again, same pixels
+        again = epoch(2)
+        assert reader.cache.stats["fetched_bytes"] > fetched
+        assert all(np.array_equal(a, b) for a, b in zip(again, expected(2), strict=True))
