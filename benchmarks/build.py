@@ -486,8 +486,13 @@ except ImportError:  # a checkout from before it
     def give_back_freed(): pass
 scan = scan_stage(FolderSource(src)); say("scan")
 give_back_freed()
+try:  # the probe reads through the source's files
+    from dlpack.sources.base import files_of
+    where = files_of(FolderSource(src))
+except ImportError:  # a checkout from before: the root folder
+    where = FolderSource(src).root
 try:  # the probe takes the option fields it uses
-    probes = probe_stage(FolderSource(src).root, scan.items, max_pixels=opts.max_pixels, n_jobs=1, quiet=True)
+    probes = probe_stage(where, scan.items, max_pixels=opts.max_pixels, n_jobs=1, quiet=True)
 except TypeError:  # a checkout from before: the whole options
     probes = probe_stage(FolderSource(src).root, scan.items, opts)
 say("probe")
