@@ -100,22 +100,10 @@ def _zarr_python_meta(spec: ArraySpec, rows: int, chunk: int, shard_rows: int) -
     """The ``zarr.json`` zarr-python writes for this array (made in a memory store)."""
     import zarr
 
-    from ._zarr import _compressors
+    from ._zarr import array_create_args
 
-    dtype = np.dtype(spec.dtype)
     store = zarr.storage.MemoryStore()
-    config: Any = {"write_empty_chunks": True}
-    zarr.create_array(
-        store,
-        shape=(rows, *spec.shape),
-        dtype=dtype,
-        chunks=(chunk, *spec.shape),
-        shards=(shard_rows, *spec.shape),
-        compressors=_compressors(spec.compression, dtype.itemsize),
-        fill_value=0,
-        config=config,
-        attributes={DIGEST_ATTR: ""},  # "being written": no committed manifest lists this array yet
-    )
+    zarr.create_array(store, **array_create_args(spec, rows, chunk, shard_rows))
     meta: dict[str, Any] = json.loads(store._store_dict["zarr.json"].to_bytes())
     return meta
 

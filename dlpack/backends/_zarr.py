@@ -78,6 +78,22 @@ def _compressors(name: str, itemsize: int) -> Any:
     raise ValueError(f"unknown compression {name!r}")
 
 
+def array_create_args(spec: ArraySpec, rows: int, chunk: int, shard_rows: int) -> dict[str, Any]:
+    """zarr-python's ``create_array`` arguments for a stored array of ``rows`` rows: sharded along
+    the first axis only, its digest "" (being written: no committed manifest lists it yet)."""
+    dtype = np.dtype(spec.dtype)
+    return {
+        "shape": (rows, *spec.shape),
+        "dtype": dtype,
+        "chunks": (chunk, *spec.shape),
+        "shards": (shard_rows, *spec.shape),
+        "compressors": _compressors(spec.compression, dtype.itemsize),
+        "fill_value": 0,
+        "config": {"write_empty_chunks": True},
+        "attributes": {DIGEST_ATTR: ""},
+    }
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with writing(path):
@@ -243,17 +259,7 @@ class ZarrWriter(StoreWriter):
 
     def _create_stored(self, name: str, spec: ArraySpec, rows: int, chunk: int, shard_rows: int) -> None:
         dtype = np.dtype(spec.dtype)
-        self._group("r+").create_array(
-            name,
-            shape=(rows, *spec.shape),
-            dtype=dtype,
-            chunks=(chunk, *spec.shape),
-            shards=(shard_rows, *spec.shape),
-            compressors=_compressors(spec.compression, dtype.itemsize),
-            fill_value=0,
-            config={"write_empty_chunks": True},
-            attributes={DIGEST_ATTR: ""},  # "being written": no committed manifest lists this array yet
-        )
+        self._group("r+").create_array(name, **array_create_args(spec, rows, chunk, shard_rows))
         self._layout[name] = _Layout(rows, spec.shape, dtype.str, chunk, shard_rows, spec.compression)
 
     def _stored_rows(self, name: str) -> int:
