@@ -400,7 +400,7 @@ def map_error(
     name = type(exc).__name__
     text = str(exc)
     first = text.splitlines()[0][:300] if text else name
-    if name == "AlreadyExistsError" or (name == "PreconditionError") or "412" in text.split("Debug source")[0]:
+    if name in ("AlreadyExistsError", "PreconditionError") or "412 Precondition Failed" in text:
         return ConditionFailed(f"cannot {action} {where}: the object exists or changed ({first})")
     if "NoSuchBucket" in text:
         return StoreNotFoundError(f"no bucket {bucket!r} at {endpoint}: create it first, or check the URL")

@@ -136,3 +136,18 @@ def test_fetch_returns_the_version_it_read(storage: Any) -> None:
         storage.fetch("s.bin", 0, 2, if_match=info.etag)
     with pytest.raises(StoreNotFoundError):
         storage.fetch("gone.bin")
+
+
+def test_a_timing_in_an_error_text_is_not_taken_for_a_status_code() -> None:
+    from dlpack.storage.objects import map_error
+
+    class GenericError(Exception):  # the client's name for "something went wrong", as obstore raises it
+        pass
+
+    text = "Generic S3 error: Error performing GET http://127.0.0.1:9/b/k in 354.412783ms, after 3 retries - HTTP error: error sending request"
+    err = map_error(GenericError(text), "s3://b/k", "read", "http://127.0.0.1:9", "b")
+    assert isinstance(err, StorageAccessError) and not isinstance(err, ConditionFailed)
+    refused = map_error(
+        GenericError("Server returned non-2xx status code: 412 Precondition Failed"), "s3://b/k", "write", "e", "b"
+    )
+    assert isinstance(refused, ConditionFailed)
