@@ -28,6 +28,7 @@ import numpy as np
 from .. import schema
 from ..errors import StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import ArraySpec, Manifest
+from ._zarr import MANIFEST, _Layout, _marker, _new_group_meta, array_create_args, complete_group_meta, raw_shard_parts
 from .base import DEFAULT_SHARD_BYTES, DIGEST_ATTR, Mode, rows_sha256, shard_digest
 from .writer import StoreWriter
 
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["GROUP_META", "MANIFEST", "ObjectZarrWriter", "ShardInfo", "dlpack_marker"]
 
-MANIFEST = "manifest.json"
 GROUP_META = "zarr.json"
 #: What a build keeps in a store's prefix beside the store (its lease, its journal): never someone else's.
 _OWN_PREFIX = ".dlpack-"
@@ -67,40 +67,21 @@ class ShardInfo:
 def dlpack_marker(group_meta: bytes) -> dict[str, Any] | None:
     """The dlpack marker of a group ``zarr.json``'s bytes, or None (not dlpack's, or unreadable)."""
     try:
-        meta = json.loads(group_meta)
+        return _marker(json.loads(group_meta))
     except (ValueError, RecursionError):
         return None
-    attrs = meta.get("attributes") if isinstance(meta, dict) else None
-    marker = attrs.get("dlpack") if isinstance(attrs, dict) else None
-    return marker if isinstance(marker, dict) and marker.get("format") == "dlpack" else None
-
-
-def _new_group_meta() -> bytes:
-    from ._zarr import _new_group_meta as text
-
-    return text().encode("utf-8")
 
 
 @dataclass
-class _RemoteLayout:
-    rows: int
-    trailing: tuple[int, ...]
-    dtype: str
-    chunk: int
-    shard_rows: int
-    compression: str
-    meta: dict[str, Any]
+class _RemoteLayout(_Layout):
+    """A stored array's layout, with the ``zarr.json`` zarr-python made for it (rewritten on resize)."""
 
-    @property
-    def row_nbytes(self) -> int:
-        return int(np.prod(self.trailing, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+    meta: dict[str, Any]
 
 
 def _zarr_python_meta(spec: ArraySpec, rows: int, chunk: int, shard_rows: int) -> dict[str, Any]:
     """The ``zarr.json`` zarr-python writes for this array (made in a memory store)."""
     import zarr
-
-    from ._zarr import array_create_args
 
     store = zarr.storage.MemoryStore()
     zarr.create_array(store, **array_create_args(spec, rows, chunk, shard_rows))
@@ -145,7 +126,7 @@ class ObjectZarrWriter(StoreWriter):
         if self.mode == "w-" or (self.mode == "a" and group is None and not foreign):
             if group is not None or foreign:
                 raise StoreExistsError(f"{self.path} already exists")
-            self.storage.put(GROUP_META, _new_group_meta())
+            self.storage.put(GROUP_META, _new_group_meta().encode("utf-8"))
             return
         if group is None:
             if foreign:
@@ -236,10 +217,8 @@ class ObjectZarrWriter(StoreWriter):
             self._put_shard(name, lay, (start + s) // per, rows[s : s + per])
 
     def _put_shard(self, name: str, lay: _RemoteLayout, s: int, rows: np.ndarray) -> None:
-        from ._zarr import raw_shard_parts
-
         if lay.compression == "none":
-            data: Any = b"".join(raw_shard_parts(lay, rows))  # type: ignore[arg-type]
+            data: Any = b"".join(raw_shard_parts(lay, rows))
         else:
             data = _encoded_shard(lay, s, rows)
         info = self.storage.put(self._shard_key(name, lay, s), data)
@@ -372,8 +351,6 @@ class ObjectZarrWriter(StoreWriter):
 
     def _write_manifest(self, manifest: Manifest) -> None:
         text = manifest.to_json()
-        from ._zarr import complete_group_meta
-
         self.storage.put(GROUP_META, complete_group_meta(text, manifest.format_version).encode("utf-8"))
         # Last: the commit point. A reader finds no manifest, or the one the marker names.
         self.storage.put(MANIFEST, text.encode("utf-8"))
@@ -385,7 +362,7 @@ class ObjectZarrWriter(StoreWriter):
             stored for name in keep for stored in (self.arrays[name].stored_names() if name in self.arrays else (name,))
         }
         self.storage.delete([MANIFEST])
-        self.storage.put(GROUP_META, _new_group_meta())
+        self.storage.put(GROUP_META, _new_group_meta().encode("utf-8"))
         drop = [o.key for o in self.storage.list() if "/" in o.key and not o.key.startswith(".")]
         self.storage.delete([k for k in drop if k.split("/", 1)[0] not in kept])
         for name in list(self._layout):
