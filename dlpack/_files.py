@@ -191,8 +191,8 @@ def writing(path: str | os.PathLike[str]) -> Iterator[None]:
         ) from exc
 
 
-#: ``scheme://``: a URL, never a local path (Python would make ``s3:`` a folder of the current one).
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+#: ``scheme://rest``: a URL, never a local path (Python would make ``s3:`` a folder of the current one).
+URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$", re.DOTALL)
 
 
 def refuse_url(path: object, what: str, instead: str | None = None) -> None:
@@ -204,7 +204,7 @@ def refuse_url(path: object, what: str, instead: str | None = None) -> None:
     """
     if isinstance(path, (str, os.PathLike)) and not isinstance(path, bytes):
         text = os.fspath(path)
-        if isinstance(text, str) and _URL.match(text):
+        if isinstance(text, str) and URL.match(text):
             raise OptionError(
                 f"{what} {text!r} is a URL: "
                 + (

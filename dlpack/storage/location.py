@@ -19,13 +19,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._files import URL as _URL
 from ..errors import OptionError
 
 __all__ = ["OPTION_KEYS", "SCHEMES", "Location", "is_url", "parse_storage_options"]
 
 #: Object-store URL schemes dlpack reads and writes (S3 and every S3-compatible server).
 SCHEMES = ("s3",)
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$", re.DOTALL)
 #: S3 bucket names: 3-63 lower-case letters, digits, dots and hyphens.
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
