@@ -14,10 +14,11 @@ from typing import Any, overload
 import numpy as np
 
 from ..backends import ArraySpec, Backend, get_backend
-from ..errors import InputFileError, OptionError, SourceError, StoreError
+from ..errors import DlpackError, InputFileError, OptionError, SourceError, StoreError
 from ..manifest import ImageSpec
 from ..options import SPLIT_PART_NAMES, BuildOptions, parse_labels, parse_split
-from ..sources.base import SourceItem, SourceScan
+from ..sources.base import SourceItem, SourceScan, files_at
+from ..storage.location import Location, is_url
 from ..sources.decode import TargetSpec
 from ..sources.probe import HEADER_BYTES, probe_header
 from ..transforms.functional import UpscaleError
@@ -308,17 +309,25 @@ def _check_block_bytes(
         )
 
 
-def _label_image_depth(path: Path) -> int:
-    """The bit depth a label image's header gives (8 when it cannot be read: its sample fails later, naming it)."""
+def _label_image_depth(base: str, path: str, storage_options: Any) -> int:
+    """The bit depth a label image's header gives (8 when it cannot be read: its sample fails later, naming it).
+
+    ``base`` is the label folder, or a bucket prefix read with ``storage_options``."""
     try:
-        with open(path, "rb") as f:
-            header = probe_header(f.read(HEADER_BYTES))
-    except OSError:
+        if is_url(base):
+            head = files_at(Location.parse(base, storage_options or None)).read_head(path, HEADER_BYTES)[0]
+        else:
+            with open(Path(base, path), "rb") as f:
+                head = f.read(HEADER_BYTES)
+    except (OSError, DlpackError):
         return 8
+    header = probe_header(head)
     return header.bit_depth if header is not None else 8
 
 
-def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str) -> LabelPlan | None:
+def label_plan(
+    scan: SourceScan, items: Sequence[SourceItem], root: str, storage_options: Any = None
+) -> LabelPlan | None:
     """The label arrays the items' annotations call for (None for classification and unlabelled sources).
 
     The mask is ``|u1`` (ignore value 255) unless an id it stores can exceed 254 (a class id, an
@@ -351,7 +360,7 @@ def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str) -> Labe
             base = scan.label_root if scan.label_root is not None else root
             for a in anns:
                 path = a.get("mask")
-                if path and _label_image_depth(Path(base, path)) == 16:
+                if path and _label_image_depth(base, path, storage_options) == 16:
                     wide = True
                     break
         dtype = "<u2" if wide else "|u1"
@@ -368,14 +377,19 @@ def label_plan(scan: SourceScan, items: Sequence[SourceItem], root: str) -> Labe
     )
 
 
+def _absolute(path: str) -> str:
+    """A local path made absolute; a URL as given (``s3://`` is no folder of the working one)."""
+    return path if is_url(path) else os.path.abspath(path)
+
+
 def label_options(labels: str, class_folder: str, anomaly_masks: str | None) -> dict[str, str]:
     """The plan's record of the label source a folder path was read with (paths made absolute)."""
     kind, path = parse_labels(labels)
     out: dict[str, str] = {"class_folder": str(class_folder)}
     if kind not in ("auto", "folders", "none"):
-        out["label_source"] = kind + (":" + os.path.abspath(path) if path is not None else "")
+        out["label_source"] = kind + (":" + _absolute(path) if path is not None else "")
     if anomaly_masks:
-        out["anomaly_masks"] = os.path.abspath(anomaly_masks)
+        out["anomaly_masks"] = _absolute(anomaly_masks)
     return out
 
 
@@ -440,7 +454,7 @@ def plan_stage(
     _check_block_bytes(
         get_backend(backend), spec, len(kept), compression=opts.compression, shard_bytes=opts.shard_bytes
     )
-    labels = label_plan(scan, kept, root)
+    labels = label_plan(scan, kept, root, opts.storage_options)
     if labels is not None and labels.mask_dtype is not None and spec.shape is None:
         raise OptionError(
             f"the {scan.task} labels are stored as masks, which need one image size for the whole store, but the "

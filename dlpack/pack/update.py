@@ -241,7 +241,7 @@ def _change_stage(
             ch,
             scan,
             reader.meta("label_sha256"),
-            lambda it: label_digest(files.root, lp0.label_root, it.annotations),
+            lambda it: label_digest(files, lp0.label_root, it.annotations),
         )
     if isinstance(source, FolderSource):
         new_label_paths(scan, ch.added, root)

@@ -83,7 +83,7 @@ class JobList(Sequence[Job]):
         return (list, (list(self),))
 
 
-def label_digest(root: str, label_root: str | None, annotations: Mapping[str, Any] | None) -> str:
+def label_digest(root: str | SourceFiles, label_root: str | None, annotations: Mapping[str, Any] | None) -> str:
     """SHA-256 (hex) of a sample's annotations and the bytes of the label files they name: what
     ``--update`` compares to know that a sample's labels changed although its image did not."""
     h = hashlib.sha256()
@@ -214,7 +214,7 @@ def prepare_file(
     if lp is None:
         return img, meta
     out = prepare_labels(
-        files.root, lp.label_root, annotations, prepared, lp.task, lp.mask_dtype, lp.mask_ignore, lp.class_ids,
+        files, lp.label_root, annotations, prepared, lp.task, lp.mask_dtype, lp.mask_ignore, lp.class_ids,
         instance_masks=lp.instance_masks,
     )  # fmt: skip
     arrays = out.arrays
@@ -235,7 +235,7 @@ def prepare_file(
         box_labels=tuple(int(v) for v in arrays["box_labels"].tolist()) if lp.boxes and n else (),
         box_crowd=(tuple(int(v) for v in crowd.tolist()) if crowd is not None else (0,) * n) if lp.crowd else None,
         mask_crc=None if mask is None else zlib.crc32(mask.data),
-        label_sha256=label_digest(files.root, lp.label_root, annotations),
+        label_sha256=label_digest(files, lp.label_root, annotations),
         clipped=out.clipped,
         dropped=out.dropped,
         mask=mask,

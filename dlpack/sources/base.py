@@ -19,8 +19,9 @@ from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 from .._files import NotRegularFileError, open_regular
 from ..errors import InputFileError
+from ..storage.location import Location, is_url
 
-__all__ = ["FileStat", "LocalFiles", "Source", "SourceFiles", "SourceItem", "SourceScan", "files_of", "open_input"]
+__all__ = ["FileStat", "LocalFiles", "Source", "SourceFiles", "SourceItem", "SourceScan", "files_at", "files_of", "open_input"]
 
 
 @dataclass(frozen=True)
@@ -201,3 +202,18 @@ def files_of(source: Source) -> SourceFiles:
     folder ``source.root`` (every source that only lists items keeps working)."""
     files = getattr(source, "files", None)
     return files if isinstance(files, SourceFiles) else LocalFiles(os.fspath(source.root))
+
+
+def files_at(where: str | os.PathLike[str] | Location, like: SourceFiles | None = None) -> SourceFiles:
+    """The files of the folder or bucket prefix ``where`` (a label folder beside a source's images).
+
+    A URL is read with the storage options of ``like`` when it is a bucket's files (the label files
+    of a bucket source come from the same store, with the same credentials); a local path is a
+    :class:`LocalFiles` as given, so local label files are read exactly as before.
+    """
+    if isinstance(where, Location) or is_url(where):
+        from .remote import ObjectFiles
+
+        options = like.location.options if isinstance(like, ObjectFiles) else ()
+        return ObjectFiles(Location.parse(where, options or None))
+    return LocalFiles(os.fspath(where))

@@ -19,7 +19,7 @@ import numpy as np
 
 from .._files import NotRegularFileError, open_regular
 from ..transforms.functional import orient_boxes, polygons_to_mask, resize_boxes, resize_mask, rle_to_mask
-from .base import open_input
+from .base import LocalFiles, SourceFiles, files_at
 from .decode import DecodeError, PreparedImage, damage_reason, incomplete_reason, library_messages, no_header_reason
 from .probe import probe_header
 
@@ -90,34 +90,45 @@ class _Frames:
         return None
 
 
-def _label_path(root: str | os.PathLike[str], label_root: str | os.PathLike[str] | None, path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else Path(label_root if label_root is not None else root) / p
+#: Where a sample's label files are: the source's files, a local folder or a bucket URL.
+Root = str | os.PathLike[str] | SourceFiles
 
 
-def read_label_file(root: str | os.PathLike[str], label_root: str | os.PathLike[str] | None, path: str) -> bytes:
+def label_files(root: Root, label_root: str | os.PathLike[str] | None) -> SourceFiles:
+    """The files label paths are relative to: ``label_root`` when given (a folder, or a URL read with
+    the storage options of ``root``'s files), else ``root`` (the source's files or folder)."""
+    files = root if isinstance(root, SourceFiles) else LocalFiles(os.fspath(root))
+    return files if label_root is None else files_at(label_root, files)
+
+
+def read_label_file(root: Root, label_root: str | os.PathLike[str] | None, path: str) -> bytes:
     """The bytes of the label file ``path`` names (relative to ``label_root``, else ``root``), read
-    as input files are (:func:`~dlpack.sources.base.open_input`); OSError when it cannot be."""
-    with open_input(_label_path(root, label_root, path)) as f:
+    as input files are (:class:`~dlpack.sources.base.SourceFiles`); OSError when it cannot be."""
+    return label_files(root, label_root).read(path)[0]
+
+
+def _label_bytes(files: SourceFiles, path: str) -> bytes:
+    """A label file's bytes; a local one opened as before (regular files only, never blocking)."""
+    if not isinstance(files, LocalFiles):
+        return files.read(path)[0]
+    fd = open_regular(Path(files.root, path))
+    with os.fdopen(fd, "rb") as f:
         return f.read()
 
 
-def _read_label_image(path: Path, name: str, what: str, frames: _Frames, frame: str) -> tuple[np.ndarray, str]:
+def _read_label_image(
+    files: SourceFiles, name: str, what: str, frames: _Frames, frame: str
+) -> tuple[np.ndarray, str]:
     """A label image as H x W ``uint8``/``uint16`` and the frame it is in; DecodeError names it and why."""
     import cv2
 
     where = f"{what} '{name}'"
     try:
-        fd = open_regular(path)
+        data = _label_bytes(files, name)
     except FileNotFoundError:
         raise DecodeError(f"{where} is missing") from None
     except NotRegularFileError as exc:
         raise DecodeError(f"{where} is {exc}") from None
-    except OSError as exc:
-        raise DecodeError(f"{where} cannot be read: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            data = f.read()
     except OSError as exc:
         raise DecodeError(f"{where} cannot be read: {exc.strerror or exc}") from None
     if not data:
@@ -228,7 +239,7 @@ def _segmentation_mask(
 
 
 def prepare_labels(
-    root: str | os.PathLike[str],
+    root: Root,
     label_root: str | os.PathLike[str] | None,
     annotations: Mapping[str, Any] | None,
     prepared: PreparedImage,
@@ -245,7 +256,9 @@ def prepare_labels(
     ----------
     root, label_root
         Label image paths are relative to ``label_root`` when given, else to the source's ``root``
-        (absolute paths as they are).
+        (absolute paths as they are). ``root`` is the source's folder or its
+        :class:`~dlpack.sources.base.SourceFiles` (a bucket's: a ``label_root`` URL is then read
+        with its storage options).
     annotations : Mapping or None
         The item's ``SourceItem.annotations``.
     prepared : PreparedImage
@@ -326,7 +339,7 @@ def prepare_labels(
 
 
 def _mask(
-    root: str | os.PathLike[str],
+    root: Root,
     label_root: str | os.PathLike[str] | None,
     ann: Mapping[str, Any],
     frames: _Frames,
@@ -351,9 +364,7 @@ def _mask(
     if task == "anomaly":
         path = ann.get("anomaly_mask")
         if path:
-            gt, frame = _read_label_image(
-                _label_path(root, label_root, path), path, "ground-truth image", frames, frame
-            )
+            gt, frame = _read_label_image(label_files(root, label_root), path, "ground-truth image", frames, frame)
             mask = (gt != 0).astype(dtype)
         else:
             defect = ann.get("defect")
@@ -364,7 +375,7 @@ def _mask(
     elif ann.get("mask"):
         path = ann["mask"]
         where = f"mask '{path}'"
-        raw, frame = _read_label_image(_label_path(root, label_root, path), path, "mask", frames, frame)
+        raw, frame = _read_label_image(label_files(root, label_root), path, "mask", frames, frame)
         if class_ids:
             values = np.unique(raw)
             bad = np.setdiff1d(values, np.asarray([*class_ids, ign], dtype=np.int64))
