@@ -26,6 +26,7 @@ from ..sources.folder import FolderSource
 from ..sources.masks import MaskFolderSource
 from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from ..storage.location import Location, is_url
+from ..storage.objects import StorageAccessError
 from ..storage.spill import PART, Column
 
 
@@ -433,6 +434,8 @@ def _probe_files(files: SourceFiles, rels: Sequence[str], max_pixels: int) -> li
     for rel in rels:
         try:
             head, size = files.read_head(rel, HEADER_BYTES)
+        except StorageAccessError:
+            raise  # the bucket refused or could not be reached: no file's fault, the build stops
         except OSError as exc:
             out.append(Probe(None, 0, f"cannot read: {exc.strerror or exc}"))
             continue
@@ -446,6 +449,8 @@ def _probe_files(files: SourceFiles, rels: Sequence[str], max_pixels: int) -> li
             try:
                 head = files.read(rel)[0]
                 header = probe_header(head)
+            except StorageAccessError:
+                raise
             except OSError as exc:
                 out.append(Probe(None, size, f"cannot read: {exc.strerror or exc}"))
                 continue
@@ -461,6 +466,8 @@ def _probe_files(files: SourceFiles, rels: Sequence[str], max_pixels: int) -> li
             continue
         try:
             out.append(Probe(header, size, _tail_ok(files, rel, header)))
+        except StorageAccessError:
+            raise
         except OSError as exc:
             out.append(Probe(header, size, f"cannot read: {exc.strerror or exc}"))
     return out

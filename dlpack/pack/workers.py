@@ -22,10 +22,11 @@ from .. import _parallel
 from .._parallel import Ticks
 from ..backends import StoreWriter
 from ..errors import InputFileError
-from ..sources.base import SourceFiles
+from ..sources.base import SourceFiles, reading_ahead
 from ..sources.decode import DecodeError, prepare_image
 from ..sources.labels import prepare_labels, read_label_file
 from ..sources.probe import ImageHeader
+from ..storage.objects import StorageAccessError
 from .inputs import Kept
 from .plan import BuildPlan
 from .stats import histograms
@@ -259,22 +260,25 @@ def decode_block(
     :attr:`Ticks.EVERY` files, so the bar moves within a block of tens of thousands of small images.
     """
     results: list[Sample | InputFileError] = []
-    for k, (rel, header, ann) in enumerate(pairs):
-        if ticks is not None and k and k % ticks.EVERY == 0:
-            ticks(k)
-        try:
-            img, meta = prepare_file(files, plan, rel, header, ann)
-        except DecodeError as exc:
-            results.append(InputFileError(rel, str(exc)))
-            continue
-        except OSError as exc:
-            results.append(InputFileError(rel, f"cannot read: {exc.strerror or exc}"))
-            continue
-        if out is not None:
-            out[k] = img
-        if masks is not None and meta.mask is not None:
-            masks[k] = meta.mask
-        results.append(replace(meta, pixels=img) if keep_pixels else replace(meta, mask=None))
+    with reading_ahead(files, [rel for rel, _, _ in pairs]) as source:
+        for k, (rel, header, ann) in enumerate(pairs):
+            if ticks is not None and k and k % ticks.EVERY == 0:
+                ticks(k)
+            try:
+                img, meta = prepare_file(source, plan, rel, header, ann)
+            except DecodeError as exc:
+                results.append(InputFileError(rel, str(exc)))
+                continue
+            except StorageAccessError:
+                raise  # the bucket refused or could not be reached: no file's fault, the build stops
+            except OSError as exc:
+                results.append(InputFileError(rel, f"cannot read: {exc.strerror or exc}"))
+                continue
+            if out is not None:
+                out[k] = img
+            if masks is not None and meta.mask is not None:
+                masks[k] = meta.mask
+            results.append(replace(meta, pixels=img) if keep_pixels else replace(meta, mask=None))
     return results
 
 

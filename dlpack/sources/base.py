@@ -10,9 +10,12 @@ nothing else about where the items came from, so a new source plugs in without t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
@@ -21,7 +24,18 @@ from .._files import NotRegularFileError, open_regular
 from ..errors import InputFileError
 from ..storage.location import Location, is_url
 
-__all__ = ["FileStat", "LocalFiles", "Source", "SourceFiles", "SourceItem", "SourceScan", "files_at", "files_of", "open_input"]
+__all__ = [
+    "FileStat",
+    "LocalFiles",
+    "Source",
+    "SourceFiles",
+    "SourceItem",
+    "SourceScan",
+    "files_at",
+    "files_of",
+    "open_input",
+    "reading_ahead",
+]
 
 
 @dataclass(frozen=True)
@@ -204,6 +218,74 @@ def files_of(source: Source) -> SourceFiles:
     return files if isinstance(files, SourceFiles) else LocalFiles(os.fspath(source.root))
 
 
+class _ReadAhead:
+    """``files`` with the next ``ahead`` of ``rels`` being fetched by threads while the caller works
+    on the current one: :meth:`read` of the next expected path takes its fetched result (bytes and
+    stat, or the ``OSError`` of that file); any other call goes to ``files`` itself."""
+
+    def __init__(self, files: SourceFiles, rels: Iterable[str], ahead: int) -> None:
+        self.files = files
+        self._rels = iter(rels)
+        self._pool = ThreadPoolExecutor(ahead, thread_name_prefix="dlpack-read-ahead")
+        self._queue: deque[tuple[str, Future[tuple[bytes, FileStat]]]] = deque()
+        self._ahead = ahead
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self._queue) < self._ahead:
+            rel = next(self._rels, None)
+            if rel is None:
+                return
+            self._queue.append((rel, self._pool.submit(self.files.read, rel)))
+
+    @property
+    def root(self) -> str:
+        """The source's root."""
+        return self.files.root
+
+    def read(self, rel: str) -> tuple[bytes, FileStat]:
+        """The fetched file when ``rel`` is the next one, else a read of its own."""
+        if self._queue and self._queue[0][0] == rel:
+            _, future = self._queue.popleft()
+            self._fill()
+            return future.result()
+        return self.files.read(rel)
+
+    def read_head(self, rel: str, n: int) -> tuple[bytes, int]:
+        """The file's first bytes (not fetched ahead)."""
+        return self.files.read_head(rel, n)
+
+    def read_tail(self, rel: str, n: int) -> bytes:
+        """The file's last bytes (not fetched ahead)."""
+        return self.files.read_tail(rel, n)
+
+    def stat(self, rel: str) -> FileStat:
+        """The file's size and version (not fetched ahead)."""
+        return self.files.stat(rel)
+
+    def close(self) -> None:
+        """Drop what was not taken and stop the threads."""
+        self._queue.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def reading_ahead(files: SourceFiles, rels: Sequence[str]) -> Iterator[SourceFiles]:
+    """``files`` for a loop that reads ``rels`` in order: files whose ``ahead`` attribute is above 0
+    (a bucket's :class:`~dlpack.sources.remote.ObjectFiles`) are fetched that many ahead, by threads,
+    while the loop decodes the current one; anything else (local files) is read as it is, no thread.
+    The bytes, their order and each file's error are the same either way."""
+    ahead = int(getattr(files, "ahead", 0) or 0)
+    if ahead <= 0 or len(rels) < 2:
+        yield files
+        return
+    view = _ReadAhead(files, rels, min(ahead, len(rels)))
+    try:
+        yield view
+    finally:
+        view.close()
+
+
 def files_at(where: str | os.PathLike[str] | Location, like: SourceFiles | None = None) -> SourceFiles:
     """The files of the folder or bucket prefix ``where`` (a label folder beside a source's images).
 
@@ -214,6 +296,7 @@ def files_at(where: str | os.PathLike[str] | Location, like: SourceFiles | None 
     if isinstance(where, Location) or is_url(where):
         from .remote import ObjectFiles
 
+        like = getattr(like, "files", like)  # a read-ahead view: the files it reads
         options = like.location.options if isinstance(like, ObjectFiles) else ()
         return ObjectFiles(Location.parse(where, options or None))
     return LocalFiles(os.fspath(where))
