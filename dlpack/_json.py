@@ -21,7 +21,7 @@ import numpy as np
 
 from ._files import NotRegularFileError, read_regular
 
-__all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "parse_json", "read_text_file"]
+__all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "decode_text", "parse_json", "read_text_file"]
 
 #: The deepest nesting of arrays and objects a file may have (label files need about 6).
 MAX_DEPTH = 100
@@ -172,6 +172,11 @@ def read_text_file(
         raise error(f"{name} is {exc}; give a file") from None
     except OSError as exc:
         raise error(f"cannot read {name}: {exc.strerror or exc}") from None
+    return decode_text(data, name, error)
+
+
+def decode_text(data: bytes, name: str, error: type[Exception]) -> str:
+    """``data`` as UTF-8 text (a BOM kept), or ``error`` naming ``name`` and the first bad byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -58,8 +58,9 @@ from typing import Any
 
 from .._names import shown
 from ..errors import InputFileError, LabelFileError, SourceError, SourceNotFoundError
-from ..sources._entries import file_problem, load_json, name_problem
-from ..sources.base import SourceItem, SourceScan
+from ..sources._entries import bucket_files, file_problem, load_json, name_problem, place
+from ..sources.base import SourceFiles, SourceItem, SourceScan
+from ..storage.location import is_url
 
 __all__ = [
     "DLDatasetInfo",
@@ -129,7 +130,13 @@ class DLDatasetInfo:
 
 
 def dldataset_json(path: str | os.PathLike[str]) -> Path:
-    """The JSON file of a DLDataset given as the file itself or a folder holding ``dataset.json``."""
+    """The JSON file of a DLDataset given as the file itself or a folder holding ``dataset.json``.
+
+    A URL names the object itself when it ends in ``.json``, else the prefix holding ``dataset.json``
+    (as text: a missing object is named when it is read)."""
+    if is_url(path):
+        url = str(path).rstrip("/")
+        return url if url.lower().endswith(".json") else f"{url}/{_FILE_NAME}"  # type: ignore[return-value]
     p = Path(path)
     if p.is_dir():
         p = p / _FILE_NAME
@@ -152,6 +159,16 @@ def _is_int(v: Any) -> bool:
 def _folder(base: Path, value: Any, key: str, where: str) -> Path:
     if not isinstance(value, str):
         raise LabelFileError(f"{where}: {key} must be a string (a folder path), got {value!r}")
+    if is_url(value):
+        return value  # type: ignore[return-value]
+    if is_url(base):
+        if value.startswith("/"):
+            raise LabelFileError(
+                f"{where}: {key} {value!r} is a local path, but the DLDataset is in a bucket; give it relative to "
+                "the JSON file's prefix or as an s3:// URL"
+            )
+        parts = [q for q in value.split("/") if q not in ("", ".")]
+        return "/".join([str(base), *parts]) if parts else base  # type: ignore[return-value]
     p = Path(value)
     return p if p.is_absolute() else base / p
 
@@ -188,7 +205,7 @@ def _task(samples: Sequence[Mapping[str, Any]], top: Mapping[str, Any], where: s
     return next(iter(first), "none")
 
 
-def read_dldataset(path: str | os.PathLike[str]) -> DLDatasetInfo:
+def read_dldataset(path: str | os.PathLike[str], storage_options: object = None) -> DLDatasetInfo:
     """Read a DLDataset's JSON file (or a folder holding ``dataset.json``) and check it as a whole.
 
     Raises :class:`~dlpack.errors.SourceError` for what makes the file unusable as one dataset
@@ -196,8 +213,8 @@ def read_dldataset(path: str | os.PathLike[str]) -> DLDatasetInfo:
     :meth:`DLDatasetSource.scan`.
     """
     p = dldataset_json(path)
-    where = repr(os.fspath(p))
-    top = load_json(p, "DLDataset")
+    where = repr(str(p))
+    top = load_json(p, "DLDataset", storage_options)
     if not isinstance(top, dict):
         raise LabelFileError(f"DLDataset {where} must hold a JSON object, got {type(top).__name__}")
     unknown = sorted(set(top) - set(TOP_KEYS))
@@ -244,7 +261,7 @@ def read_dldataset(path: str | os.PathLike[str]) -> DLDatasetInfo:
     task = _task(samples, top, f"DLDataset {where}")
     if task == "anomaly" and not {"ok", "nok"} <= set(names):
         raise LabelFileError(f"DLDataset {where}: an anomaly dataset names its classes ok and nok, got {names!r}")
-    base = p.parent
+    base: Path = str(p).rpartition("/")[0] if is_url(p) else p.parent  # type: ignore[assignment]
     seg = anomaly = None
     if task == "segmentation":
         if "segmentation_dir" not in top:
@@ -283,8 +300,18 @@ def _inside(name: Any, key: str, folder: str) -> str:
     return rel
 
 
-def _regular(root: Path, rel: str, what: str, folder: str) -> None:
-    """``root / rel`` is a regular file inside ``root`` (``folder`` names it), or :class:`_Bad`."""
+def _regular(root: Path, rel: str, what: str, folder: str, storage_options: object = None) -> None:
+    """``root / rel`` is a regular file inside ``root`` (``folder`` names it), or :class:`_Bad`.
+
+    A bucket prefix ``root`` (a URL) is read with ``storage_options``: only a missing object is refused."""
+    bucket = bucket_files(root, storage_options)
+    if bucket is not None:
+        try:
+            bucket.stat(rel)
+        except OSError as exc:
+            reason = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read: {exc.strerror or exc}"
+            raise _Bad(f"the {what} {str(root).rstrip('/') + '/' + rel!r} {reason}") from None
+        return
     path = root / rel
     try:
         mode = os.stat(path).st_mode
@@ -330,7 +357,7 @@ def _boxes(s: Mapping[str, Any], info: DLDatasetInfo) -> dict[str, Any]:
     return {"frame": "file", "boxes": boxes, "box_labels": labels}
 
 
-def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path) -> SourceItem:
+def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path, storage_options: object = None) -> SourceItem:
     """One sample as an item, or :class:`_Bad` naming its first problem."""
     allowed = (*SAMPLE_KEYS, *TASK_KEYS[info.task])
     unknown = sorted(set(s) - set(allowed) - set(VARIANT_KEYS))
@@ -359,7 +386,7 @@ def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path) -> SourceItem:
     elif info.task == "segmentation":
         assert info.segmentation_dir is not None
         mask = _inside(s.get("segmentation_file_name"), "segmentation_file_name", "segmentation_dir")
-        _regular(info.segmentation_dir, mask, "label image", "segmentation_dir")
+        _regular(info.segmentation_dir, mask, "label image", "segmentation_dir", storage_options)
         annotations = {"frame": "file", "mask": mask}
     elif info.task == "anomaly":
         value = s.get("anomaly_label")
@@ -370,9 +397,9 @@ def _item(s: Mapping[str, Any], info: DLDatasetInfo, root: Path) -> SourceItem:
         if "anomaly_file_name" in s:
             assert info.anomaly_dir is not None
             gt = _inside(s["anomaly_file_name"], "anomaly_file_name", "anomaly_dir")
-            _regular(info.anomaly_dir, gt, "ground-truth file", "anomaly_dir")
+            _regular(info.anomaly_dir, gt, "ground-truth file", "anomaly_dir", storage_options)
             annotations["anomaly_mask"] = gt
-    _regular(root, rel, "image file", "image_dir")
+    _regular(root, rel, "image file", "image_dir", storage_options)
     return SourceItem(rel, label, annotations, split)
 
 
@@ -383,23 +410,32 @@ class DLDatasetSource:
     ``json_path`` is the JSON file or a folder holding ``dataset.json``; ``images_root`` replaces
     the dataset's ``image_dir`` (for a dataset moved from the machine that wrote it). Items come
     in the samples' order, ``rel`` relative to :attr:`root`; classes and ids keep the dataset's
-    order; splits keep HALCON's names (``validation`` stays ``validation``).
+    order; splits keep HALCON's names (``validation`` stays ``validation``). The JSON file and its
+    folders may be ``s3://`` URLs (relative folders are then prefixes beside the JSON object), read
+    with ``storage_options``.
     """
 
     json_path: Path
     images_root: Path | None
+    storage_options: object = field(default=None, compare=False, repr=False)
     #: The file as last read (the build asks for ``root`` per file: the JSON is parsed once).
     _info: list[DLDatasetInfo] = field(default_factory=list, compare=False, repr=False)
 
-    def __init__(self, json_path: str | os.PathLike[str], images_root: str | os.PathLike[str] | None = None) -> None:
-        object.__setattr__(self, "json_path", Path(json_path))
-        object.__setattr__(self, "images_root", None if images_root is None else Path(images_root))
+    def __init__(
+        self,
+        json_path: str | os.PathLike[str],
+        images_root: str | os.PathLike[str] | None = None,
+        storage_options: object = None,
+    ) -> None:
+        object.__setattr__(self, "json_path", place(json_path))
+        object.__setattr__(self, "images_root", None if images_root is None else place(images_root))
+        object.__setattr__(self, "storage_options", storage_options)
         object.__setattr__(self, "_info", [])
 
     def info(self) -> DLDatasetInfo:
         """The dataset read and checked as a whole (read once; :meth:`scan` reads it again)."""
         if not self._info:
-            self._info.append(read_dldataset(self.json_path))
+            self._info.append(read_dldataset(self.json_path, self.storage_options))
         return self._info[0]
 
     @property
@@ -407,12 +443,17 @@ class DLDatasetSource:
         """The folder image paths are relative to: ``images_root`` when given, else the dataset's ``image_dir``."""
         return self.images_root if self.images_root is not None else self.info().image_dir
 
+    @property
+    def files(self) -> SourceFiles | None:
+        """The bucket's files when :attr:`root` is a URL (None: the local folder)."""
+        return bucket_files(self.root, self.storage_options)
+
     def scan(self) -> SourceScan:
         """List the samples as items; samples that cannot be used go to :attr:`SourceScan.errors`."""
         self._info.clear()
         info = self.info()
         root = self.images_root if self.images_root is not None else info.image_dir
-        if not root.is_dir():
+        if not is_url(root) and not root.is_dir():
             what = "images_root" if self.images_root is not None else f"the image_dir of {os.fspath(info.path)!r}"
             raise SourceError(f"{what} {os.fspath(root)!r} is not a folder")
         items: list[SourceItem] = []
@@ -423,7 +464,7 @@ class DLDatasetSource:
             path = shown(name) if isinstance(name, str) and name else f"samples[{k}]"
             head = f"image_id {s['image_id']}" if _is_int(s.get("image_id")) else f"samples[{k}]"
             try:
-                item = _item(s, info, root)
+                item = _item(s, info, root, self.storage_options)
                 if item.rel in owners:
                     raise _Bad(f"the same image file as {owners[item.rel]}; each image is one sample")
             except _Bad as exc:
@@ -439,5 +480,5 @@ class DLDatasetSource:
             "dldataset",
             class_ids=info.class_ids,
             task=info.task,
-            label_root=None if label_root is None else os.fspath(label_root),
+            label_root=None if label_root is None else str(label_root),
         )

@@ -14,11 +14,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .._json import parse_json, read_text_file
+from .._json import MAX_FILE_BYTES, decode_text, parse_json, read_text_file
 from .._names import shown
-from ..errors import LabelFileError, SourceError, SourceNotFoundError
+from ..errors import LabelFileError, SourceError, SourceNotFoundError, StoreError
 from ..options import IMAGE_SUFFIXES
-from .base import SourceScan
+from ..storage.location import Location, is_url
+from .base import LocalFiles, SourceFiles, SourceScan, files_at
 
 __all__ = [
     "name_problem",
@@ -31,6 +32,8 @@ __all__ = [
     "stem",
     "listing",
     "walk_images",
+    "bucket_files",
+    "place",
 ]
 
 _MAX_LISTED = 5
@@ -77,9 +80,34 @@ def relative_name(name: object) -> tuple[str | None, str | None]:
     return "/".join(parts), None
 
 
-def file_problem(root: Path, rel: str, folder: str = "the image folder") -> str | None:
+def bucket_files(where: str | os.PathLike[str] | Location, storage_options: object = None) -> SourceFiles | None:
+    """The files of the bucket prefix ``where`` read with ``storage_options``; None for a local path."""
+    if isinstance(where, Location) or is_url(where):
+        return files_at(Location.parse(where, storage_options or None))  # type: ignore[arg-type]
+    return None
+
+
+def place(where: str | os.PathLike[str]) -> Path | str:
+    """A folder or file given by the user as the sources keep it: a local Path, a URL as its text
+    (``Path("s3://b/k")`` would be the local folder ``s3:/b/k``)."""
+    return str(where) if isinstance(where, Location) or is_url(where) else Path(where)
+
+
+def file_problem(root: Path | SourceFiles, rel: str, folder: str = "the image folder") -> str | None:
     """Why ``root / rel`` cannot be read as an input file (missing, not a file, a link out of
-    ``root``), else None: the one link rule of every label source, whose ``folder`` names ``root``."""
+    ``root``), else None: the one link rule of every label source, whose ``folder`` names ``root``.
+
+    ``root`` may be a bucket's files: an object has no links, so only a missing one is refused."""
+    if isinstance(root, LocalFiles):
+        root = Path(root.root)
+    if not isinstance(root, (str, os.PathLike)):
+        try:
+            root.stat(rel)
+        except FileNotFoundError:
+            return f"file not found in {shown(root.root)!r}"
+        except (OSError, StoreError) as exc:
+            return f"cannot read: {getattr(exc, 'strerror', None) or exc}"
+        return None
     path = os.path.join(os.fspath(root), rel)
     try:
         mode = os.stat(path).st_mode
@@ -96,22 +124,43 @@ def file_problem(root: Path, rel: str, folder: str = "the image folder") -> str 
     return None
 
 
-def read_text(path: str | os.PathLike[str], what: str) -> str:
+def read_text(path: str | os.PathLike[str], what: str, storage_options: object = None) -> str:
     """The UTF-8 text of the annotation file ``path`` (a BOM is dropped); a :class:`LabelFileError` if
     unusable, a :class:`SourceNotFoundError` if missing.
 
     Read as images are (:func:`dlpack._json.read_text_file`): a regular file, or a pipe with a writer
     (``csv:<(command)``), within the size limit; a named pipe nobody writes to or a device is refused.
+    A URL is read from its bucket with ``storage_options``, with the same errors.
     """
+    if is_url(path):
+        return _url_text(str(path), what, storage_options).removeprefix("\ufeff")
     name = f"{what} {shown(os.fspath(path))!r}"
     return read_text_file(path, name, LabelFileError, pipes=True, missing=SourceNotFoundError).removeprefix("\ufeff")
 
 
-def load_json(path: str | os.PathLike[str], what: str) -> Any:
-    """The parsed JSON of ``path``, read strictly (:func:`dlpack._json.parse_json`): malformed JSON,
-    a key given twice, a number no label has or deep nesting is a :class:`LabelFileError` naming the file."""
-    name = f"{what} {shown(os.fspath(path))!r}"
-    return parse_json(read_text(path, what), name, LabelFileError)
+def _url_text(url: str, what: str, storage_options: object) -> str:
+    """The text of the object ``url``, with the errors of a local annotation file."""
+    name = f"{what} {shown(url)!r}"
+    parent, _, key = url.rstrip("/").rpartition("/")
+    files = bucket_files(parent, storage_options)
+    assert files is not None
+    try:
+        if files.stat(key).size > MAX_FILE_BYTES:
+            raise LabelFileError(f"{name} is larger than {MAX_FILE_BYTES} bytes")
+        data, _ = files.read(key)
+    except FileNotFoundError:
+        raise SourceNotFoundError(f"{name} does not exist") from None
+    except (OSError, StoreError) as exc:
+        raise LabelFileError(f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
+    return decode_text(data, name, LabelFileError)
+
+
+def load_json(path: str | os.PathLike[str], what: str, storage_options: object = None) -> Any:
+    """The parsed JSON of ``path`` (a file or an object's URL), read strictly
+    (:func:`dlpack._json.parse_json`): malformed JSON, a key given twice, a number no label has or
+    deep nesting is a :class:`LabelFileError` naming the file."""
+    name = f"{what} {shown(os.fspath(path) if not is_url(path) else str(path))!r}"
+    return parse_json(read_text(path, what, storage_options), name, LabelFileError)
 
 
 def stem(rel: str) -> str:

@@ -41,8 +41,8 @@ from typing import Any, TypeGuard
 from .._files import open_regular
 from .._names import shown
 from ..errors import InputFileError, LabelFileError, SourceError, SourceNotFoundError
-from ._entries import check_root, file_problem, listing, load_json, relative_name
-from .base import SourceItem, SourceScan
+from ._entries import bucket_files, check_root, file_problem, listing, load_json, place, relative_name
+from .base import SourceFiles, SourceItem, SourceScan
 from .probe import HEADER_BYTES, probe_header
 
 __all__ = ["CocoSource", "coco_box"]
@@ -97,12 +97,17 @@ def _segmentation(seg: object) -> tuple[object, str | None]:
     return None, f"'segmentation' must be polygons or RLE, got {type(seg).__name__}"
 
 
-def _frame(path: str, width: int, height: int) -> tuple[str, str | None]:
-    """The frame the entry's ``width`` x ``height`` describe, from the file's header, or a reason they fit neither."""
+def _frame(files: SourceFiles | None, path: str, width: int, height: int) -> tuple[str, str | None]:
+    """The frame the entry's ``width`` x ``height`` describe, from the file's header, or a reason they fit neither.
+
+    ``path`` is a local file's path, or the object's path in the bucket ``files``."""
     try:
-        fd = open_regular(path)
-        with os.fdopen(fd, "rb") as f:
-            head = f.read(HEADER_BYTES)
+        if files is not None:
+            head = files.read_head(path, HEADER_BYTES)[0]
+        else:
+            fd = open_regular(path)
+            with os.fdopen(fd, "rb") as f:
+                head = f.read(HEADER_BYTES)
     except OSError as exc:
         return "upright", f"cannot read: {exc.strerror or exc}"
     header = probe_header(head)
@@ -126,22 +131,31 @@ class CocoSource:
     """The images of a COCO annotation file, with their boxes (see the module docstring for the rules).
 
     ``instance_masks`` asks for instance masks (0 background, k = the k-th box) instead of category
-    masks; it needs segmentations in the file and is recorded in each item's annotations.
+    masks; it needs segmentations in the file and is recorded in each item's annotations. The image
+    folder and the file may be ``s3://`` URLs, read with ``storage_options``.
     """
 
     root: Path
     annotation_file: Path
     instance_masks: bool
+    storage_options: object = None
 
     def __init__(
         self,
         images_root: str | os.PathLike[str],
         annotation_file: str | os.PathLike[str],
         instance_masks: bool = False,
+        storage_options: object = None,
     ) -> None:
-        object.__setattr__(self, "root", Path(images_root))
-        object.__setattr__(self, "annotation_file", Path(annotation_file))
+        object.__setattr__(self, "root", place(images_root))
+        object.__setattr__(self, "annotation_file", place(annotation_file))
         object.__setattr__(self, "instance_masks", bool(instance_masks))
+        object.__setattr__(self, "storage_options", storage_options)
+
+    @property
+    def files(self) -> SourceFiles | None:
+        """The bucket's files when the image folder is a URL (None: the local folder ``root``)."""
+        return bucket_files(self.root, self.storage_options)
 
     def scan(self) -> SourceScan:
         """List the images of the annotation file with their boxes.
@@ -152,12 +166,13 @@ class CocoSource:
             The image folder or the annotation file is unusable as a whole (see the module docstring).
         """
         root = self.root
-        if not root.is_dir():
+        bucket = self.files
+        if bucket is None and not root.is_dir():
             if not root.exists():
                 raise SourceNotFoundError(f"COCO image folder {shown(os.fspath(root))!r} does not exist")
             raise SourceError(f"COCO image folder {shown(os.fspath(root))!r} is not a folder")
-        where = shown(os.fspath(self.annotation_file))
-        doc = load_json(self.annotation_file, "COCO annotation file")
+        where = shown(str(self.annotation_file))
+        doc = load_json(self.annotation_file, "COCO annotation file", self.storage_options)
         if not isinstance(doc, dict):
             raise LabelFileError(f"COCO file {where!r} must hold a JSON object with images, annotations and categories")
         for key in ("images", "annotations", "categories"):
@@ -190,9 +205,9 @@ class CocoSource:
             if rel is None:
                 errors.append(InputFileError(shown(entry["file_name"]), f"image id {image_id}: {reason}"))
                 continue
-            problem = file_problem(root, rel)
+            problem = file_problem(root if bucket is None else bucket, rel)
             if problem is not None:
-                if not os.path.lexists(os.path.join(os.fspath(root), rel)):
+                if bucket is None and not os.path.lexists(os.path.join(os.fspath(root), rel)):
                     missing.append(rel)
                 errors.append(InputFileError(rel, f"image id {image_id}: {problem}"))
                 continue
@@ -206,7 +221,7 @@ class CocoSource:
                 )
                 continue
             width, height = w_given, h_given
-            frame, reason = _frame(os.path.join(os.fspath(root), rel), width, height)
+            frame, reason = _frame(bucket, rel if bucket is not None else os.path.join(os.fspath(root), rel), width, height)
             if reason is not None:
                 errors.append(InputFileError(rel, f"image id {image_id}: {reason}"))
                 continue

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from .._names import shown
 from ..errors import InputFileError, LabelFileError, SourceError, SourceNotFoundError
-from ._entries import check_root, file_problem, read_text, relative_name
-from .base import SourceItem, SourceScan
+from ._entries import bucket_files, check_root, file_problem, place, read_text, relative_name
+from .base import SourceFiles, SourceItem, SourceScan
 
 __all__ = ["CsvSource", "CSV_COLUMNS"]
 
@@ -35,14 +35,26 @@ CSV_COLUMNS = ("path", "label", "split")
 
 @dataclass(frozen=True, init=False)
 class CsvSource:
-    """Images under ``root`` listed in ``csv_file`` with their labels (see the module docstring)."""
+    """Images under ``root`` listed in ``csv_file`` with their labels (see the module docstring).
+
+    Either may be an ``s3://`` URL (a bucket prefix, an object), read with ``storage_options``; a
+    URL source's ``root`` is its URL text."""
 
     root: Path
     csv_file: Path
+    storage_options: object = None
 
-    def __init__(self, root: str | os.PathLike[str], csv_file: str | os.PathLike[str]) -> None:
-        object.__setattr__(self, "root", Path(root))
-        object.__setattr__(self, "csv_file", Path(csv_file))
+    def __init__(
+        self, root: str | os.PathLike[str], csv_file: str | os.PathLike[str], storage_options: object = None
+    ) -> None:
+        object.__setattr__(self, "root", place(root))
+        object.__setattr__(self, "csv_file", place(csv_file))
+        object.__setattr__(self, "storage_options", storage_options)
+
+    @property
+    def files(self) -> SourceFiles | None:
+        """The bucket's files when ``root`` is a URL (None: the local folder ``root``)."""
+        return bucket_files(self.root, self.storage_options)
 
     def scan(self) -> SourceScan:
         """List the rows' images and labels.
@@ -53,12 +65,14 @@ class CsvSource:
             The folder or the file is unusable as a whole (see the module docstring).
         """
         root = self.root
-        if not root.is_dir():
+        bucket = self.files
+        if bucket is None and not root.is_dir():
             if not root.exists():
                 raise SourceNotFoundError(f"image folder {shown(os.fspath(root))!r} does not exist")
             raise SourceError(f"image folder {shown(os.fspath(root))!r} is not a folder")
-        where = shown(os.fspath(self.csv_file))
-        reader = csv.reader(io.StringIO(read_text(self.csv_file, "CSV file"), newline=""))
+        where = shown(str(self.csv_file))
+        text = read_text(self.csv_file, "CSV file", self.storage_options)
+        reader = csv.reader(io.StringIO(text, newline=""))
         try:
             rows = [(reader.line_num, row) for row in reader if row]
         except csv.Error as exc:
@@ -99,8 +113,8 @@ class CsvSource:
             seen[rel] = line
             label = row[col["label"]].strip()
             split: str | None = (row[col["split"]].strip() or None) if "split" in col else None
-            bad = file_problem(root, rel) or (None if label else "the label is empty")
-            if bad is not None and not os.path.lexists(os.path.join(os.fspath(root), rel)):
+            bad = file_problem(root if bucket is None else bucket, rel) or (None if label else "the label is empty")
+            if bad is not None and bucket is None and not os.path.lexists(os.path.join(os.fspath(root), rel)):
                 missing.append(rel)
             if bad is not None:
                 errors.append(InputFileError(rel, f"line {line} of {where}: {bad}"))

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..errors import OptionError
 from ..options import LABEL_KINDS, BuildOptions, parse_labels
 from .anomaly import AnomalyFolderSource
+from ._entries import place
 from .base import Source
 from .coco import CocoSource
 from .csv import CsvSource
@@ -25,24 +26,26 @@ def label_source(src_folder: str | os.PathLike[str], opts: BuildOptions) -> Sour
     """The source that reads ``src_folder`` with the labels ``opts.labels`` names.
 
     ``src_folder`` is the folder of the images (the build's SRC). Paths in ``opts.labels`` and
-    ``opts.anomaly_masks`` are as given (relative to the working folder).
+    ``opts.anomaly_masks`` are as given (relative to the working folder); any of them may be an
+    ``s3://`` URL, read with ``opts.storage_options`` (the options of OUT's URL).
     """
     kind, path = parse_labels(opts.labels)
     src = Path(src_folder)
     if kind in ("auto", "folders", "none"):
         return FolderSource(src, kind, opts.follow_symlinks, opts.exclude, class_folder=opts.class_folder)
+    where, options = place(src_folder), opts.storage_options
     assert path is not None or kind == "anomaly"  # parse_labels gives a path to every kind that needs one
     if kind == "coco":
-        return CocoSource(src, str(path), opts.instance_masks)
+        return CocoSource(where, str(path), opts.instance_masks, storage_options=options)
     if kind == "masks":
         return MaskFolderSource(src, str(path), opts.follow_symlinks, opts.exclude)
     if kind == "anomaly":
         return AnomalyFolderSource(src, opts.anomaly_masks, opts.follow_symlinks, opts.exclude)
     if kind == "csv":
-        return CsvSource(src, str(path))
+        return CsvSource(where, str(path), storage_options=options)
     try:
         from ..halcon.source import DLDatasetSource
     except ImportError as exc:
         raise OptionError(f"--labels dldataset is not available in this version of dlpack ({exc})") from None
-    source: Source = DLDatasetSource(str(path), images_root=src)
+    source: Source = DLDatasetSource(str(path), images_root=where, storage_options=options)
     return source
