@@ -1,0 +1,154 @@
+"""Label sources read from a bucket: the same trees as the local label tests, uploaded to the loopback
+S3 server, build the same store (images, labels, boxes, masks, classes) as the local folder, and a
+damaged label file in the bucket is named as the local one is (with its URL instead of its path).
+
+The trees are the hand-made ones of tests/pack/test_labelled_builds.py (40 x 20 images, stored 20 x 20).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _s3 import skip_without_s3, upload
+
+import dlpack
+from dlpack.errors import DlpackError, OptionError
+from dlpack.halcon.source import DLDatasetSource
+from dlpack.options import BuildOptions
+from dlpack.sources import CocoSource
+from dlpack.sources.csv import CsvSource
+from dlpack.sources.labels_kind import label_source
+
+skip_without_s3()
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
+)
+
+
+def _trees() -> Any:
+    """The tree writers of the labelled-build tests (one definition of each test tree)."""
+    path = Path(__file__).parent.parent / "pack" / "test_labelled_builds.py"
+    spec = importlib.util.spec_from_file_location("_labelled_trees", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("_labelled_trees", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+T = _trees()
+
+
+def _samples(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every sample's arrays by source path, and the store's class names, ids and task."""
+    ds = dlpack.open(out)
+    try:
+        samples = {ds[i]["source"]: {k: np.asarray(v) for k, v in ds[i].items() if k != "index"} for i in range(len(ds))}
+        return samples, {"classes": ds.classes, "class_ids": ds.class_ids, "task": ds.task}
+    finally:
+        ds.close()
+
+
+def _same_store(local: Path, bucket: Path) -> None:
+    a, meta_a = _samples(local)
+    b, meta_b = _samples(bucket)
+    assert meta_a == meta_b
+    assert sorted(a) == sorted(b) and a
+    for rel in a:
+        assert sorted(a[rel]) == sorted(b[rel]), rel
+        for key in a[rel]:
+            np.testing.assert_array_equal(a[rel][key], b[rel][key], err_msg=f"{rel}: {key}")
+
+
+def _build(source: Any, out: Path) -> Path:
+    dlpack.build(source, out, jobs=1, quiet=True, size=(20, 20), shard_bytes=65536)
+    return out
+
+
+def _error(source: Any, out: Path) -> str:
+    with pytest.raises(DlpackError) as info:
+        _build(source, out)
+    return str(info.value)
+
+
+def test_coco_from_a_bucket_builds_the_local_store(s3: Any, tmp_path: Path) -> None:
+    images, ann = T.coco_source(tmp_path)
+    upload(images.parent, s3.url("coco"))
+    local = _build(CocoSource(images, ann), tmp_path / "local.zarr")
+    remote = _build(CocoSource(s3.url("coco/images"), s3.url("coco/annotations.json")), tmp_path / "bucket.zarr")
+    _same_store(local, remote)
+    assert _samples(remote)[0]["a.png"]["mask"].any()  # the segmentations were painted
+
+
+def test_a_damaged_coco_file_in_a_bucket_is_named_as_the_local_one(s3: Any, tmp_path: Path) -> None:
+    images, ann = T.coco_source(tmp_path, '{"images": [], "annotations": [}')
+    upload(images.parent, s3.url("coco"))
+    local = _error(CocoSource(images, ann), tmp_path / "local.zarr")
+    url = s3.url("coco/annotations.json")
+    remote = _error(CocoSource(s3.url("coco/images"), url), tmp_path / "bucket.zarr")
+    assert remote == local.replace(str(ann), url) and url in remote and "line 1" in remote
+
+
+def test_csv_from_a_bucket_builds_the_local_store(s3: Any, tmp_path: Path) -> None:
+    images, table = T.csv_source(tmp_path)
+    upload(images.parent, s3.url("csv"))
+    local = _build(CsvSource(images, table), tmp_path / "local.zarr")
+    remote = _build(CsvSource(s3.url("csv/img"), s3.url("csv/labels.csv")), tmp_path / "bucket.zarr")
+    _same_store(local, remote)
+
+
+def test_a_csv_row_naming_a_missing_object_is_named_as_the_local_one(s3: Any, tmp_path: Path) -> None:
+    images, table = T.csv_source(tmp_path, "gone.png,cat,train\n")
+    upload(images.parent, s3.url("csv"))
+    local = _error(CsvSource(images, table), tmp_path / "local.zarr")
+    url = s3.url("csv/labels.csv")
+    remote = _error(CsvSource(s3.url("csv/img"), url), tmp_path / "bucket.zarr")
+    assert "gone.png" in remote and "line 5" in remote and url in remote
+    assert remote.replace(url, str(table)).replace(s3.url("csv/img"), str(images)) == local
+
+
+def test_a_dldataset_in_a_bucket_builds_the_local_store(s3: Any, tmp_path: Path) -> None:
+    path = T.dldataset_source(tmp_path)
+    upload(path.parent, s3.url("dl"))
+    local = _build(DLDatasetSource(path), tmp_path / "local.zarr")
+    remote = _build(DLDatasetSource(s3.url("dl")), tmp_path / "bucket.zarr")  # the prefix holding dataset.json
+    _same_store(local, remote)
+
+
+def test_a_damaged_dldataset_in_a_bucket_is_named_as_the_local_one(s3: Any, tmp_path: Path) -> None:
+    doc = T.dldataset_doc()
+    doc["class_ids"] = [3]  # two names, one id
+    path = T.dldataset_source(tmp_path, doc)
+    upload(path.parent, s3.url("dl"))
+    local = _error(DLDatasetSource(path), tmp_path / "local.zarr")
+    url = s3.url("dl/dataset.json")
+    remote = _error(DLDatasetSource(url), tmp_path / "bucket.zarr")
+    assert remote == local.replace(str(path), url) and "2 class_names but 1 class_ids" in remote
+
+
+def test_label_source_reads_url_label_files_with_the_builds_storage_options(s3: Any, tmp_path: Path) -> None:
+    images, ann = T.coco_source(tmp_path)
+    upload(images.parent, s3.url("coco"))
+    opts = BuildOptions(labels="coco:" + s3.url("coco/annotations.json"))
+    source = label_source(s3.url("coco/images"), opts)
+    assert isinstance(source, CocoSource) and source.root == s3.url("coco/images")  # not the folder "s3:/..."
+    assert [it.rel for it in source.scan().items] == ["a.png", "b.png", "c.png"]
+    bad = BuildOptions(labels="coco:" + s3.url("coco/annotations.json"), storage_options={"regoin": "x"})
+    with pytest.raises(OptionError, match="regoin"):
+        label_source(s3.url("coco/images"), bad).scan()
+
+
+def test_a_missing_annotation_object_is_named(s3: Any, tmp_path: Path) -> None:
+    images, _ = T.coco_source(tmp_path)
+    upload(images.parent, s3.url("coco"))
+    url = s3.url("coco/nothing.json")
+    message = _error(CocoSource(s3.url("coco/images"), url), tmp_path / "bucket.zarr")
+    assert message == f"COCO annotation file {url!r} does not exist"
+    assert json.dumps(url)  # the URL, never a mangled local path
+    assert not (tmp_path / "bucket.zarr").exists()
