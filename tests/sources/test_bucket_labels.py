@@ -152,3 +152,52 @@ def test_a_missing_annotation_object_is_named(s3: Any, tmp_path: Path) -> None:
     assert message == f"COCO annotation file {url!r} does not exist"
     assert json.dumps(url)  # the URL, never a mangled local path
     assert not (tmp_path / "bucket.zarr").exists()
+
+
+def _segmentation_dldataset(tmp_path: Path) -> Path:
+    """The mask tree of the labelled-build tests as a segmentation DLDataset: ``seg/dataset.json``."""
+    images, masks = T.mask_source(tmp_path)
+    doc = {
+        "image_dir": "images",
+        "segmentation_dir": "masks",
+        "class_names": list(T.MASK_CLASSES),
+        "class_ids": [0, 1, 2],
+        "samples": [
+            {"image_id": 1, "image_file_name": "a.png", "segmentation_file_name": "a.png"},
+            {"image_id": 2, "image_file_name": "sub/b.png", "segmentation_file_name": "sub/b.png"},
+        ],
+    }
+    path = images.parent / "dataset.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_a_segmentation_dldataset_reads_its_label_images_from_the_bucket(s3: Any, tmp_path: Path) -> None:
+    path = _segmentation_dldataset(tmp_path)
+    upload(path.parent, s3.url("seg"))
+    local = _build(DLDatasetSource(path), tmp_path / "local.zarr")
+    remote = _build(DLDatasetSource(s3.url("seg/dataset.json")), tmp_path / "bucket.zarr")
+    _same_store(local, remote)
+    assert (_samples(remote)[0]["a.png"]["mask"] == 2).any()
+
+
+def test_a_damaged_label_image_in_the_bucket_is_named_as_the_local_one(s3: Any, tmp_path: Path) -> None:
+    path = _segmentation_dldataset(tmp_path)
+    mask = path.parent / "masks" / "a.png"
+    mask.write_bytes(mask.read_bytes()[:40])  # cut inside the PNG
+    upload(path.parent, s3.url("seg"))
+    local = _error(DLDatasetSource(path), tmp_path / "local.zarr")
+    remote = _error(DLDatasetSource(s3.url("seg/dataset.json")), tmp_path / "bucket.zarr")
+    assert "mask 'a.png' is unreadable: truncated PNG" in local
+    assert remote == local.replace(str(path.parent / "images"), s3.url("seg/images"))
+
+
+def test_a_missing_label_object_is_named_as_the_local_file(s3: Any, tmp_path: Path) -> None:
+    path = _segmentation_dldataset(tmp_path)
+    (path.parent / "masks" / "a.png").unlink()
+    upload(path.parent, s3.url("seg"))
+    local = DLDatasetSource(path).scan().errors
+    remote = DLDatasetSource(s3.url("seg/dataset.json")).scan().errors
+    assert [e.path for e in local] == [e.path for e in remote] == ["a.png"]
+    url = s3.url("seg/masks/a.png")
+    assert str(remote[0]) == str(local[0]).replace(str(path.parent / "masks" / "a.png"), url) and url in str(remote[0])
