@@ -309,7 +309,9 @@ def _regular(root: Path, rel: str, what: str, folder: str, storage_options: obje
         try:
             bucket.stat(rel)
         except OSError as exc:
-            reason = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read: {exc.strerror or exc}"
+            reason = (
+                "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read: {exc.strerror or exc}"
+            )
             raise _Bad(f"the {what} {str(root).rstrip('/') + '/' + rel!r} {reason}") from None
         return
     path = root / rel

@@ -18,9 +18,9 @@ from ..errors import DlpackError, InputFileError, OptionError, SourceError, Stor
 from ..manifest import ImageSpec
 from ..options import SPLIT_PART_NAMES, BuildOptions, parse_labels, parse_split
 from ..sources.base import SourceItem, SourceScan, files_at
-from ..storage.location import Location, is_url
 from ..sources.decode import TargetSpec
 from ..sources.probe import HEADER_BYTES, probe_header
+from ..storage.location import Location, is_url
 from ..transforms.functional import UpscaleError
 from .inputs import Probe, Selection, bad_inputs
 

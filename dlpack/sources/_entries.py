@@ -33,6 +33,7 @@ __all__ = [
     "listing",
     "walk_images",
     "bucket_files",
+    "has_objects",
     "place",
 ]
 
@@ -170,14 +171,37 @@ def stem(rel: str) -> str:
     return f"{head}/{base}" if head else base
 
 
-def label_files(folder: Path) -> dict[str, list[str]]:
+def _bucket_keys(folder: str, storage_options: object) -> list[str]:
+    """Every key under the bucket prefix ``folder`` (relative to it), sorted; a prefix without one is
+    a :class:`SourceNotFoundError` as a missing folder is (a bucket has no empty folders)."""
+    from ..storage.objects import ObjectStorage
+
+    location = Location.parse(folder, storage_options or None)  # type: ignore[arg-type]
+    keys = sorted(info.key for info in ObjectStorage(location).list() if not info.key.endswith("/"))
+    if not keys:
+        raise SourceNotFoundError(f"label folder {shown(folder)!r} does not exist (no object under it)")
+    return keys
+
+
+def label_files(folder: Path, storage_options: object = None) -> dict[str, list[str]]:
     """The image files under ``folder`` (hidden ones left out), by relative path without extension.
+
+    ``folder`` may be a bucket prefix (a URL), listed with ``storage_options``: its keys are the
+    paths, a key with a hidden part (``.x/...``) left out as a hidden folder is.
 
     Raises
     ------
     SourceError
         ``folder`` does not exist or is not a folder.
     """
+    if is_url(folder):
+        found_keys: dict[str, list[str]] = {}
+        for key in _bucket_keys(str(folder), storage_options):
+            parts = key.split("/")
+            if any(p.startswith(".") or not p for p in parts) or os.path.splitext(key)[1].lower() not in IMAGE_SUFFIXES:
+                continue
+            found_keys.setdefault(stem(key), []).append(key)
+        return found_keys
     where = shown(os.fspath(folder))
     if not folder.exists():
         raise SourceNotFoundError(f"label folder {where!r} does not exist")
@@ -235,18 +259,43 @@ def _literal_pattern(rel: str) -> str:
     return "".join(f"[{ch}]" if ch in "[]*?" else ch for ch in rel)
 
 
+def has_objects(folder: str, storage_options: object) -> bool:
+    """Whether the bucket prefix ``folder`` holds any object."""
+    try:
+        return bool(_bucket_keys(folder, storage_options))
+    except SourceNotFoundError:
+        return False
+
+
 def walk_images(
-    root: Path, label_dir: Path | None, follow_symlinks: bool, exclude: tuple[str, ...], what: str
+    root: Path,
+    label_dir: Path | None,
+    follow_symlinks: bool,
+    exclude: tuple[str, ...],
+    what: str,
+    storage_options: object = None,
 ) -> SourceScan:
     """The image files under ``root`` by the folder source's walk (labels ``none``), ``label_dir`` left out.
 
     A label folder inside ``root`` holds labels, not images: it is excluded from the walk (and not
     listed as excluded). Label folders elsewhere in ``root`` are refused as by the folder source.
+    A bucket prefix ``root`` (a URL) is listed by the bucket's folder source with ``storage_options``.
     """
     from .folder import FolderSource
 
     skip: str | None = None
-    if label_dir is not None and root.is_dir() and label_dir.is_dir():
+    if is_url(root):
+        from .remote import BucketFolderSource
+
+        top = str(root).rstrip("/") + "/"
+        sub = "" if label_dir is None else str(label_dir).rstrip("/") + "/"
+        if sub == top:
+            raise SourceError(f"{what} {shown(str(label_dir))!r} is the image folder itself; give its own folder")
+        if sub.startswith(top):
+            skip = _literal_pattern(sub[len(top) :].rstrip("/"))
+        location = Location.parse(root, storage_options or None)  # type: ignore[arg-type]
+        scan = BucketFolderSource(location, "none", exclude + ((skip,) if skip else ())).scan()
+    elif label_dir is not None and root.is_dir() and label_dir.is_dir():
         if os.path.realpath(root) == os.path.realpath(label_dir):
             raise SourceError(f"{what} {shown(os.fspath(label_dir))!r} is the image folder itself; give its own folder")
         # By the names given first (a linked label folder inside root), then by real paths.
@@ -257,7 +306,8 @@ def walk_images(
             if sub.startswith(top.rstrip(os.sep) + os.sep):
                 skip = _literal_pattern(os.path.relpath(sub, top).replace(os.sep, "/"))
                 break
-    scan = FolderSource(root, "none", follow_symlinks, exclude + ((skip,) if skip else ())).scan()
+    if not is_url(root):
+        scan = FolderSource(root, "none", follow_symlinks, exclude + ((skip,) if skip else ())).scan()
     if skip is None:
         return scan
     excluded = tuple(p for p in scan.excluded if not fnmatch.fnmatchcase(p.rstrip("/"), skip))

@@ -27,8 +27,8 @@ from typing import Any
 
 from .._names import shown
 from ..errors import InputFileError, SourceError
-from ._entries import file_problem, label_files, listing, stem, walk_images
-from .base import SourceItem, SourceScan
+from ._entries import bucket_files, file_problem, label_files, listing, place, stem, walk_images
+from .base import SourceFiles, SourceItem, SourceScan
 
 __all__ = ["AnomalyFolderSource", "OK_FOLDERS"]
 
@@ -43,7 +43,7 @@ def _no_ok_folder(root: Path, seen: dict[str, int]) -> None:
     folders = ", ".join(f"{shown(n)} ({seen[n]})" for n in names[:10])
     more = f" and {len(names) - 10} more" if len(names) > 10 else ""
     raise SourceError(
-        f"--labels anomaly found no ok folder in {shown(os.fspath(root))!r}: every image would be a defect. "
+        f"--labels anomaly found no ok folder in {shown(str(root))!r}: every image would be a defect. "
         f"Its defect folders are {folders}{more}; none is named good or ok (any case), the folder of the "
         "flawless images. Rename that folder to good, or read class folders with --labels folders"
     )
@@ -57,6 +57,8 @@ class AnomalyFolderSource:
     masks_dir: Path | None
     follow_symlinks: bool
     exclude: tuple[str, ...]
+    #: read a bucket prefix (an ``s3://`` URL for ``root`` or ``masks_dir``) with these
+    storage_options: object = None
 
     def __init__(
         self,
@@ -64,11 +66,18 @@ class AnomalyFolderSource:
         masks_dir: str | os.PathLike[str] | None = None,
         follow_symlinks: bool = False,
         exclude: tuple[str, ...] = (),
+        storage_options: object = None,
     ) -> None:
-        object.__setattr__(self, "root", Path(root))
-        object.__setattr__(self, "masks_dir", None if masks_dir is None else Path(masks_dir))
+        object.__setattr__(self, "root", place(root))
+        object.__setattr__(self, "masks_dir", None if masks_dir is None else place(masks_dir))
         object.__setattr__(self, "follow_symlinks", bool(follow_symlinks))
         object.__setattr__(self, "exclude", tuple(exclude))
+        object.__setattr__(self, "storage_options", storage_options)
+
+    @property
+    def files(self) -> SourceFiles | None:
+        """The bucket's files when ``root`` is a URL (None: the local folder ``root``)."""
+        return bucket_files(self.root, self.storage_options)
 
     def scan(self) -> SourceScan:
         """List the images with their ok/nok label, defect folder and ground truth.
@@ -78,9 +87,10 @@ class AnomalyFolderSource:
         SourceError
             The folder (or ``masks_dir``) is missing or holds no images, or images have no defect folder.
         """
-        masks = self.masks_dir
-        index = label_files(masks) if masks is not None else {}
-        walked = walk_images(self.root, masks, self.follow_symlinks, self.exclude, "ground-truth folder")
+        masks, options = self.masks_dir, self.storage_options
+        index = label_files(masks, options) if masks is not None else {}
+        walked = walk_images(self.root, masks, self.follow_symlinks, self.exclude, "ground-truth folder", options)
+        truth_files = None if masks is None else bucket_files(masks, options)
         strays = []
         items: list[SourceItem] = []
         errors = list(walked.errors)
@@ -106,15 +116,17 @@ class AnomalyFolderSource:
                 if cands:
                     break
             if cands and len(cands) > 1 and masks is not None:
-                both = ", ".join(f"{shown(os.fspath(masks))}/{shown(c)}" for c in cands)
+                both = ", ".join(f"{shown(str(masks))}/{shown(c)}" for c in cands)
                 errors.append(InputFileError(item.rel, f"two ground-truth images match it: {both}; keep one"))
                 used.update(cands)
                 continue
             if cands and masks is not None:
                 used.add(cands[0])
-                problem = file_problem(masks, cands[0], "the ground-truth folder")
+                problem = file_problem(
+                    masks if truth_files is None else truth_files, cands[0], "the ground-truth folder"
+                )
                 if problem is not None:
-                    where = f"{shown(os.fspath(masks))}/{shown(cands[0])}"
+                    where = f"{shown(str(masks))}/{shown(cands[0])}"
                     errors.append(InputFileError(item.rel, f"ground-truth image {where}: {problem}"))
                     continue
                 ann["anomaly_mask"] = cands[0]
@@ -123,7 +135,7 @@ class AnomalyFolderSource:
         if strays:
             where = "the split folders" if any(i.split for i in walked.items) else "the folder"
             raise SourceError(
-                f"{len(strays)} image(s) sit directly in {where} of {shown(os.fspath(self.root))!r}: {listing(strays)}. "
+                f"{len(strays)} image(s) sit directly in {where} of {shown(str(self.root))!r}: {listing(strays)}. "
                 "Anomaly labels come from the folder that holds each image (good or ok: ok, any other "
                 "name: a defect); move them into such a folder"
             )
@@ -132,9 +144,7 @@ class AnomalyFolderSource:
         unused = sorted(r for rels in index.values() for r in rels if r not in used)
         notes: tuple[str, ...] = ()
         if unused and masks is not None:
-            notes = (
-                f"{len(unused)} ground-truth image(s) in {shown(os.fspath(masks))!r} match no image: {listing(unused)}",
-            )
+            notes = (f"{len(unused)} ground-truth image(s) in {shown(str(masks))!r} match no image: {listing(unused)}",)
         return SourceScan(
             tuple(items),
             ("ok", "nok"),
@@ -144,6 +154,6 @@ class AnomalyFolderSource:
             walked.ignored,
             class_ids=(0, 1),
             task="anomaly",
-            label_root=None if masks is None else os.fspath(masks),
+            label_root=None if masks is None else str(masks),
             notes=notes,
         )

@@ -297,6 +297,8 @@ def files_at(where: str | os.PathLike[str] | Location, like: SourceFiles | None 
         from .remote import ObjectFiles
 
         like = getattr(like, "files", like)  # a read-ahead view: the files it reads
-        options = like.location.options if isinstance(like, ObjectFiles) else ()
-        return ObjectFiles(Location.parse(where, options or None))
+        location = Location.parse(where)
+        if isinstance(like, ObjectFiles) and like.location.options:
+            location = Location(location.url, like.location.options)
+        return ObjectFiles(location)
     return LocalFiles(os.fspath(where))

@@ -221,7 +221,9 @@ class CocoSource:
                 )
                 continue
             width, height = w_given, h_given
-            frame, reason = _frame(bucket, rel if bucket is not None else os.path.join(os.fspath(root), rel), width, height)
+            frame, reason = _frame(
+                bucket, rel if bucket is not None else os.path.join(os.fspath(root), rel), width, height
+            )
             if reason is not None:
                 errors.append(InputFileError(rel, f"image id {image_id}: {reason}"))
                 continue

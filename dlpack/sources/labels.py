@@ -116,9 +116,7 @@ def _label_bytes(files: SourceFiles, path: str) -> bytes:
         return f.read()
 
 
-def _read_label_image(
-    files: SourceFiles, name: str, what: str, frames: _Frames, frame: str
-) -> tuple[np.ndarray, str]:
+def _read_label_image(files: SourceFiles, name: str, what: str, frames: _Frames, frame: str) -> tuple[np.ndarray, str]:
     """A label image as H x W ``uint8``/``uint16`` and the frame it is in; DecodeError names it and why."""
     import cv2
 

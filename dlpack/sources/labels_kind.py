@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..errors import OptionError
 from ..options import LABEL_KINDS, BuildOptions, parse_labels
-from .anomaly import AnomalyFolderSource
 from ._entries import place
+from .anomaly import AnomalyFolderSource
 from .base import Source
 from .coco import CocoSource
 from .csv import CsvSource
@@ -38,9 +38,11 @@ def label_source(src_folder: str | os.PathLike[str], opts: BuildOptions) -> Sour
     if kind == "coco":
         return CocoSource(where, str(path), opts.instance_masks, storage_options=options)
     if kind == "masks":
-        return MaskFolderSource(src, str(path), opts.follow_symlinks, opts.exclude)
+        return MaskFolderSource(where, str(path), opts.follow_symlinks, opts.exclude, storage_options=options)
     if kind == "anomaly":
-        return AnomalyFolderSource(src, opts.anomaly_masks, opts.follow_symlinks, opts.exclude)
+        return AnomalyFolderSource(
+            where, opts.anomaly_masks, opts.follow_symlinks, opts.exclude, storage_options=options
+        )
     if kind == "csv":
         return CsvSource(where, str(path), storage_options=options)
     try:

@@ -49,7 +49,9 @@ def _samples(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every sample's arrays by source path, and the store's class names, ids and task."""
     ds = dlpack.open(out)
     try:
-        samples = {ds[i]["source"]: {k: np.asarray(v) for k, v in ds[i].items() if k != "index"} for i in range(len(ds))}
+        samples = {
+            ds[i]["source"]: {k: np.asarray(v) for k, v in ds[i].items() if k != "index"} for i in range(len(ds))
+        }
         return samples, {"classes": ds.classes, "class_ids": ds.class_ids, "task": ds.task}
     finally:
         ds.close()
