@@ -22,6 +22,8 @@ from dlpack.errors import DlpackError, OptionError
 from dlpack.halcon.source import DLDatasetSource
 from dlpack.options import BuildOptions
 from dlpack.sources import CocoSource
+from dlpack.sources.anomaly import AnomalyFolderSource
+from dlpack.sources.masks import MaskFolderSource
 from dlpack.sources.csv import CsvSource
 from dlpack.sources.labels_kind import label_source
 
@@ -203,3 +205,65 @@ def test_a_missing_label_object_is_named_as_the_local_file(s3: Any, tmp_path: Pa
     assert [e.path for e in local] == [e.path for e in remote] == ["a.png"]
     url = s3.url("seg/masks/a.png")
     assert str(remote[0]) == str(local[0]).replace(str(path.parent / "masks" / "a.png"), url) and url in str(remote[0])
+
+
+def test_a_mask_folder_in_a_bucket_builds_the_local_store(s3: Any, tmp_path: Path) -> None:
+    images, masks = T.mask_source(tmp_path)
+    upload(images.parent, s3.url("seg"))
+    local = _build(MaskFolderSource(images, masks), tmp_path / "local.zarr")
+    remote = _build(MaskFolderSource(s3.url("seg/images"), s3.url("seg/masks")), tmp_path / "bucket.zarr")
+    _same_store(local, remote)
+    assert _samples(remote)[1]["classes"] == T.MASK_CLASSES  # classes.txt read from the bucket
+
+
+def test_a_mask_folder_inside_the_bucket_image_prefix_is_left_out_of_the_images(s3: Any, tmp_path: Path) -> None:
+    images, masks = T.mask_source(tmp_path)
+    masks.rename(images / "labels")  # a label folder inside the image folder: its images are labels
+    upload(images, s3.url("seg"))
+    local = MaskFolderSource(images, images / "labels").scan()
+    remote = MaskFolderSource(s3.url("seg"), s3.url("seg/labels")).scan()
+    assert [(i.rel, i.annotations) for i in remote.items] == [(i.rel, i.annotations) for i in local.items]
+    assert [i.rel for i in remote.items] == ["a.png", "sub/b.png"] and remote.classes == T.MASK_CLASSES
+
+
+def test_a_damaged_class_list_in_the_bucket_is_named_as_the_local_one(s3: Any, tmp_path: Path) -> None:
+    images, masks = T.mask_source(tmp_path)
+    (masks / "classes.txt").write_text("background\n\nscratch\n", encoding="utf-8")
+    upload(images.parent, s3.url("seg"))
+    local = _error(MaskFolderSource(images, masks), tmp_path / "local.zarr")
+    remote = _error(MaskFolderSource(s3.url("seg/images"), s3.url("seg/masks")), tmp_path / "bucket.zarr")
+    assert "line 2 is empty" in local and remote == local.replace(str(masks), s3.url("seg/masks"))
+
+
+def test_an_anomaly_folder_in_a_bucket_builds_the_local_store(s3: Any, tmp_path: Path) -> None:
+    images, truth = T.anomaly_source(tmp_path)
+    upload(images.parent, s3.url("an"))
+    local = _build(AnomalyFolderSource(images, truth), tmp_path / "local.zarr")
+    remote = _build(AnomalyFolderSource(s3.url("an/images"), s3.url("an/ground_truth")), tmp_path / "bucket.zarr")
+    _same_store(local, remote)
+    assert _samples(remote)[0]["test/crack/c1.png"]["mask"].any()  # the ground truth, read from the bucket
+
+
+def test_a_damaged_ground_truth_object_is_named_as_the_local_file(s3: Any, tmp_path: Path) -> None:
+    images, truth = T.anomaly_source(tmp_path)
+    gt = truth / "crack" / "c1_mask.png"
+    gt.write_bytes(b"not a png at all")
+    upload(images.parent, s3.url("an"))
+    local = _error(AnomalyFolderSource(images, truth), tmp_path / "local.zarr")
+    remote = _error(AnomalyFolderSource(s3.url("an/images"), s3.url("an/ground_truth")), tmp_path / "bucket.zarr")
+    assert "ground-truth image 'crack/c1_mask.png' is unreadable" in local
+    assert remote == local.replace(str(images), s3.url("an/images"))
+
+
+def test_label_source_reads_a_bucket_mask_folder_and_anomaly_ground_truth(s3: Any, tmp_path: Path) -> None:
+    images, masks = T.mask_source(tmp_path)
+    upload(images.parent, s3.url("seg"))
+    scan = label_source(s3.url("seg/images"), BuildOptions(labels="masks:" + s3.url("seg/masks"))).scan()
+    assert scan.label_root == s3.url("seg/masks") and [i.rel for i in scan.items] == ["a.png", "sub/b.png"]
+    images, truth = T.anomaly_source(tmp_path)
+    upload(images.parent, s3.url("an"))
+    opts = BuildOptions(labels="anomaly", anomaly_masks=s3.url("an/ground_truth"))
+    scan = label_source(s3.url("an/images"), opts).scan()
+    assert [i.annotations for i in scan.items if i.label == "nok"] == [
+        {"defect": "crack", "anomaly_mask": "crack/c1_mask.png"}
+    ]
