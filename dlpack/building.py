@@ -37,6 +37,11 @@ def build(
 
     if opts.format == DLDATASET_FORMAT:
         check_given(src, out, opts.storage_options)
+        if isinstance(src, (str, os.PathLike)) and is_url(src):
+            raise OptionError(
+                f"--format dldataset from a source in a bucket ({src}) is not supported: build a store from it, "
+                "then export that store (dlpack export STORE --to dldataset OUT)"
+            )
         if is_url(out):
             raise OptionError(
                 f"--format dldataset writes a local folder of files, not {out}; build it into a local folder "

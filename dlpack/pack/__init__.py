@@ -26,10 +26,10 @@ from typing import Any, Protocol
 
 from .. import _parallel
 from ..backends import Backend, backend_for_path, owned_store
-from ..errors import StoreError, StoreExistsError
+from ..errors import OptionError, StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
 from ..sources.base import Source, SourceScan, files_of
-from ..storage.location import Location
+from ..storage.location import Location, is_url
 from ..storage.publish import PublishedInterrupt, check_replaceable
 from ..storage.site import BuildSite, ObjectSite, site_for
 from ..storage.spill import give_back_freed
@@ -172,7 +172,8 @@ def build(
     t0 = time.perf_counter()
     check_given(src, out, opts.storage_options)
     # OUT is parsed once: a local path, or an object-store prefix (never a local folder named "s3:").
-    where = Location.parse(out, opts.storage_options)
+    # The storage options of a URL SRC with a local OUT are the source's (check_given).
+    where = Location.parse(out, opts.storage_options if is_url(out) else None)
     site = site_for(where, Path(out) if where.is_local else None)
     # Local: the path as given (relative stays relative, as messages and the result show it).
     out_path = Path(out) if site.is_local else Path()
@@ -181,13 +182,18 @@ def build(
         check_remote_options(where, opts)
     backend = backend_for_path(out_path if site.is_local else where.name, opts.format, write=True)
     from_path = isinstance(src, (str, os.PathLike))
+    if opts.update and is_url(src):
+        raise OptionError(
+            f"--update of a store from a source in a bucket ({src}) is not supported: an update compares the "
+            "source folder's files with the store's records; build again with --overwrite, or update from a "
+            "local copy of the images"
+        )
     if from_path and opts.update:
         opts = recorded_label_options(out_path, opts)
     source = as_source(src, opts)
     if not from_path:
         opts = source_options(source, opts)
-    if site.is_local:
-        check_paths(source, out_path)
+    check_paths(source, out_path if site.is_local else where)
     # The per-image records a large build keeps in files (dlpack.storage.spill) go beside a local OUT, on its disk.
     with site.hold():
         published = site.clear_leftovers()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from ..sources.decode import DecodeError, check_header, incomplete_reason, no_he
 from ..sources.folder import FolderSource
 from ..sources.masks import MaskFolderSource
 from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
+from ..sources.remote import BucketFolderSource
 from ..storage.location import Location, is_url
 from ..storage.objects import StorageAccessError
 from ..storage.spill import PART, Column
@@ -109,7 +111,7 @@ class Kept(Sequence[int]):
         return f"Kept({self._n} positions but {len(self._dropped)})"
 
 
-def bad_inputs(errors: Sequence[InputFileError], root: Path, nothing_left: bool = False) -> BadInputsError:
+def bad_inputs(errors: Sequence[InputFileError], root: Path | str, nothing_left: bool = False) -> BadInputsError:
     """The error listing every bad input; ``nothing_left`` when no input is good (then skipping cannot help)."""
     return BadInputsError(sorted(errors, key=lambda e: e.path), os.fspath(root), nothing_left)
 
@@ -123,6 +125,8 @@ def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Sourc
     object lists its own items: the options that shape a folder path's listing are checked
     against it by :func:`source_options`.
     """
+    if isinstance(src, (str, os.PathLike)) and is_url(src):
+        return bucket_source(Location.parse(src, opts.storage_options), opts)
     if isinstance(src, (str, os.PathLike)):
         from ..halcon.source import DLDatasetSource
         from ..halcon.view import is_dldataset
@@ -134,6 +138,22 @@ def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Sourc
     if isinstance(src, Source):
         return src
     raise OptionError(f"src must be a folder path or a dlpack.sources.Source, got {type(src).__name__}")
+
+
+def bucket_source(where: Location, opts: BuildOptions) -> Source:
+    """The source of a bucket prefix (``s3://bucket/raw/``): its images by the folder rules, read
+    with the storage options of the build (one endpoint and one set of credentials for SRC and OUT)."""
+    from ..sources.labels_kind import parse_labels
+
+    kind, _ = parse_labels(opts.labels)
+    if kind not in ("auto", "folders", "none"):
+        raise OptionError(
+            f"--labels {opts.labels} with a source in a bucket ({where}) is not supported; a bucket source "
+            "takes --labels auto, folders or none: copy the images and labels to a local folder and build from there"
+        )
+    if opts.follow_symlinks:
+        raise OptionError(f"SRC {where} is in a bucket, which has no symbolic links: drop --follow-symlinks")
+    return BucketFolderSource(where, kind, opts.exclude, opts.class_folder)
 
 
 #: Options that shape what a folder path lists; with a Source object they would do nothing.
@@ -155,7 +175,7 @@ def source_options(source: Source, opts: BuildOptions) -> BuildOptions:
             "exclude": source.exclude,
             "class_folder": source.class_folder,
         }
-        if isinstance(source, FolderSource)
+        if isinstance(source, (FolderSource, BucketFolderSource))
         else {}
     )
     kind = type(source).__name__
@@ -520,36 +540,57 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+#: A source URL dlpack reads: an S3 (or S3-compatible) bucket prefix.
+_S3_URL = re.compile(r"^s3://", re.IGNORECASE)
+_SOURCE_INSTEAD = (
+    "a source is a local path or an s3:// prefix (s3://bucket/raw/); copy the images to local disk or to an "
+    "S3-compatible bucket"
+)
+
+
 def check_given(
     src: Source | str | os.PathLike[str],
     out: str | os.PathLike[str],
     storage_options: Mapping[str, object] | Iterable[str] | None = None,
 ) -> None:
-    """Refuse an empty source or output path, a URL for the source, or a URL of an unsupported
-    kind for the output (and storage options with a local one), before anything is made."""
-    refuse_url(src, "the source")
-    if isinstance(src, (str, os.PathLike)) and not os.fspath(src):
+    """Refuse an empty source or output path, a URL of an unsupported kind for either (and storage
+    options where neither is a URL), before anything is made.
+
+    A source URL (``s3://bucket/raw/``) is read with the same storage options as OUT: one endpoint
+    and one set of credentials for both.
+    """
+    src_url = isinstance(src, (str, os.PathLike)) and is_url(src)
+    if isinstance(src, (str, os.PathLike)) and src_url:
+        if not _S3_URL.match(os.fspath(src)):
+            refuse_url(src, "the source", _SOURCE_INSTEAD)
+        Location.parse(src, storage_options)  # an OptionError for a bad bucket name or options
+    elif isinstance(src, (str, os.PathLike)) and not os.fspath(src):
         raise SourceNotFoundError(
             "the source path is empty; give the folder of images (use '.' for the current folder)"
         )
-    if is_url(out) or storage_options:
+    if is_url(out) or (storage_options and not src_url):
         Location.parse(out, storage_options)  # an OptionError for a bad URL or options
         return
     if not os.fspath(out):
         raise OptionError("the output path is empty; give the store to write, e.g. train.zarr")
 
 
-def check_paths(source: Source, out: Path) -> None:
+def check_paths(source: Source, out: Path | Location) -> None:
     """Refuse an ``out`` that is the source's root or contains it, or (for a folder) lies inside it.
 
     Replacing OUT would delete the source images in the first two cases. A folder source walks its
-    whole tree, so a store inside it would become input of the next build of that folder.
+    whole tree, so a store inside it would become input of the next build of that folder. A source
+    and an OUT in the same bucket are compared by their keys; a local one and a URL never overlap.
 
     Raises
     ------
     OptionError
         With both paths, as given and resolved.
     """
+    if isinstance(source, BucketFolderSource) or isinstance(out, Location):
+        if isinstance(source, BucketFolderSource) and isinstance(out, Location):
+            _check_keys(source.location, out)
+        return
     src = Path(source.root)
     src_real, out_real = src.resolve(), out.resolve()
     both = f"OUT {os.fspath(out)!r} and SRC {os.fspath(src)!r}"
@@ -562,6 +603,24 @@ def check_paths(source: Source, out: Path) -> None:
             f"OUT contains SRC: {both}; replacing OUT would delete the source images; choose an OUT outside SRC"
         )
     if isinstance(source, (FolderSource, MaskFolderSource, AnomalyFolderSource)) and src_real in out_real.parents:
+        raise OptionError(
+            f"OUT is inside SRC: {both}; the next build of SRC would read the store as input; choose an OUT outside SRC"
+        )
+
+
+def _check_keys(src: Location, out: Location) -> None:
+    """:func:`check_paths` of a bucket source and an OUT URL: by bucket and key prefix."""
+    if src.bucket != out.bucket:
+        return
+    both = f"OUT {out} and SRC {src}"
+    a, b = src.key, out.key
+    if a == b:
+        raise OptionError(f"OUT is SRC: {both}; writing the store there would delete the source images")
+    if not b or a.startswith(b + "/"):
+        raise OptionError(
+            f"OUT contains SRC: {both}; replacing OUT would delete the source images; choose an OUT outside SRC"
+        )
+    if not a or b.startswith(a + "/"):
         raise OptionError(
             f"OUT is inside SRC: {both}; the next build of SRC would read the store as input; choose an OUT outside SRC"
         )

@@ -403,7 +403,7 @@ def plan_stage(
     """
     if not sel.keep and sel.errors:
         # Nothing is left to plan for: the inputs' own errors say why, not the shape of an empty store.
-        raise bad_inputs(sel.errors, Path(root), nothing_left=True)
+        raise bad_inputs(sel.errors, root, nothing_left=True)
     # Counted and then read again header by header: a list of every header would be one object per image.
     channel_counts: Counter[int] = Counter()
     depth_counts: Counter[int] = Counter()

@@ -162,7 +162,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
         m = reader.manifest
         plan0 = check_update_options(BuildPlan.from_dict(m.plan), opts, out)
         source = source_with_rules(source, plan0)
-        root = source.root
+        root = Path(source.root)  # an update reads a local folder (a bucket source is refused)
         scan, plan0 = _scan_update(source, m, plan0, out)
         user = user_arrays(m, uo.fill_values, uo.drop_array, out)
         files = files_of(source)
@@ -202,7 +202,7 @@ def update_stage(source: Source, out: Path, backend: type[Backend], opts: BuildO
 def _scan_update(source: Source, m: Manifest, plan0: BuildPlan, out: Path) -> tuple[SourceScan, BuildPlan]:
     """The scan of an update's source, each appended file split as the store's plan says, and the
     store's label plan made ready for it (:func:`update_label_plan`)."""
-    root = source.root
+    root = Path(source.root)
     try:
         scan = scan_stage(source)
     except SourceError as exc:
@@ -232,7 +232,7 @@ def _change_stage(
 ) -> Changes:
     """How the source differs from the store (files and, where recorded, their labels); files gone
     from the source are refused unless ``compact``."""
-    root, files = source.root, files_of(source)
+    root, files = Path(source.root), files_of(source)
     rels0 = [reader.source(i) for i in range(m.count)]
     ch = source_changes(files, scan, probes, rels0, reader.meta("source_stat"), reader.meta("source_sha256"))
     lp0 = plan0.labels

@@ -567,7 +567,7 @@ def abort_store(writer: StoreWriter, tmp: Path | BuildSite) -> None:
 def pack_stage(
     backend: type[Backend],
     out: BuildSite,
-    root: Path,
+    root: Path | str,
     scan: SourceScan,
     probes: Sequence[Probe],
     plan: BuildPlan,

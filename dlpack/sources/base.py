@@ -116,8 +116,8 @@ class Source(Protocol):
     """
 
     @property
-    def root(self) -> Path:
-        """The folder item paths are relative to."""
+    def root(self) -> Path | str:
+        """The folder item paths are relative to (a bucket source: the prefix's URL, a str)."""
         ...
 
     def scan(self) -> SourceScan:

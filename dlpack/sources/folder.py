@@ -127,6 +127,11 @@ def _kind(name: str) -> str:
     return "maybe-folder" if not suffix else "other"
 
 
+def _hidden(name: str) -> bool:
+    """Whether a file or folder name is hidden (``.git``, ``.DS_Store``): never walked, never listed."""
+    return name.startswith(".")
+
+
 @dataclass
 class _Walk:
     """What a scan has found so far (one scan's mutable state; never leaves :meth:`FolderSource.scan`)."""
@@ -153,6 +158,8 @@ class _Walk:
     #: (folder, name, other name, "folders" or "files") of names in one folder that differ only in
     #: Unicode normalisation
     twins: list[tuple[str, str, str, str]] = field(default_factory=list)
+    #: folder of a bucket listing -> the names seen in it (None: left out, with everything under it)
+    folders: dict[str, dict[str, str] | None] = field(default_factory=lambda: {"": {}})
 
     def error(self, rel: str, reason: str) -> None:
         self.errors.append(InputFileError(_shown(rel), reason))
@@ -174,7 +181,7 @@ class _Walk:
             names: dict[str, str] = {}  # normal form -> the name seen with it, in this folder
             for entry in entries:
                 name = entry.name
-                if name.startswith("."):
+                if _hidden(name):
                     continue
                 rel = f"{rel_dir}/{name}" if rel_dir else name
                 if entry.is_symlink():
@@ -192,19 +199,57 @@ class _Walk:
                     if _kind(name) != "other" and not self.excludes(rel):
                         self.error(rel, f"cannot read: {exc.strerror or exc}")
                     continue
-                if self.excludes(rel + "/" if is_dir else rel, folder=is_dir):
+                if not self.entry(names, rel_dir, name, is_dir):
                     continue
-                if is_dir or _kind(name) in ("image", "unsupported"):  # what is packed or reported
-                    self.twin(names, rel_dir, name, "folders" if is_dir else "files")
                 real = os.path.join(real_dir, name)
                 if is_dir:
-                    if name.lower() in LABEL_FOLDER_NAMES and self.check_labels:
-                        self.label_paths.append(rel + "/")
-                        continue
                     self.dirs[real] = rel
                     stack.append((entry.path, rel, real))
                 else:
                     self.file(rel, real, regular)
+
+    def entry(self, names: dict[str, str], rel_dir: str, name: str, is_dir: bool) -> bool:
+        """The rules of one entry (not hidden, not a link) of the folder ``rel_dir``, whose names so far
+        are ``names``: False when an exclude pattern leaves it out or it is a label folder, else True
+        (a folder to go into, a file for :meth:`file`)."""
+        rel = f"{rel_dir}/{name}" if rel_dir else name
+        if self.excludes(rel + "/" if is_dir else rel, folder=is_dir):
+            return False
+        if is_dir or _kind(name) in ("image", "unsupported"):  # what is packed or reported
+            self.twin(names, rel_dir, name, "folders" if is_dir else "files")
+        if is_dir and name.lower() in LABEL_FOLDER_NAMES and self.check_labels:
+            self.label_paths.append(rel + "/")
+            return False
+        return True
+
+    def key(self, key: str) -> None:
+        """One object key of a bucket listing (relative to the source prefix): the rules of a walk,
+        applied to each folder on its path (once per folder) and then to the object as a regular file.
+
+        A bucket has no folders, links or irregular files: its folders are the ``/``-separated parts
+        of the keys, and an object whose key ends in ``/`` is a folder marker, not a file.
+        """
+        if key.endswith("/"):
+            return
+        parts = key.split("/")
+        if "" in parts:
+            if _kind(parts[-1]) != "other":
+                self.error(key, "the object key has an empty part ('//'), which no file path has; rename it")
+            return
+        rel_dir = ""
+        names = self.folders[""]
+        for part in parts[:-1]:
+            rel = f"{rel_dir}/{part}" if rel_dir else part
+            if rel not in self.folders:
+                kept = names is not None and not _hidden(part) and self.entry(names, rel_dir, part, True)
+                self.folders[rel] = {} if kept else None
+            names = self.folders[rel]
+            if names is None:
+                return
+            rel_dir = rel
+        name = parts[-1]
+        if names is not None and not _hidden(name) and self.entry(names, rel_dir, name, False):
+            self.file(key, key, True)
 
     def excludes(self, rel: str, folder: bool = False) -> bool:
         """Whether an exclude pattern matches ``rel`` (a folder as ``name/``, matched with and without the ``/``)."""
@@ -354,101 +399,118 @@ class FolderSource:
         # and among links the sorted-first one.
         while walk.links:
             walk.link(*heapq.heappop(walk.links))
-        if walk.twins:
-            folder, a, b, what = min(walk.twins)
-            where = os.path.join(os.fspath(root), folder) if folder else os.fspath(root)
-            raise _twins_error(what, repr(shown(where)), a, b)
-        if walk.label_paths:
-            raise label_paths_error(os.fspath(root), sorted(walk.label_paths))
-        rels = Paths(walk.files.merged())
-        errors = tuple(sorted(walk.errors, key=lambda e: e.path))
-        if not len(rels) and not errors:
-            suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
-            left = f"; the exclude patterns left out {len(walk.excluded)} path(s)" if walk.excluded else ""
-            raise SourceError(f"no images found in {os.fspath(root)!r} (looked for {suffixes}){left}")
-        items, classes = self._label(rels)
-        return SourceScan(
-            items,
-            classes,
-            errors,
-            "folders" if classes else "none",
-            excluded=tuple(sorted(walk.excluded)),
-            ignored=tuple(sorted(walk.ignored)),
-            task="classification" if classes else "none",
-        )
+        return walked(walk, os.fspath(root), self.labels, self.class_folder)
 
-    def _label(self, rels: Paths) -> tuple[ItemTable, tuple[str, ...]]:
-        """Items with their splits and labels, and the sorted class names, by the rules in the class docstring.
 
-        Passes over the paths in order, keeping codes (in columns, :mod:`dlpack.storage.spill`) rather
-        than split path parts: a million paths split into lists would cost more memory than the
-        rest of the build.
-        """
-        where = repr(os.fspath(self.root))
-        by_split = bool(len(rels)) and all("/" in r and r.split("/", 1)[0].lower() in SPLIT_NAMES for r in rels)
-        split_of: dict[str, int] = {}
-        split_codes = Column(np.int16)
-        tops: set[str] = set()
-        strays: list[str] = []  # the first few, for the message
-        n_strays = 0
-        class_of: dict[str, int] = {}
-        codes = Column(np.int32)  # in order of first sight
-        top_rule = self.class_folder == "top"
-        for first in range(0, len(rels), PART):
-            part = list(rels.rels(first, first + PART))
-            splits = np.full(len(part), -1, dtype=np.int16)
-            seen = np.full(len(part), -1, dtype=np.int32)
-            for j, r in enumerate(part):
-                inner = r
-                if by_split:
-                    top, inner = r.split("/", 1)
-                    tops.add(top + "/")
-                    splits[j] = split_of.setdefault(top.lower(), len(split_of))
-                if "/" not in inner:
-                    n_strays += 1
-                    if len(strays) <= _MAX_LISTED:
-                        strays.append(r)
-                    continue
-                name = inner.split("/", 1)[0] if top_rule else inner.rsplit("/", 2)[-2]
-                seen[j] = class_of.setdefault(name, len(class_of))
-            split_codes.append(splits)
-            codes.append(seen)
-        split_names = tuple(split_of)
-        n = len(rels)
-        if by_split:
-            where = f"the split folders ({', '.join(sorted(tops))}) of {where}"
-        if self.labels == "none" or (self.labels == "auto" and n_strays == n):
-            return ItemTable(rels, _filled(n, -1), (), split_codes, split_names), ()
-        if n_strays:
-            if self.labels == "folders":
-                rule = "--labels folders needs every image inside a class folder"
-            else:
-                others = n - n_strays
-                rule = (
-                    f"the other {others} {'is' if others == 1 else 'are'} in class folders, and --labels auto "
-                    "takes each image's class from its folder"
-                )
-            more = f" and {n_strays - _MAX_LISTED} more" if n_strays > _MAX_LISTED else ""
-            raise SourceError(
-                f"{n_strays} image{'s sit' if n_strays > 1 else ' sits'} directly in {where}: "
-                f"{_listing(strays[:_MAX_LISTED])}{more}; {rule}. Move them into class folders, or pass --labels none "
-                "to build an unlabelled store"
+def listing_walk(exclude: Sequence[str] = (), check_labels: bool = True) -> _Walk:
+    """A scan of a bucket listing: feed each key (relative to the prefix) to its ``key()``, then
+    :func:`walked` makes the scan, by the rules of a folder's walk."""
+    return _Walk("", False, tuple(exclude), check_labels)
+
+
+def walked(walk: _Walk, root: str, labels: str, class_folder: str) -> SourceScan:
+    """The scan of a finished walk of ``root`` (a folder or a bucket prefix, as messages name it):
+    twins and label folders refused, the paths sorted, labelled and split by the folder rules."""
+    if walk.twins:
+        folder, a, b, what = min(walk.twins)
+        where = (root.rstrip("/") + "/" + folder if _is_url(root) else os.path.join(root, folder)) if folder else root
+        raise _twins_error(what, repr(shown(where)), a, b)
+    if walk.label_paths:
+        raise label_paths_error(root, sorted(walk.label_paths))
+    rels = Paths(walk.files.merged())
+    errors = tuple(sorted(walk.errors, key=lambda e: e.path))
+    if not len(rels) and not errors:
+        suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
+        left = f"; the exclude patterns left out {len(walk.excluded)} path(s)" if walk.excluded else ""
+        raise SourceError(f"no images found in {root!r} (looked for {suffixes}){left}")
+    items, classes = _label(rels, root, labels, class_folder)
+    return SourceScan(
+        items,
+        classes,
+        errors,
+        "folders" if classes else "none",
+        excluded=tuple(sorted(walk.excluded)),
+        ignored=tuple(sorted(walk.ignored)),
+        task="classification" if classes else "none",
+    )
+
+
+def _is_url(root: str) -> bool:
+    return "://" in root
+
+
+def _label(rels: Paths, root: str, labels: str, class_folder: str) -> tuple[ItemTable, tuple[str, ...]]:
+    """Items with their splits and labels, and the sorted class names, by the rules of :class:`FolderSource`.
+
+    Passes over the paths in order, keeping codes (in columns, :mod:`dlpack.storage.spill`) rather
+    than split path parts: a million paths split into lists would cost more memory than the
+    rest of the build.
+    """
+    where = repr(root)
+    by_split = bool(len(rels)) and all("/" in r and r.split("/", 1)[0].lower() in SPLIT_NAMES for r in rels)
+    split_of: dict[str, int] = {}
+    split_codes = Column(np.int16)
+    tops: set[str] = set()
+    strays: list[str] = []  # the first few, for the message
+    n_strays = 0
+    class_of: dict[str, int] = {}
+    codes = Column(np.int32)  # in order of first sight
+    top_rule = class_folder == "top"
+    for first in range(0, len(rels), PART):
+        part = list(rels.rels(first, first + PART))
+        splits = np.full(len(part), -1, dtype=np.int16)
+        seen = np.full(len(part), -1, dtype=np.int32)
+        for j, r in enumerate(part):
+            inner = r
+            if by_split:
+                top, inner = r.split("/", 1)
+                tops.add(top + "/")
+                splits[j] = split_of.setdefault(top.lower(), len(split_of))
+            if "/" not in inner:
+                n_strays += 1
+                if len(strays) <= _MAX_LISTED:
+                    strays.append(r)
+                continue
+            name = inner.split("/", 1)[0] if top_rule else inner.rsplit("/", 2)[-2]
+            seen[j] = class_of.setdefault(name, len(class_of))
+        split_codes.append(splits)
+        codes.append(seen)
+    split_names = tuple(split_of)
+    n = len(rels)
+    if by_split:
+        where = f"the split folders ({', '.join(sorted(tops))}) of {where}"
+    if labels == "none" or (labels == "auto" and n_strays == n):
+        return ItemTable(rels, _filled(n, -1), (), split_codes, split_names), ()
+    if n_strays:
+        if labels == "folders":
+            rule = "--labels folders needs every image inside a class folder"
+        else:
+            others = n - n_strays
+            rule = (
+                f"the other {others} {'is' if others == 1 else 'are'} in class folders, and --labels auto "
+                "takes each image's class from its folder"
             )
-        classes = tuple(sorted(class_of))
-        # Codes in order of first sight -> indices into the sorted class names.
-        remap = np.array([classes.index(name) for name in class_of], dtype=np.int32)
-        labels = Column(np.int32)
-        for part_codes in codes.parts():
-            labels.append(remap[part_codes])
-        codes.close()
-        items = ItemTable(rels, labels, classes, split_codes, split_names)
-        # Class folders under different split folders are never in one listing: compare the classes too.
-        seen_names: dict[str, str] = {}
-        for name in classes:
-            other = seen_names.setdefault(normal_form(name), name)
-            if other != name:
-                raise _twins_error("class folders", where, other, name)
-        return items, classes
+        more = f" and {n_strays - _MAX_LISTED} more" if n_strays > _MAX_LISTED else ""
+        raise SourceError(
+            f"{n_strays} image{'s sit' if n_strays > 1 else ' sits'} directly in {where}: "
+            f"{_listing(strays[:_MAX_LISTED])}{more}; {rule}. Move them into class folders, or pass --labels none "
+            "to build an unlabelled store"
+        )
+    classes = tuple(sorted(class_of))
+    # Codes in order of first sight -> indices into the sorted class names.
+    remap = np.array([classes.index(name) for name in class_of], dtype=np.int32)
+    label_codes = Column(np.int32)
+    for part_codes in codes.parts():
+        label_codes.append(remap[part_codes])
+    codes.close()
+    items = ItemTable(rels, label_codes, classes, split_codes, split_names)
+    # Class folders under different split folders are never in one listing: compare the classes too.
+    seen_names: dict[str, str] = {}
+    for name in classes:
+        other = seen_names.setdefault(normal_form(name), name)
+        if other != name:
+            raise _twins_error("class folders", where, other, name)
+    return items, classes
 
 
 def _filled(n: int, value: int) -> Column:

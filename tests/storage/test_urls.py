@@ -34,7 +34,7 @@ def here(make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.parametrize(
     ("args", "what"),
     [
-        (["build", "s3://bucket/raw/", "o.zarr", "--size", "16x16"], "the source"),
+        (["build", "gs://bucket/raw/", "o.zarr", "--size", "16x16"], "the source"),
         (["build", "{src}", "s.zarr", "--update", "--size", "16x16", "--labels", "auto"], None),
         (["export", "s.zarr", "--to", "folders", "gs://bucket/out"], "the output"),
         (["augment", URL, "--augment", "2", "--augment-config", "c.json"], "the store"),
@@ -62,7 +62,6 @@ def test_a_url_is_refused_by_every_command_and_makes_no_folder(
 
 def test_a_url_is_refused_by_the_library(here: Path, tmp_path: Path) -> None:
     calls: list[Callable[[], object]] = [
-        lambda: dlpack.build(URL, "o.zarr", size=(16, 16), quiet=True),
         lambda: dlpack.add_array(URL, "w", np.zeros(6, np.float32)),
         lambda: dlpack.augment(URL, 2, "c.json"),
         lambda: dlpack.tune(URL, 5.0),
@@ -70,5 +69,8 @@ def test_a_url_is_refused_by_the_library(here: Path, tmp_path: Path) -> None:
     for call in calls:
         with pytest.raises(OptionError, match=r"'s3://bucket/prefix/x.zarr' is a URL"):
             call()
-    assert not (tmp_path / "s3:").exists()
+    # A source URL is read from an s3:// bucket only (tests/sources/test_bucket_source.py); any other scheme is refused.
+    with pytest.raises(OptionError, match=r"the source 'gs://bucket/raw' is a URL"):
+        dlpack.build("gs://bucket/raw", "o.zarr", size=(16, 16), quiet=True)
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists()
     assert len(dlpack.open("s.zarr")) == 6  # a local path still opens
