@@ -141,18 +141,20 @@ def as_source(src: Source | str | os.PathLike[str], opts: BuildOptions) -> Sourc
 
 
 def bucket_source(where: Location, opts: BuildOptions) -> Source:
-    """The source of a bucket prefix (``s3://bucket/raw/``): its images by the folder rules, read
-    with the storage options of the build (one endpoint and one set of credentials for SRC and OUT)."""
+    """The source of a bucket prefix (``s3://bucket/raw/``): its images by the folder rules, or by
+    the label source ``--labels`` names (COCO, CSV, masks, anomaly, DLDataset; its label files local
+    or in the bucket), read with the storage options of the build (one endpoint and one set of
+    credentials for SRC, the label files and OUT)."""
     from ..sources.labels_kind import parse_labels
 
     kind, _ = parse_labels(opts.labels)
-    if kind not in ("auto", "folders", "none"):
-        raise OptionError(
-            f"--labels {opts.labels} with a source in a bucket ({where}) is not supported; a bucket source "
-            "takes --labels auto, folders or none: copy the images and labels to a local folder and build from there"
-        )
     if opts.follow_symlinks:
         raise OptionError(f"SRC {where} is in a bucket, which has no symbolic links: drop --follow-symlinks")
+    if kind not in ("auto", "folders", "none"):
+        from ..sources.labels_kind import label_source
+
+        # The label kinds read their files (a local path or a URL) and list the prefix themselves.
+        return label_source(where.url, opts)
     return BucketFolderSource(where, kind, opts.exclude, opts.class_folder)
 
 
@@ -587,9 +589,9 @@ def check_paths(source: Source, out: Path | Location) -> None:
     OptionError
         With both paths, as given and resolved.
     """
-    if isinstance(source, BucketFolderSource) or isinstance(out, Location):
-        if isinstance(source, BucketFolderSource) and isinstance(out, Location):
-            _check_keys(source.location, out)
+    if is_url(source.root) or isinstance(out, Location):
+        if is_url(source.root) and isinstance(out, Location):
+            _check_keys(Location.parse(source.root), out)
         return
     src = Path(source.root)
     src_real, out_real = src.resolve(), out.resolve()

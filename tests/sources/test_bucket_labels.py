@@ -18,14 +18,15 @@ import pytest
 from _s3 import skip_without_s3, upload
 
 import dlpack
+from dlpack.cli import main
 from dlpack.errors import DlpackError, OptionError
 from dlpack.halcon.source import DLDatasetSource
 from dlpack.options import BuildOptions
 from dlpack.sources import CocoSource
 from dlpack.sources.anomaly import AnomalyFolderSource
-from dlpack.sources.masks import MaskFolderSource
 from dlpack.sources.csv import CsvSource
 from dlpack.sources.labels_kind import label_source
+from dlpack.sources.masks import MaskFolderSource
 
 skip_without_s3()
 pytestmark = pytest.mark.filterwarnings(
@@ -267,3 +268,33 @@ def test_label_source_reads_a_bucket_mask_folder_and_anomaly_ground_truth(s3: An
     assert [i.annotations for i in scan.items if i.label == "nok"] == [
         {"defect": "crack", "anomaly_mask": "crack/c1_mask.png"}
     ]
+
+
+@pytest.mark.parametrize("kind", ["coco", "csv", "masks", "anomaly", "dldataset"])
+def test_dlpack_build_of_a_bucket_with_label_urls_equals_the_local_build(s3: Any, tmp_path: Path, kind: str) -> None:
+    """``dlpack build s3://.../images OUT --labels KIND:s3://...``: the CLI, each label kind."""
+    if kind == "coco":
+        images, ann = T.coco_source(tmp_path)
+        top, local_args, url_args = images.parent, ["--labels", f"coco:{ann}"], ["--labels", "coco:{}/annotations.json"]
+    elif kind == "csv":
+        images, table = T.csv_source(tmp_path)
+        top, local_args, url_args = images.parent, ["--labels", f"csv:{table}"], ["--labels", "csv:{}/labels.csv"]
+    elif kind == "masks":
+        images, masks = T.mask_source(tmp_path)
+        top, local_args, url_args = images.parent, ["--labels", f"masks:{masks}"], ["--labels", "masks:{}/masks"]
+    elif kind == "anomaly":
+        images, truth = T.anomaly_source(tmp_path)
+        top = images.parent
+        local_args = ["--labels", "anomaly", "--anomaly-masks", str(truth)]
+        url_args = ["--labels", "anomaly", "--anomaly-masks", "{}/ground_truth"]
+    else:
+        path = T.dldataset_source(tmp_path)
+        images, top = path.parent / "images", path.parent
+        local_args, url_args = ["--labels", f"dldataset:{path}"], ["--labels", "dldataset:{}/dataset.json"]
+    upload(top, s3.url("t"))
+    common = ["--quiet", "--jobs", "1", "--size", "20x20"]
+    assert main(["build", str(images), str(tmp_path / "local.zarr"), *common, *local_args]) == 0
+    src = s3.url("t/" + images.relative_to(top).as_posix())
+    remote_args = [a.format(s3.url("t")) for a in url_args]
+    assert main(["build", src, str(tmp_path / "bucket.zarr"), *common, *remote_args]) == 0
+    _same_store(tmp_path / "local.zarr", tmp_path / "bucket.zarr")
