@@ -25,8 +25,10 @@ HALCON reads the pixel array of a file as stored, so the labels are given in the
 (``"frame": "file"``): an EXIF orientation is applied to them as to the image.
 
 Folders: ``image_dir``, ``segmentation_dir`` and ``anomaly_dir`` are absolute, or relative to the
-folder holding the JSON file (``''`` is that folder). A JSON scalar where a tuple is expected is
-a one-element tuple (a HALCON tuple of length one may be written so).
+folder holding the JSON file (``''`` is that folder). A JSON file in a bucket (an ``s3://`` URL)
+resolves relative folders to prefixes beside it; an absolute one stays a local folder, and an
+``s3://`` URL is a prefix. A JSON scalar where a tuple is expected is a one-element tuple (a HALCON
+tuple of length one may be written so).
 
 What is refused, and how. The whole source (:class:`~dlpack.errors.SourceError`) when it cannot be
 read as one dataset: malformed JSON (with line and column), top-level keys that are not a
@@ -161,12 +163,7 @@ def _folder(base: Path, value: Any, key: str, where: str) -> Path:
         raise LabelFileError(f"{where}: {key} must be a string (a folder path), got {value!r}")
     if is_url(value):
         return value  # type: ignore[return-value]
-    if is_url(base):
-        if value.startswith("/"):
-            raise LabelFileError(
-                f"{where}: {key} {value!r} is a local path, but the DLDataset is in a bucket; give it relative to "
-                "the JSON file's prefix or as an s3:// URL"
-            )
+    if is_url(base) and not Path(value).is_absolute():  # a prefix beside the JSON object
         parts = [q for q in value.split("/") if q not in ("", ".")]
         return "/".join([str(base), *parts]) if parts else base  # type: ignore[return-value]
     p = Path(value)

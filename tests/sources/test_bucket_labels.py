@@ -298,3 +298,11 @@ def test_dlpack_build_of_a_bucket_with_label_urls_equals_the_local_build(s3: Any
     remote_args = [a.format(s3.url("t")) for a in url_args]
     assert main(["build", src, str(tmp_path / "bucket.zarr"), *common, *remote_args]) == 0
     _same_store(tmp_path / "local.zarr", tmp_path / "bucket.zarr")
+
+
+def test_images_in_a_bucket_with_a_local_annotation_file_and_the_other_way_round(s3: Any, tmp_path: Path) -> None:
+    images, ann = T.coco_source(tmp_path)
+    upload(images.parent, s3.url("coco"))
+    local = _build(CocoSource(images, ann), tmp_path / "local.zarr")
+    _same_store(local, _build(CocoSource(s3.url("coco/images"), ann), tmp_path / "a.zarr"))
+    _same_store(local, _build(CocoSource(images, s3.url("coco/annotations.json")), tmp_path / "b.zarr"))
