@@ -17,7 +17,8 @@ from ..backends import ArraySpec, Backend, get_backend
 from ..errors import DlpackError, InputFileError, OptionError, SourceError, StoreError
 from ..manifest import ImageSpec
 from ..options import SPLIT_PART_NAMES, BuildOptions, parse_labels, parse_split
-from ..sources.base import SourceItem, SourceScan, files_at
+from ..sources._where import files_at
+from ..sources.base import SourceItem, SourceScan
 from ..sources.decode import TargetSpec
 from ..sources.probe import HEADER_BYTES, probe_header
 from ..storage.location import Location, is_url

@@ -19,7 +19,8 @@ from .._names import shown
 from ..errors import LabelFileError, SourceError, SourceNotFoundError, StoreError
 from ..options import IMAGE_SUFFIXES
 from ..storage.location import Location, is_url
-from .base import LocalFiles, SourceFiles, SourceScan, files_at
+from ._where import files_at
+from .base import LocalFiles, SourceFiles, SourceScan
 
 __all__ = [
     "name_problem",

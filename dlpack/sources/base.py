@@ -22,7 +22,6 @@ from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 from .._files import NotRegularFileError, open_regular
 from ..errors import InputFileError
-from ..storage.location import Location, is_url
 
 __all__ = [
     "FileStat",
@@ -31,7 +30,6 @@ __all__ = [
     "SourceFiles",
     "SourceItem",
     "SourceScan",
-    "files_at",
     "files_of",
     "open_input",
     "reading_ahead",
@@ -284,21 +282,3 @@ def reading_ahead(files: SourceFiles, rels: Sequence[str]) -> Iterator[SourceFil
         yield view
     finally:
         view.close()
-
-
-def files_at(where: str | os.PathLike[str] | Location, like: SourceFiles | None = None) -> SourceFiles:
-    """The files of the folder or bucket prefix ``where`` (a label folder beside a source's images).
-
-    A URL is read with the storage options of ``like`` when it is a bucket's files (the label files
-    of a bucket source come from the same store, with the same credentials); a local path is a
-    :class:`LocalFiles` as given, so local label files are read exactly as before.
-    """
-    if isinstance(where, Location) or is_url(where):
-        from .remote import ObjectFiles
-
-        like = getattr(like, "files", like)  # a read-ahead view: the files it reads
-        location = Location.parse(where)
-        if isinstance(like, ObjectFiles) and like.location.options:
-            location = Location(location.url, like.location.options)
-        return ObjectFiles(location)
-    return LocalFiles(os.fspath(where))

@@ -19,7 +19,8 @@ import numpy as np
 
 from .._files import NotRegularFileError, open_regular
 from ..transforms.functional import orient_boxes, polygons_to_mask, resize_boxes, resize_mask, rle_to_mask
-from .base import LocalFiles, SourceFiles, files_at
+from ._where import files_at
+from .base import LocalFiles, SourceFiles
 from .decode import DecodeError, PreparedImage, damage_reason, incomplete_reason, library_messages, no_header_reason
 from .probe import probe_header
 
