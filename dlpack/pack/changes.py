@@ -128,10 +128,10 @@ def source_with_rules(source: Source, plan: BuildPlan) -> Source:
     """
     if isinstance(source, MaskFolderSource):
         follow = source.follow_symlinks or plan.follow_symlinks
-        return MaskFolderSource(source.root, source.masks_dir, follow, plan.exclude)
+        return MaskFolderSource(source.root, source.masks_dir, follow, plan.exclude, source.storage_options)
     if isinstance(source, AnomalyFolderSource):
         follow = source.follow_symlinks or plan.follow_symlinks
-        return AnomalyFolderSource(source.root, source.masks_dir, follow, plan.exclude)
+        return AnomalyFolderSource(source.root, source.masks_dir, follow, plan.exclude, source.storage_options)
     if not isinstance(source, FolderSource):
         return source
     follow = source.follow_symlinks or plan.follow_symlinks
