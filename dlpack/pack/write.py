@@ -26,7 +26,7 @@ from ..sources.base import SourceFiles, SourceScan
 from ..storage.journal import BuildJournal, JournalState, Restart
 from ..storage.location import Location
 from ..storage.runner import resume_journal, run_blocks
-from ..storage.site import BuildSite, LocalSite
+from ..storage.site import BuildSite, LocalSite, ObjectJournal, journal_in_task, journals_in_task
 from ..storage.spill import Column
 from .columns import SampleBlock, SampleTable
 from .inputs import Probe, Selection, bad_inputs
@@ -322,13 +322,22 @@ def write_images(
         digest.on = in_workers and not partial.done and not writer.shard_digests
         counts = _PixelCounts()
         counts.on = fixed and not partial.done
-        state = _Landing(writer, plan, images.name, table, errors, digest, counts)
+        # A pooled task into an object store PUTs its block's journal object itself (ObjectJournal).
+        task_journal = journal if journals_in_task(journal) else None
+        by_task = task_journal is not None
+        state = _Landing(writer, plan, images.name, table, errors, digest, counts, task_journal)
         behind = in_workers and not pool.pooled(len(starts))
         # A block's jobs are made when the pool takes its call, not all before the first.
         work: Callable[[int, Ticks | None], Any] = (
             (lambda s, ticks: (decode_fixed_block, (files, plan, pairs[s : s + step], ticks), {}))
             if behind
-            else (lambda s, ticks: (_write_block_packed, (writer, files, plan, s, pairs[s : s + step], ticks), {}))
+            else (
+                lambda s, ticks: (
+                    _write_block_packed,
+                    (writer, files, plan, s, pairs[s : s + step], ticks, by_task),
+                    {},
+                )
+            )
             if in_workers
             else (lambda s, ticks: (decode_block, (files, plan, pairs[s : s + step], None, True, ticks), {}))
         )
@@ -367,11 +376,22 @@ def _write_block_packed(
     start: int,
     pairs: Sequence[Job],
     ticks: Ticks | None = None,
-) -> tuple[SampleBlock, np.ndarray | None, Any]:
+    journal: bool = False,
+) -> tuple[SampleBlock, np.ndarray | None, Any, bool]:
     """:func:`write_block_worker` in a worker, its results sent back as columns (a :class:`SampleBlock`),
-    with what its copy of the writer reports it wrote (:meth:`~dlpack.backends.StoreWriter.take_landed`)."""
+    with what its copy of the writer reports it wrote (:meth:`~dlpack.backends.StoreWriter.take_landed`),
+    and whether it journalled the block.
+
+    ``journal`` (an object store): the block's journal object is PUT here, right after its shards,
+    when no file of the block failed (:func:`~dlpack.storage.site.journal_in_task`), so the build's
+    process makes no request per block. Both are whole objects at fixed keys, of bytes that depend
+    only on the block: a task run twice (a retry, a lost worker's rerun) writes the same objects."""
     results, counts = write_block_worker(writer, files, plan, start, pairs, ticks)
-    return SampleBlock(results), counts, writer.take_landed()
+    block, landed = SampleBlock(results), writer.take_landed()
+    journalled = journal and not block.failed
+    if journalled:
+        journal_in_task(writer, start, [r.record() for r in block.samples()], landed)
+    return block, counts, landed, journalled
 
 
 class _InOrderDigest:
@@ -445,17 +465,24 @@ class _Landing:
         errors: dict[int, InputFileError],
         digest: _InOrderDigest,
         counts: _PixelCounts,
+        journal: ObjectJournal[Sample] | None = None,
     ) -> None:
         self.writer, self.plan, self.name, self.table, self.errors = writer, plan, name, table, errors
         self.digest, self.counts = digest, counts
+        #: The journal that pooled tasks write to themselves (told of each block a task journalled).
+        self.journal = journal
         self.fixed = not writer.arrays[name].ragged
         self.appended = 0  # ragged images: one stream, in block order
         self.failed = False
 
-    def packed(self, s: int, landed: tuple[SampleBlock, np.ndarray | None, Any]) -> tuple[list[Sample] | None, int]:
-        """A block a worker wrote itself (:func:`_write_block_packed`)."""
-        packed, written, shards = landed
+    def packed(
+        self, s: int, landed: tuple[SampleBlock, np.ndarray | None, Any, bool]
+    ) -> tuple[list[Sample] | None, int]:
+        """A block a worker wrote (and, into an object store, journalled) itself (:func:`_write_block_packed`)."""
+        packed, written, shards, journalled = landed
         self.writer.note_landed(shards)
+        if journalled and self.journal is not None:
+            self.journal.journalled_by_task(s)
         self.counts.add(written)
         bad = bool(packed.failed)
         self.failed = self.failed or bad

@@ -9,6 +9,13 @@ The lock file is opened without following links and written only when this build
 when it is recognisably a dlpack lock file (empty, or a holder record): a link, a file with other
 hard links, or anyone else's file at that name is refused and left as it is.
 
+On a file system shared by several hosts (NFS, Lustre, GPFS) the lock keeps out builds on other
+hosts only where that file system carries ``flock`` locks between hosts (NFS with its lock
+service, Lustre mounted with ``-o flock``, GPFS); where it keeps them only within one host (Lustre's
+``localflock``, NFS mounted ``nolock``) one build per OUT is the user's rule, and the lock file names
+the holding host and pid. A file system that refuses the lock outright is a
+:class:`~dlpack.errors.StoreError`, never a build without a lock (docs/reliability.md).
+
 The holder removes the lock file while still holding the lock. A process that opened the old file
 just before may then lock a file no longer on disk, so every acquisition checks that the locked
 file is still the one at the path, and retries otherwise.
@@ -181,7 +188,15 @@ class BuildLock:
             raise RuntimeError(f"{self.path} is already held by this BuildLock")
         while True:
             fd, created = self._open()
-            if not _try_lock(fd):
+            try:
+                locked = _try_lock(fd)
+            except OSError as exc:
+                os.close(fd)
+                if created:
+                    with contextlib.suppress(OSError):
+                        self.path.unlink()
+                raise self._no_locks(exc) from exc
+            if not locked:
                 os.close(fd)
                 raise StoreLockedError(
                     f"{self.out} is being built by {_describe_holder(self.path)}; lock file {self.path}. "
@@ -253,6 +268,15 @@ class BuildLock:
         if data and (len(data) > _MAX_HOLDER or not _is_holder_text(data)):
             raise self._not_a_lock("it does not hold a dlpack lock record")
         os.ftruncate(fd, 0)
+
+    def _no_locks(self, exc: OSError) -> StoreError:
+        """A file system that takes no file locks (an NFS mount without its lock service, Lustre
+        mounted without ``flock``): no build there can be kept from another, so none starts."""
+        return StoreError(
+            f"cannot lock {self.path}: its file system does not take file locks ({_os_reason(exc)}), so "
+            f"nothing would keep a second build out of {self.out}; mount it with lock support (NFS: with "
+            "its lock service, Lustre: with -o flock), or build onto a local disk and copy the store"
+        )
 
     def _not_a_lock(self, why: str) -> StoreError:
         return StoreError(

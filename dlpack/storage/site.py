@@ -20,7 +20,7 @@ import json
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeGuard, TypeVar
 
 from ..backends import Backend, StoreWriter, remove_store
 from ..backends._object_zarr import GROUP_META, MANIFEST, ObjectZarrWriter, ShardInfo, dlpack_marker
@@ -35,7 +35,17 @@ from .publish import check_replaceable, clear_leftovers, publish
 from .runner import block_checks_out
 from .spill import spilling_to
 
-__all__ = ["BuildJournal", "BuildSite", "JOURNAL_PREFIX", "LocalSite", "ObjectSite", "site_for"]
+__all__ = [
+    "BuildJournal",
+    "BuildSite",
+    "JOURNAL_PREFIX",
+    "LocalSite",
+    "ObjectJournal",
+    "ObjectSite",
+    "journal_in_task",
+    "journals_in_task",
+    "site_for",
+]
 
 R = TypeVar("R", bound=Record)
 
@@ -187,14 +197,26 @@ class LocalSite:
 
 class ObjectJournal(Generic[R]):
     """A journal in an object store: a header object and one small object per landed block (its
-    records and its shard objects' size, version tag and rows digest), each PUT whole."""
+    records and its shard objects' size, version tag and rows digest), each PUT whole.
+
+    A pooled block task PUTs its block's object itself, right after its shards
+    (:func:`journal_in_task`), so the build's process does not make one request per block on its
+    own path; it is told so (:meth:`journalled_by_task`) and does not PUT it again."""
 
     def __init__(self, site: ObjectSite, writer: StoreWriter, blocks: int = 0) -> None:
         self.site, self.writer, self.blocks = site, writer, blocks
+        self._by_task: set[int] = set()
+
+    def journalled_by_task(self, start: int) -> None:
+        """The task that wrote the block at ``start`` PUT its journal object."""
+        self._by_task.add(start)
 
     def append_block(self, start: int, records: Sequence[R]) -> None:
-        """PUT the block's object once the block landed."""
-        self.site.put_block(self.writer, start, [r.record() for r in records])
+        """PUT the block's object once the block landed (unless its task did)."""
+        if start in self._by_task:
+            self._by_task.discard(start)
+        else:
+            self.site.put_block(self.writer, start, [r.record() for r in records])
         self.blocks += 1
 
     def mark_commit(self) -> None:
@@ -207,6 +229,34 @@ class ObjectJournal(Generic[R]):
 
 def _block_key(start: int) -> str:
     return f"{JOURNAL_PREFIX}{start:012d}.json"
+
+
+def block_object(
+    writer: StoreWriter, start: int, records: Sequence[Any], shards: Mapping[str, Mapping[int, ShardInfo]]
+) -> tuple[str, bytes]:
+    """The key and body of the journal object of the block at ``start``: its records (JSON lists)
+    and its shards (images, and mask when there) taken from ``shards`` (stored array -> shard -> info)."""
+    assert isinstance(writer, ObjectZarrWriter)
+    s = start // writer.shard_rows("images")
+    got = {n: shards[n][s].record() for n in ("images", "mask") if s in shards.get(n, {})}
+    body = {"start": start, "samples": list(records), "shards": {n: [s, *v] for n, v in got.items()}}
+    return _block_key(start), json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def journal_in_task(
+    writer: StoreWriter, start: int, records: Sequence[Any], shards: Mapping[str, Mapping[int, ShardInfo]]
+) -> None:
+    """PUT the journal object of the block at ``start`` from the task that wrote its ``shards`` (its
+    copy of the writer's :meth:`~ObjectZarrWriter.take_landed`): the body the build's process would
+    PUT. Whole, at a key of its own: a task run twice writes the same object twice."""
+    assert isinstance(writer, ObjectZarrWriter)
+    writer.storage.put(*block_object(writer, start, records, shards))
+
+
+def journals_in_task(journal: BuildJournal | None) -> TypeGuard[ObjectJournal[Any]]:
+    """Whether the pooled block tasks of a build with ``journal`` PUT their blocks' journal objects
+    themselves (an object store's journal; a local journal file is appended by the build's process)."""
+    return isinstance(journal, ObjectJournal)
 
 
 class ObjectSite:
@@ -312,10 +362,7 @@ class ObjectSite:
     def put_block(self, writer: StoreWriter, start: int, records: list[Any]) -> None:
         """PUT one block's journal object: its records and its shards (images, and mask when there)."""
         assert isinstance(writer, ObjectZarrWriter)
-        s = start // writer.shard_rows("images")
-        shards = {n: writer.shards[n][s].record() for n in ("images", "mask") if s in writer.shards.get(n, {})}
-        body = {"start": start, "samples": records, "shards": {n: [s, *v] for n, v in shards.items()}}
-        self.storage.put(_block_key(start), json.dumps(body, separators=(",", ":")).encode("utf-8"))
+        self.storage.put(*block_object(writer, start, records, writer.shards))
 
     def read_journal(self, from_record: Callable[[Sequence[Any]], Any]) -> JournalState[Any]:
         """The header and every block object (one listing, one GET each)."""

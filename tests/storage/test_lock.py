@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -292,4 +293,23 @@ def test_a_lock_that_cannot_be_written_leaves_no_lock_file(tmp_path: Path, monke
     finally:
         monkeypatch.undo()
     assert str(lock_path(out)) in str(info.value)
+    assert not lock_path(out).exists()
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_a_file_system_that_takes_no_locks_is_refused_and_leaves_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    # flock's answer on an NFS mount whose lock service is not reachable (ENOLCK), or on Lustre
+    # mounted without -o flock (ENOSYS): no build starts without a lock.
+    fcntl = pytest.importorskip("fcntl")
+
+    def refused(fd: int, op: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    out = tmp_path / "out.zarr"
+    with pytest.raises(StoreError, match="does not take file locks") as info:
+        BuildLock(out).acquire()
+    assert str(lock_path(out)) in str(info.value) and os.strerror(code) in str(info.value)
     assert not lock_path(out).exists()
