@@ -56,7 +56,11 @@ class _MissingDask(MissingExtraError, OptionError):
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], cwd: str) -> Any:
     """One call on a worker (its keywords never taken for ``Client.submit``'s own), in the client's
     working folder: a relative SRC or OUT means there what it means on the client (a shared file system)."""
-    if os.getcwd() != cwd:
+    try:
+        here: str | None = os.getcwd()
+    except OSError:  # the folder a worker was in may be gone
+        here = None
+    if here != cwd:
         with contextlib.suppress(OSError):
             os.chdir(cwd)
     return fn(*args, **kwargs)
@@ -275,6 +279,7 @@ class DaskPool:
         or connection a :class:`ClusterError`; any other error (deterministic) as it is, as locally."""
         import concurrent.futures
 
+        from distributed.comm import CommClosedError
         from distributed.scheduler import KilledWorker
 
         from .errors import DlpackError
@@ -286,7 +291,7 @@ class DaskPool:
                 f"a task failed on the Dask cluster at {self.scheduler} after {RETRIES} retries, its workers "
                 f"lost ({exc}); {RESUME}"
             )
-        if isinstance(exc, (concurrent.futures.CancelledError, asyncio.CancelledError, OSError, TimeoutError)):
+        if isinstance(exc, (concurrent.futures.CancelledError, asyncio.CancelledError, CommClosedError)):
             return self._lost(exc)
         return exc
 
