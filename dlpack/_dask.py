@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -20,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ClusterError, MissingExtraError, OptionError
-from .options import check_scheduler
 
-__all__ = ["DaskPool", "DaskProgress", "require_distributed"]
+__all__ = ["DaskPool", "DaskProgress", "check_scheduler", "require_distributed"]
 
 #: Seconds a client waits for an existing scheduler before the build is refused.
 CONNECT_TIMEOUT = 5.0
@@ -36,6 +36,26 @@ IN_FLIGHT = 2
 
 #: What a rerun does after the cluster failed: said in every cluster error.
 RESUME = "the partial store is kept: rerunning the same command resumes from the blocks already written"
+
+
+#: A running Dask scheduler's address, ``tcp://HOST:PORT``.
+_SCHEDULER = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def check_scheduler(value: object) -> str | None:
+    """``value`` as a scheduler: None (this machine's worker processes), ``local`` (a Dask
+    LocalCluster for the run) or ``tcp://HOST:PORT``; else an :class:`OptionError`. A scheduler
+    needs ``distributed`` (the ``dask`` extra): without it, an :class:`OptionError` saying how to install it."""
+    if value is None:
+        return None
+    m = _SCHEDULER.match(value) if isinstance(value, str) else None
+    if value != "local" and not (m and 0 < int(m.group(2)) < 65536):
+        raise OptionError(
+            f"scheduler must be 'local' (a Dask LocalCluster for this run) or the address of a running Dask "
+            f"scheduler, tcp://HOST:PORT; got {value!r}"
+        )
+    require_distributed()
+    return str(value)
 
 
 def require_distributed() -> None:
@@ -128,11 +148,13 @@ class DaskPool:
         n_jobs: int,
         preload: Callable[[], Any] | None = None,
         shared: Mapping[str, tuple[str, str | None, int | None]] | None = None,
+        bar: Callable[[int, str, bool], Any] | None = None,
     ) -> None:
         self.scheduler = check_scheduler(scheduler) or "local"
         self.n_jobs = n_jobs
         self.preload = preload
         self.shared = dict(shared or {})
+        self.bar = bar
         self._client: Any = None
         self._cluster: Any = None
         self._progress: DaskProgress | None = None
@@ -279,7 +301,7 @@ class DaskPool:
         or connection a :class:`ClusterError`; any other error (deterministic) as it is, as locally."""
         import concurrent.futures
 
-        from distributed.comm import CommClosedError
+        from distributed.comm.core import CommClosedError
         from distributed.scheduler import KilledWorker
 
         from .errors import DlpackError
@@ -298,9 +320,10 @@ class DaskPool:
     @contextlib.contextmanager
     def progress(self, total: int, desc: str, quiet: bool, blocks: int) -> Iterator[DaskProgress]:
         """A bar over ``total`` samples, moved as blocks land and told of the tasks the cluster finished."""
-        from ._parallel import progress
+        from tqdm import tqdm
 
-        with progress(total, desc, quiet) as bar:
+        make = self.bar or (lambda n, d, q: tqdm(total=n, desc=d, unit="img", disable=q, leave=False))
+        with make(total, desc, quiet) as bar:
             self._progress = DaskProgress(bar, blocks)
             try:
                 yield self._progress

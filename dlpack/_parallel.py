@@ -488,4 +488,4 @@ def pool_for(
         return LocalPool(n_jobs)
     from ._dask import DaskPool
 
-    return DaskPool(scheduler, n_jobs, preload, shared)
+    return DaskPool(scheduler, n_jobs, preload, shared, progress)

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from ._dask import check_scheduler
 from .errors import OptionError
 from .transforms.engines import ENGINES
 
@@ -132,28 +133,6 @@ def check_jobs(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1:
         raise OptionError(f"jobs must be a positive number of processes or -1 for all cores, got {value!r}")
     return value
-
-
-#: A running Dask scheduler's address, ``tcp://HOST:PORT``.
-_SCHEDULER = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-
-
-def check_scheduler(value: object) -> str | None:
-    """``value`` as a scheduler: None (this machine's worker processes), ``local`` (a Dask
-    LocalCluster for the run) or ``tcp://HOST:PORT``; else an :class:`OptionError`. A scheduler
-    needs ``distributed`` (the ``dask`` extra): without it, an :class:`OptionError` saying how to install it."""
-    if value is None:
-        return None
-    m = _SCHEDULER.match(value) if isinstance(value, str) else None
-    if value != "local" and not (m and 0 < int(m.group(2)) < 65536):
-        raise OptionError(
-            f"scheduler must be 'local' (a Dask LocalCluster for this run) or the address of a running Dask "
-            f"scheduler, tcp://HOST:PORT; got {value!r}"
-        )
-    from ._dask import require_distributed
-
-    require_distributed()
-    return str(value)
 
 
 def _format_names() -> tuple[str, ...]:
