@@ -25,7 +25,7 @@ venv: $(PY)
 install: $(PY)
 	# torch is pinned first: it is a CPU build on local disk here, an unpinned one pulls GBs of CUDA.
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[test,torch,plot,s3]"
+	$(PY) -m pip install -q -e ".[test,torch,plot,s3,dask]"
 	# Test-only: the parity tests compare with albumentations' last MIT release (they skip without it, as in
 	# test-min, whose lowest OpenCV pin is older than albumentations 2.0.8 accepts).
 	$(PY) -m pip install -q "albumentations==2.0.8"

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ __all__ = [
     "parallel",
     "pool_ready",
     "pooled",
+    "pool_for",
     "progress",
     "quiet_resource_tracker",
     "start_watchdog",
@@ -455,6 +456,12 @@ class LocalPool:
     def __init__(self, n_jobs: int) -> None:
         self.n_jobs = n_jobs
 
+    def __enter__(self) -> LocalPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Nothing to close: joblib's reusable workers stay for the next pool of the process."""
+
     def pooled(self, n_calls: int) -> bool:
         return pooled(self.n_jobs, n_calls)
 
@@ -465,3 +472,20 @@ class LocalPool:
     def progress(self, total: int, desc: str, quiet: bool, blocks: int) -> Iterator[BlockProgress]:
         with progress(total, desc, quiet) as bar, BlockProgress(bar, blocks, self.pooled(blocks)) as ticks:
             yield ticks
+
+
+def pool_for(
+    scheduler: str | None,
+    n_jobs: int,
+    preload: Callable[[], Any] | None = None,
+    shared: Mapping[str, tuple[str, str | None, int | None]] | None = None,
+) -> Any:
+    """The pool of a run, a context manager that closes it: :class:`LocalPool` for no ``scheduler``,
+    else a Dask pool (``local`` or ``tcp://HOST:PORT``, ``dlpack._dask``; ``preload`` runs on its
+    workers first, and ``shared`` names the local folders every worker must see, each as
+    ``label: (folder, file name or None, size or None)``, OUT's with no name: a token file is written there)."""
+    if scheduler is None:
+        return LocalPool(n_jobs)
+    from ._dask import DaskPool
+
+    return DaskPool(scheduler, n_jobs, preload, shared, progress)

@@ -31,6 +31,7 @@ __all__ = [
     "StateError",
     "SampleIndexError",
     "MissingExtraError",
+    "ClusterError",
 ]
 
 
@@ -152,3 +153,9 @@ class MissingExtraError(DlpackError, ImportError):
             f"{purpose} needs the optional package '{module}'; install it with: pip install 'dlpack-datasets[{extra}]'"
             + (f"; {note}" if note else "")
         )
+
+
+class ClusterError(DlpackError, ConnectionError):
+    """The Dask scheduler of ``--scheduler`` cannot be reached or was lost, or a task failed on the
+    cluster after its retries; the message names the scheduler. A build's partial store is kept:
+    the same command run again resumes from the blocks already written."""

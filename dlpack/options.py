@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from ._dask import check_scheduler
 from .errors import OptionError
 from .transforms.engines import ENGINES
 
@@ -38,6 +39,7 @@ __all__ = [
     "check_number",
     "check_workers",
     "check_jobs",
+    "check_scheduler",
     "parse_size",
     "parse_split",
     "parse_labels",
@@ -361,6 +363,16 @@ class BuildOptions:
             "repeat": True,
         },
     )
+    # Where the blocks run; not recorded in the store: a rerun on another pool resumes, and the bytes are the same.
+    scheduler: str | None = field(
+        default=None,
+        metadata={
+            "help": "run the build's tasks on a Dask cluster: local (a LocalCluster of --jobs single-threaded worker "
+            "processes, for this run) or tcp://HOST:PORT (a running scheduler; its workers must see a local SRC "
+            "and OUT at the same paths); needs the dask extra",
+            "metavar": "ADDR",
+        },
+    )
     # Decompression-bomb guard: 2**28 pixels is a 16384x16384 image, far above training sizes.
     max_pixels: int = field(
         default=2**28, metadata={"help": "refuse images with more pixels (decompression-bomb guard)", "metavar": "N"}
@@ -478,6 +490,7 @@ class BuildOptions:
         if self.instance_masks and kind != "coco":
             raise OptionError(f"instance_masks only applies to labels=coco:FILE, not labels={self.labels!r}")
         check_jobs(self.jobs)
+        check_scheduler(self.scheduler)
         check_choice("compression", self.compression, ("none", "lz4", "zstd"))
         check_choice("on_error", self.on_error, ("fail", "skip"))
         if self.compact and not self.update:
@@ -494,6 +507,11 @@ class BuildOptions:
             )
         if self.update and self.overwrite:
             raise OptionError("update keeps the store and overwrite replaces it: pass one of them")
+        if self.update and self.scheduler is not None:
+            raise OptionError(
+                "update runs on this machine's worker processes, not on a Dask cluster: pass --jobs N "
+                "instead of --scheduler, or rebuild the store with --overwrite on the cluster"
+            )
         if self.max_pixels <= 0:
             raise OptionError(f"max_pixels must be > 0, got {self.max_pixels}")
         if self.size is not None and self.size[0] * self.size[1] > self.max_pixels:
@@ -640,11 +658,20 @@ class AugmentOptions:
     no_resume: bool = field(
         default=False, metadata={"help": "start over instead of continuing a stopped run's finished blocks"}
     )
+    scheduler: str | None = field(
+        default=None,
+        metadata={
+            "help": "compute the variants on a Dask cluster: local (a LocalCluster of --jobs workers) or "
+            "tcp://HOST:PORT (a running scheduler whose workers see STORE at the same path); needs the dask extra",
+            "metavar": "ADDR",
+        },
+    )
 
     def __post_init__(self) -> None:
         check_int("augment (--augment K)", self.k, 0, wanted="an integer >= 0 (variants per image)")
         check_int("augment_seed (--augment-seed)", self.seed, 0)
         check_jobs(self.jobs)
+        check_scheduler(self.scheduler)
         check_choice("augment_engine (--augment-engine)", self.engine, ENGINES, wanted=f"one of {', '.join(ENGINES)}")
         if self.k and self.config is None:
             raise OptionError(_NEEDS_CONFIG)

@@ -260,3 +260,22 @@ def s3(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
         bucket=bucket,
         url=lambda name="": f"s3://{bucket}/{name}".rstrip("/"),
     )
+
+
+# A Dask cluster on this machine: two single-threaded worker processes on 127.0.0.1, shared by the
+# tests of a session (starting one takes seconds). Skipped with the reason where the dask extra
+# (distributed) is not installed.
+
+
+@pytest.fixture(scope="session")
+def dask_cluster() -> Any:
+    """A running ``distributed.LocalCluster`` of 2 worker processes; ``dask_cluster.scheduler_address``
+    is the ``tcp://127.0.0.1:PORT`` a build's ``scheduler=`` takes."""
+    distributed = pytest.importorskip("distributed", reason="the dask extra (distributed) is not installed")
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.close()

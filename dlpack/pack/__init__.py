@@ -17,6 +17,7 @@ the manifest), :mod:`.publish`, and :mod:`.update` (``build --update``, with :mo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter
@@ -28,10 +29,10 @@ from .. import _parallel
 from ..backends import Backend, backend_for_path, owned_store
 from ..errors import OptionError, StoreError, StoreExistsError
 from ..options import BuildOptions, with_keywords
-from ..sources.base import Source, SourceScan, files_of
+from ..sources.base import LocalFiles, Source, SourceFiles, SourceScan, files_of
 from ..storage.location import Location, is_url
 from ..storage.publish import PublishedInterrupt, check_replaceable
-from ..storage.site import BuildSite, ObjectSite, site_for
+from ..storage.site import BuildSite, LocalSite, ObjectSite, site_for
 from ..storage.spill import give_back_freed
 from .arrays import manifest_stage
 from .columns import SampleTable
@@ -195,7 +196,7 @@ def build(
         opts = source_options(source, opts)
     check_paths(source, out_path if site.is_local else where)
     # The per-image records a large build keeps in files (dlpack.storage.spill) go beside a local OUT, on its disk.
-    with site.hold():
+    with site.hold(), contextlib.ExitStack() as closing:
         published = site.clear_leftovers()
         if opts.update:
             return update_stage(source, out_path, backend, opts, t0)
@@ -216,14 +217,21 @@ def build(
                 finishing = True  # once the plan is known: the same plan, or refused as existing
         root = source.root
         scan = scan_stage(source)
-        if _parallel.pooled(opts.n_jobs, -(-len(scan.items) // PROBE_STEP)):
+        files = files_of(source)
+        # The one pool of the build (a Dask cluster's started on first use, closed with the build).
+        pool = closing.enter_context(
+            _parallel.pool_for(opts.scheduler, opts.n_jobs, preload, _shared_folders(opts, site, files, scan))
+        )
+        on_cluster = pool if opts.scheduler is not None else None
+        if on_cluster is None and _parallel.pooled(opts.n_jobs, -(-len(scan.items) // PROBE_STEP)):
             # Workers start (about a second) while this process probes, plans and opens the store.
             _parallel.warm_pool(opts.n_jobs, preload)
         if opts.split:
             scan = split_stage(scan, opts.split, opts.split_seed or 0, os.fspath(root))
         give_back_freed()  # what the scan's sort freed, before the stages that hold large blocks
-        files = files_of(source)
-        probes = probe_stage(files, scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet)
+        probes = probe_stage(
+            files, scan.items, max_pixels=opts.max_pixels, n_jobs=opts.n_jobs, quiet=opts.quiet, pool=on_cluster
+        )
         give_back_freed()
         plan, sel = plan_stage(scan, probes, probed(scan, probes), opts, backend.name, os.fspath(root))
         variants = after.config(opts, plan, scan) if after is not None else None
@@ -244,7 +252,7 @@ def build(
             return finish_step(existing, out_path, opts, variants, t0, finish=True)
         if sel.errors and opts.on_error == "fail":
             pairs = jobs_of(scan.items, probes, sel.keep)
-            found = validate_stage(files, plan, pairs, n_jobs=opts.n_jobs, quiet=opts.quiet)
+            found = validate_stage(files, plan, pairs, n_jobs=opts.n_jobs, quiet=opts.quiet, pool=on_cluster)
             raise bad_inputs([*sel.errors, *found], root, nothing_left=len(found) == len(pairs))
         plan, sel, samples, partial, resume = pack_stage(
             backend,
@@ -254,7 +262,7 @@ def build(
             probes,
             plan,
             sel,
-            WriteOptions(opts.n_jobs, opts.quiet, opts.no_resume),
+            WriteOptions(opts.n_jobs, opts.quiet, opts.no_resume, pool),
             on_error=opts.on_error,
             replan=lambda kept: plan_stage(scan, probes, kept, opts, backend.name, os.fspath(root)),
             files=files,
@@ -264,6 +272,23 @@ def build(
         finally:
             samples.close()  # the spilled records' files, with the partial store they describe
         return finish_step(result, out_path, opts, variants, t0)
+
+
+def _shared_folders(
+    opts: BuildOptions, site: BuildSite, files: SourceFiles, scan: SourceScan
+) -> dict[str, tuple[str, str | None, int | None]]:
+    """The local folders the workers of an existing Dask scheduler (``tcp://``) must see at the same
+    paths: SRC's root with its first file (and that file's size), and the folder OUT's partial store
+    is made in (a token file goes there). None for this machine's pools, or for URLs."""
+    shared: dict[str, tuple[str, str | None, int | None]] = {}
+    if opts.scheduler is None or opts.scheduler == "local":
+        return shared
+    if isinstance(files, LocalFiles) and len(scan.items):
+        rel = scan.items[0].rel
+        shared["SRC"] = (os.path.abspath(files.root), rel, files.stat(rel).size)
+    if isinstance(site, LocalSite):
+        shared["OUT"] = (os.path.abspath(site.partial.parent), None, None)
+    return shared
 
 
 def _as_built(

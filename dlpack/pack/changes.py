@@ -60,6 +60,8 @@ UPDATE_OPTIONS: dict[str, str] = {
     "fill": "applied",
     "drop_array": "applied",
     "overwrite": "refused",
+    # An update runs on this machine's pool: BuildOptions refuses a scheduler with update.
+    "scheduler": "refused",
     # An update never computes variants: an update that changes samples drops them, saying so.
     "augment": "refused",
     "augment_config": "refused",

@@ -29,6 +29,7 @@ from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from ..sources.remote import BucketFolderSource
 from ..storage.location import Location, is_url
 from ..storage.objects import StorageAccessError
+from ..storage.runner import Pool
 from ..storage.spill import PART, Column
 
 
@@ -505,11 +506,18 @@ def _rels(items: Sequence[SourceItem], start: int, stop: int) -> list[str]:
 
 
 def probe_stage(
-    files: SourceFiles, items: Sequence[SourceItem], *, max_pixels: int, n_jobs: int, quiet: bool
+    files: SourceFiles,
+    items: Sequence[SourceItem],
+    *,
+    max_pixels: int,
+    n_jobs: int,
+    quiet: bool,
+    pool: Pool | None = None,
 ) -> ProbeTable:
     """2. Read every file's header (in workers): size, channels, depth, and why a file is unusable.
 
     The paths of a call are listed only when the pool asks for it, and its probes go into columns.
+    ``pool``: a cluster's pool (``--scheduler``) reads them there, not on this machine.
     """
     from joblib import delayed
 
@@ -521,7 +529,7 @@ def probe_stage(
     # While the pool is still starting (see build), reading headers here beats waiting for it.
     jobs = 1 if _parallel.warming() else min(n_jobs, max(1, n_calls))
     with _parallel.progress(n, "checking", quiet) as bar:
-        for block in _parallel.parallel(jobs, calls, n_calls):
+        for block in _parallel.parallel(jobs, calls, n_calls) if pool is None else pool.imap(calls, n_calls):
             probes.extend(block)
             bar.update(len(block))
     return probes

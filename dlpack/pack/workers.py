@@ -27,6 +27,7 @@ from ..sources.decode import DecodeError, prepare_image
 from ..sources.labels import prepare_labels, read_label_file
 from ..sources.probe import ImageHeader
 from ..storage.objects import StorageAccessError
+from ..storage.runner import Pool
 from .inputs import Kept
 from .plan import BuildPlan
 from .stats import histograms
@@ -283,16 +284,18 @@ def decode_block(
 
 
 def validate_stage(
-    files: SourceFiles, plan: BuildPlan, pairs: Sequence[Job], *, n_jobs: int, quiet: bool
+    files: SourceFiles, plan: BuildPlan, pairs: Sequence[Job], *, n_jobs: int, quiet: bool, pool: Pool | None = None
 ) -> list[InputFileError]:
-    """Decode every file without writing; the failures (so one error can list every bad file)."""
+    """Decode every file without writing; the failures (so one error can list every bad file), on
+    ``pool`` when given (a cluster's, ``--scheduler``)."""
     from joblib import delayed
 
     step = 16
     calls = (delayed(decode_block)(files, plan, pairs[s : s + step]) for s in range(0, len(pairs), step))
     found: list[InputFileError] = []
     with _parallel.progress(len(pairs), "checking pixels", quiet) as bar:
-        for block in _parallel.parallel(n_jobs, calls, -(-len(pairs) // step)):
+        n_calls = -(-len(pairs) // step)
+        for block in _parallel.parallel(n_jobs, calls, n_calls) if pool is None else pool.imap(calls, n_calls):
             found.extend(r for r in block if isinstance(r, InputFileError))
             bar.update(len(block))
     return found

@@ -20,12 +20,12 @@ import numpy as np
 from .. import _parallel
 from .._parallel import Ticks
 from ..backends import ArraySpec, Backend, StoreWriter, remove_store
-from ..errors import DlpackError, InputFileError, OptionError, StoreError
+from ..errors import ClusterError, DlpackError, InputFileError, OptionError, StoreError
 from ..manifest import Manifest
 from ..sources.base import SourceFiles, SourceScan
 from ..storage.journal import BuildJournal, JournalState, Restart
 from ..storage.location import Location
-from ..storage.runner import resume_journal, run_blocks
+from ..storage.runner import Pool, resume_journal, run_blocks
 from ..storage.site import BuildSite, LocalSite, ObjectJournal, journal_in_task, journals_in_task
 from ..storage.spill import Column
 from .columns import SampleBlock, SampleTable
@@ -106,6 +106,8 @@ class WriteOptions:
     n_jobs: int = 1
     quiet: bool = False
     no_resume: bool = False
+    #: The build's pool (a Dask cluster's with ``--scheduler``); None: this machine's, of ``n_jobs``.
+    pool: Pool | None = None
 
 
 @dataclass
@@ -262,9 +264,11 @@ def open_partial(
 
 def _keep_for_resume(exc: BaseException, partial: Partial, site: BuildSite) -> bool:
     """Whether a build stopped by ``exc`` keeps its partial store to continue later: when it was
-    interrupted (Ctrl-C) and has a journal; a build that failed on its own removes it, except in an
+    interrupted (Ctrl-C) or its Dask cluster failed, and has a journal; a build that failed on its own removes it, except in an
     object store, where a failed request (a server gone, a network down) keeps it for the rerun."""
-    resumable = isinstance(exc, KeyboardInterrupt) or (not site.is_local and isinstance(exc, StoreError))
+    resumable = isinstance(exc, (KeyboardInterrupt, ClusterError)) or (
+        not site.is_local and isinstance(exc, StoreError)
+    )
     return resumable and partial.journal is not None
 
 
@@ -316,7 +320,7 @@ def write_images(
         for s, v in partial.done.items():
             table.put(s, v)
         already = sum(len(v) for v in partial.done.values())
-        pool = _parallel.LocalPool(opts.n_jobs)
+        pool = opts.pool if opts.pool is not None else _parallel.LocalPool(opts.n_jobs)
         digest = _InOrderDigest(images.dtype)
         # A writer that hashes each shard where it writes it (an object store) is never read back.
         digest.on = in_workers and not partial.done and not writer.shard_digests

@@ -66,6 +66,10 @@ def augment(
         No progress bar.
     no_resume
         Start over instead of continuing a stopped run's journalled blocks.
+    scheduler
+        Compute the variants on a Dask cluster: ``"local"`` (a LocalCluster of ``jobs`` workers) or
+        ``"tcp://HOST:PORT"`` (a running scheduler whose workers see the store at the same path); the
+        bytes are the same as on this machine's pool.
 
     Raises
     ------
@@ -96,4 +100,5 @@ def augment(
         replace=o.replace,
         quiet=o.quiet,
         no_resume=o.no_resume,
+        scheduler=o.scheduler,
     )

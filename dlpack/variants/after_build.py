@@ -60,7 +60,7 @@ class VariantsStep:
         try:
             done = variant_run.augment_locked(
                 out, opts.augment, config, opts.augment_seed, opts.jobs, opts.augment_engine, False, opts.quiet,
-                opts.no_resume, finish,
+                opts.no_resume, finish, scheduler=opts.scheduler,
             )  # fmt: skip
         except PublishedInterrupt:
             raise

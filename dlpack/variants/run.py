@@ -23,13 +23,21 @@ import numpy as np
 from .. import _parallel, schema
 from ..backends import ArraySpec, StoreReader, detect_backend, open_reader, remove_store
 from ..backends.base import DEFAULT_SHARD_BYTES
-from ..errors import ConfigError, DlpackError, OptionError, StoreError, StoreExistsError, StoreNotFoundError
+from ..errors import (
+    ClusterError,
+    ConfigError,
+    DlpackError,
+    OptionError,
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
 from ..manifest import Manifest
 from ..options import available_cores
 from ..storage.journal import Journal, Restart, is_journal, read_journal
 from ..storage.lock import BuildLock, augment_journal_path, augment_stage_path
 from ..storage.publish import PublishedInterrupt, clear_leftovers
-from ..storage.runner import Call, block_checks_out, resume_journal, run_blocks
+from ..storage.runner import Call, Pool, block_checks_out, resume_journal, run_blocks
 from ..storage.transaction import ArrayTransaction
 from .plan import (
     VariantPlan,
@@ -62,6 +70,7 @@ def augment_store(
     replace: bool = False,
     quiet: bool = False,
     no_resume: bool = False,
+    scheduler: str | None = None,
 ) -> AugmentResult:
     """:func:`dlpack.variants.augment`: take the store's lock (refusing while another dlpack process
     holds it, naming the holder) and run :func:`augment_locked`."""
@@ -72,7 +81,15 @@ def augment_store(
     if not out.exists():
         raise StoreNotFoundError(f"no store at {out} to augment")
     with BuildLock(out):
-        return augment_locked(out, k, config, seed, jobs, engine, replace, quiet, no_resume)
+        return augment_locked(out, k, config, seed, jobs, engine, replace, quiet, no_resume, scheduler=scheduler)
+
+
+def _shared_store(scheduler: str | None, out: Path) -> dict[str, tuple[str, str | None, int | None]]:
+    """What the workers of an existing Dask scheduler must see: the store's folder (a token file
+    goes beside it); nothing for this machine's pools."""
+    if scheduler is None or scheduler == "local":
+        return {}
+    return {"OUT": (str(out.parent), None, None)}
 
 
 def _n_jobs(jobs: int) -> int:
@@ -272,6 +289,8 @@ def augment_locked(
     quiet: bool,
     no_resume: bool,
     finish: bool = False,
+    *,
+    scheduler: str | None = None,
 ) -> AugmentResult:
     """Compute and switch in K variants of every image of the complete store ``out``; call only
     while holding its build lock (``dlpack build --augment`` calls it right after publishing).
@@ -318,7 +337,8 @@ def augment_locked(
         out, m, shard_bytes, jpath, header, plan, fixed_specs, fixed, no_resume, len(units)
     )
     try:
-        todo, names = _write_variants(txn, plan, journal, done, units, rows, fixed, _n_jobs(jobs), quiet)
+        with _parallel.pool_for(scheduler, _n_jobs(jobs), shared=_shared_store(scheduler, out)) as pool:
+            todo, names = _write_variants(txn, plan, journal, done, units, rows, fixed, pool, quiet)
         copies = _distinct_views(txn, plan, rows, names, done, journal)
         _commit_variants(txn, plan, specs, done, journal, dataclasses.replace(m, augment=record))
     except BaseException as exc:
@@ -414,9 +434,9 @@ def _variant_plan(
 
 
 def _abandon(exc: BaseException, txn: ArrayTransaction, journal: Journal[VariantRecord] | None, jpath: Path) -> None:
-    """Undo the transaction after ``exc``; an interrupted run keeps its blocks for the next run,
-    while a journal describes them."""
-    keep = isinstance(exc, KeyboardInterrupt) and jpath.is_file()
+    """Undo the transaction after ``exc``; an interrupted run, or one whose Dask cluster failed,
+    keeps its blocks for the next run, while a journal describes them."""
+    keep = isinstance(exc, (KeyboardInterrupt, ClusterError)) and jpath.is_file()
     if journal is not None:
         journal.close()
     txn.abort(keep=keep)
@@ -495,7 +515,7 @@ def _write_variants(
     units: Sequence[tuple[int, int]],
     rows: Mapping[str, tuple[np.ndarray, np.ndarray]],
     fixed: Mapping[int, tuple[str, str | None]],
-    n_jobs: int,
+    pool: Pool,
     quiet: bool,
 ) -> tuple[list[tuple[int, int]], dict[int, tuple[str, str | None]]]:
     """Write every block of ``units`` not ``done`` through :func:`run_blocks`, journalled as each lands;
@@ -507,7 +527,6 @@ def _write_variants(
     writer = txn.writer
     in_workers = journal is not None
     todo = [(v, s) for v, s in units if plan.unit(v, s) not in done]
-    pool = _parallel.LocalPool(n_jobs)
     names = {v: (txn.name(a), None if b is None else txn.name(b)) for v, (a, b) in fixed.items()}
     pooled = pool.pooled(len(todo))
 

@@ -1,0 +1,331 @@
+"""The block runner's pool on a Dask ``distributed`` cluster (``--scheduler local|tcp://HOST:PORT``).
+
+A task is one whole block (a shard), a module-level function and its arguments as the local pool
+gets them: it reads the source and writes its shard at a place fixed by the plan, so a task that
+is retried, stolen or run twice writes the same bytes again. Results come back in call order, and
+at most two tasks per worker thread are in flight (calls are drawn only as tasks are sent), so the
+client's memory stays flat as the local pool's does. ``distributed`` is imported here only, on
+first use: the core never needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import ClusterError, MissingExtraError, OptionError
+
+__all__ = ["DaskPool", "DaskProgress", "check_scheduler", "require_distributed"]
+
+#: Seconds a client waits for an existing scheduler before the build is refused.
+CONNECT_TIMEOUT = 5.0
+
+#: A task is tried this many more times after it failed (a worker lost, an error): its shard's
+#: place is fixed, so a second run writes the same bytes.
+RETRIES = 2
+
+#: Tasks in flight per worker thread: one running, one queued, as the local pool's ``2*n_jobs``.
+IN_FLIGHT = 2
+
+#: What a rerun does after the cluster failed: said in every cluster error.
+RESUME = "the partial store is kept: rerunning the same command resumes from the blocks already written"
+
+
+#: A running Dask scheduler's address, ``tcp://HOST:PORT``.
+_SCHEDULER = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def check_scheduler(value: object) -> str | None:
+    """``value`` as a scheduler: None (this machine's worker processes), ``local`` (a Dask
+    LocalCluster for the run) or ``tcp://HOST:PORT``; else an :class:`OptionError`. A scheduler
+    needs ``distributed`` (the ``dask`` extra): without it, an :class:`OptionError` saying how to install it."""
+    if value is None:
+        return None
+    m = _SCHEDULER.match(value) if isinstance(value, str) else None
+    if value != "local" and not (m and 0 < int(m.group(2)) < 65536):
+        raise OptionError(
+            f"scheduler must be 'local' (a Dask LocalCluster for this run) or the address of a running Dask "
+            f"scheduler, tcp://HOST:PORT; got {value!r}"
+        )
+    require_distributed()
+    return str(value)
+
+
+def require_distributed() -> None:
+    """A :class:`MissingExtraError` (an :class:`OptionError` too) when ``distributed`` is not installed."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise _MissingDask() from None
+
+
+class _MissingDask(MissingExtraError, OptionError):
+    """``--scheduler`` without the ``dask`` extra: refused as a bad option (exit 2), before any work."""
+
+    def __init__(self) -> None:
+        super().__init__("distributed", "dask", "--scheduler (building on a Dask cluster)")
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], cwd: str) -> Any:
+    """One call on a worker (its keywords never taken for ``Client.submit``'s own), in the client's
+    working folder: a relative SRC or OUT means there what it means on the client (a shared file system)."""
+    try:
+        here: str | None = os.getcwd()
+    except OSError:  # the folder a worker was in may be gone
+        here = None
+    if here != cwd:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+    return fn(*args, **kwargs)
+
+
+def _preloaded(preload: Callable[[], Any]) -> bool:
+    """On a worker: import what the tasks use before the first one arrives."""
+    preload()
+    return True
+
+
+def _sees(checks: list[tuple[str, str, str | None, int | None]]) -> list[str]:
+    """On a worker: the checks it fails, each ``(label, folder, name, size)``: the folder is there
+    and its file ``name`` is too (with ``size`` bytes, or the token ``size=None`` written with the name as content)."""
+    missing = []
+    for label, folder, name, size in checks:
+        try:
+            if name is None:
+                ok = os.path.isdir(folder)
+            elif size is None:
+                ok = Path(folder, name).read_text() == name
+            else:
+                ok = os.stat(os.path.join(folder, name)).st_size == size
+        except OSError:
+            ok = False
+        if not ok:
+            missing.append(f"{label} ({folder})")
+    return missing
+
+
+class DaskProgress:
+    """The bar of a Dask run: it moves as blocks land; the tasks the cluster finished (a done-callback
+    of each future) are shown beside it. No counter file: tasks get no ticks (``ticks`` is None)."""
+
+    def __init__(self, bar: Any, blocks: int) -> None:
+        self.bar, self.blocks, self.ran = bar, blocks, 0
+
+    def ticks(self, slot: int) -> None:
+        """No per-file ticks from a cluster's workers."""
+        return None
+
+    def task_done(self, future: Any) -> None:
+        """A future finished on the cluster (called from the client's thread)."""
+        self.ran += 1
+        with contextlib.suppress(Exception):
+            self.bar.set_postfix_str(f"{self.ran}/{self.blocks} tasks done on the cluster", refresh=False)
+
+    def finished(self, slot: int, n: int) -> None:
+        """Block ``slot`` landed, with ``n`` samples."""
+        self.bar.update(n)
+
+
+class DaskPool:
+    """The block runner's pool (:class:`dlpack.storage.runner.Pool`) on a Dask cluster.
+
+    ``scheduler="local"`` starts a ``LocalCluster`` of ``n_jobs`` single-threaded worker processes
+    on this machine for the run; ``tcp://HOST:PORT`` connects to a running scheduler, whose workers
+    must see a local SRC and OUT at the same paths (``shared``: checked before the first task).
+    Started on first use, closed by :meth:`close` (the ``with`` block).
+    """
+
+    def __init__(
+        self,
+        scheduler: str,
+        n_jobs: int,
+        preload: Callable[[], Any] | None = None,
+        shared: Mapping[str, tuple[str, str | None, int | None]] | None = None,
+        bar: Callable[[int, str, bool], Any] | None = None,
+    ) -> None:
+        self.scheduler = check_scheduler(scheduler) or "local"
+        self.n_jobs = n_jobs
+        self.preload = preload
+        self.shared = dict(shared or {})
+        self.bar = bar
+        self._client: Any = None
+        self._cluster: Any = None
+        self._progress: DaskProgress | None = None
+
+    def __enter__(self) -> DaskPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DaskPool({self.scheduler!r})"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def client(self) -> Any:
+        """The connected client (connecting, or starting the LocalCluster, on first use)."""
+        if self._client is None:
+            self._client = self._connect()
+            try:
+                if self.preload is not None:
+                    self._client.run(_preloaded, self.preload)
+                if self.scheduler != "local" and self.shared:
+                    self._check_shared()
+            except BaseException:
+                self.close()
+                raise
+        return self._client
+
+    def _connect(self) -> Any:
+        from distributed import Client, LocalCluster
+
+        if self.scheduler == "local":
+            self._cluster = LocalCluster(  # type: ignore[no-untyped-call]
+                n_workers=self.n_jobs,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+            )
+            return Client(self._cluster, set_as_default=False)  # type: ignore[no-untyped-call]
+        try:
+            return Client(self.scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)  # type: ignore[no-untyped-call]
+        except (OSError, TimeoutError) as exc:
+            raise ClusterError(
+                f"cannot reach the Dask scheduler at {self.scheduler} within {CONNECT_TIMEOUT:g} s ({exc}); "
+                "start it (dask scheduler), or pass its address as --scheduler tcp://HOST:PORT"
+            ) from None
+
+    def close(self) -> None:
+        """Close the client, and the LocalCluster this pool started."""
+        client, cluster, self._client, self._cluster = self._client, self._cluster, None, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+
+    def _check_shared(self) -> None:
+        """One small task per worker: does it see every local folder of the run (a token file the
+        client writes beside OUT; the source root and one of its files)? Refused at once otherwise."""
+        checks: list[tuple[str, str, str | None, int | None]] = []
+        tokens: list[Path] = []
+        try:
+            for label, (folder, name, size) in self.shared.items():
+                if label == "OUT":
+                    token = f".dlpack-visible-{uuid.uuid4().hex}"
+                    Path(folder, token).write_text(token)
+                    tokens.append(Path(folder, token))
+                    checks.append((label, folder, token, None))
+                else:
+                    checks.append((label, folder, name, size))
+            workers = list(self._client.scheduler_info().get("workers", {}))
+            if not workers:
+                raise ClusterError(f"the Dask scheduler at {self.scheduler} has no workers")
+            futures = [
+                self._client.submit(_sees, checks, workers=[w], allow_other_workers=False, pure=False) for w in workers
+            ]
+            blind = {w: missing for w, f in zip(workers, futures, strict=True) if (missing := f.result())}
+        finally:
+            for t in tokens:
+                with contextlib.suppress(OSError):
+                    t.unlink()
+        if blind:
+            worker, missing = next(iter(blind.items()))
+            what = " and ".join(sorted({m.split(" ")[0] for ms in blind.values() for m in ms}))
+            raise OptionError(
+                f"{len(blind)} of {len(workers)} workers of the Dask scheduler at {self.scheduler} cannot see "
+                f"{', '.join(missing)} (worker {worker}): {what} must be a URL or a shared file system visible "
+                "to every worker"
+            )
+
+    # ------------------------------------------------------------ Pool
+
+    def pooled(self, n_calls: int) -> bool:
+        """Always: every call runs on the cluster."""
+        return True
+
+    def imap(self, calls: Iterable[Any], count: int) -> Iterator[Any]:
+        """Run ``calls`` on the cluster, at most two per worker thread in flight, yielding in call order."""
+        client = self.client()
+        try:
+            threads = sum(client.nthreads().values())
+        except Exception as exc:
+            raise self._lost(exc) from None
+        limit = max(2, IN_FLIGHT * max(1, threads))
+        todo, cwd = iter(calls), os.getcwd()
+        pending: deque[Any] = deque()
+        try:
+            while True:
+                while len(pending) < limit:
+                    call = next(todo, None)
+                    if call is None:
+                        break
+                    fn, args, kwargs = call
+                    future = client.submit(_call, fn, args, kwargs, cwd, pure=False, retries=RETRIES)
+                    if self._progress is not None:
+                        future.add_done_callback(self._progress.task_done)
+                    pending.append(future)
+                if not pending:
+                    return
+                future = pending.popleft()
+                try:
+                    result = future.result()
+                except (Exception, asyncio.CancelledError) as exc:
+                    failed = self._failed(exc)
+                    if failed is exc:
+                        raise
+                    raise failed from exc
+                future.release()
+                yield result
+                del result
+        finally:
+            for f in pending:
+                with contextlib.suppress(Exception):
+                    f.cancel()
+
+    def _lost(self, exc: BaseException) -> ClusterError:
+        return ClusterError(f"lost the Dask scheduler at {self.scheduler} ({type(exc).__name__}: {exc}); {RESUME}")
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        """What a task's failure becomes: dlpack's own errors as they are; a lost worker, scheduler
+        or connection a :class:`ClusterError`; any other error (deterministic) as it is, as locally."""
+        import concurrent.futures
+
+        from distributed.comm.core import CommClosedError
+        from distributed.scheduler import KilledWorker
+
+        from .errors import DlpackError
+
+        if isinstance(exc, DlpackError):
+            return exc
+        if isinstance(exc, KilledWorker):
+            return ClusterError(
+                f"a task failed on the Dask cluster at {self.scheduler} after {RETRIES} retries, its workers "
+                f"lost ({exc}); {RESUME}"
+            )
+        if isinstance(exc, (concurrent.futures.CancelledError, asyncio.CancelledError, CommClosedError)):
+            return self._lost(exc)
+        return exc
+
+    @contextlib.contextmanager
+    def progress(self, total: int, desc: str, quiet: bool, blocks: int) -> Iterator[DaskProgress]:
+        """A bar over ``total`` samples, moved as blocks land and told of the tasks the cluster finished."""
+        from tqdm import tqdm
+
+        make = self.bar or (lambda n, d, q: tqdm(total=n, desc=d, unit="img", disable=q, leave=False))
+        with make(total, desc, quiet) as bar:
+            self._progress = DaskProgress(bar, blocks)
+            try:
+                yield self._progress
+            finally:
+                self._progress = None
