@@ -102,6 +102,12 @@ class _TwiceInProcess:
         self.url = url
         self.runs: list[dict[str, Any]] = []
 
+    def __enter__(self) -> _TwiceInProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
     def pooled(self, n_calls: int) -> bool:
         return True
 
