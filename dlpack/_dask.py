@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import uuid
@@ -37,6 +38,10 @@ IN_FLIGHT = 2
 #: What a rerun does after the cluster failed: said in every cluster error.
 RESUME = "the partial store is kept: rerunning the same command resumes from the blocks already written"
 
+
+#: Loggers of ``distributed`` that print a traceback when the scheduler is lost (the client's
+#: reconnect): the pool says it in its :class:`ClusterError` instead, so they are quiet while it runs.
+_QUIET = ("distributed.client",)
 
 #: A running Dask scheduler's address, ``tcp://HOST:PORT``.
 _SCHEDULER = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
@@ -158,6 +163,7 @@ class DaskPool:
         self._client: Any = None
         self._cluster: Any = None
         self._progress: DaskProgress | None = None
+        self._levels: dict[str, int] = {}
 
     def __enter__(self) -> DaskPool:
         return self
@@ -173,6 +179,9 @@ class DaskPool:
     def client(self) -> Any:
         """The connected client (connecting, or starting the LocalCluster, on first use)."""
         if self._client is None:
+            self._levels = {name: logging.getLogger(name).level for name in _QUIET}
+            for name in _QUIET:
+                logging.getLogger(name).setLevel(logging.CRITICAL)
             self._client = self._connect()
             try:
                 if self.preload is not None:
@@ -213,6 +222,9 @@ class DaskPool:
         if cluster is not None:
             with contextlib.suppress(Exception):
                 cluster.close()
+        levels, self._levels = self._levels, {}
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
     def _check_shared(self) -> None:
         """One small task per worker: does it see every local folder of the run (a token file the
@@ -294,7 +306,9 @@ class DaskPool:
                     f.cancel()
 
     def _lost(self, exc: BaseException) -> ClusterError:
-        return ClusterError(f"lost the Dask scheduler at {self.scheduler} ({type(exc).__name__}: {exc}); {RESUME}")
+        # One line: the first of distributed's message (the rest tells to re-run, as RESUME does).
+        said = next(iter(str(exc).strip().splitlines()), "")
+        return ClusterError(f"lost the Dask scheduler at {self.scheduler} ({type(exc).__name__}: {said}); {RESUME}")
 
     def _failed(self, exc: BaseException) -> BaseException:
         """What a task's failure becomes: dlpack's own errors as they are; a lost worker, scheduler

@@ -22,8 +22,9 @@ from test_dask_build import _bucket_files, _local_files, _shards
 
 import dlpack
 from dlpack import _parallel
-from dlpack.pack.write import _write_block_packed
+from dlpack import pack as pack_mod
 from dlpack.errors import BadInputsError, ClusterError
+from dlpack.pack.write import _write_block_packed
 from dlpack.storage.location import Location
 from dlpack.storage.objects import ObjectStorage
 
@@ -225,3 +226,151 @@ def test_a_block_task_run_twice_on_the_cluster_writes_one_shard_and_one_journal_
         assert [k for k in run["objects"] if k.startswith(JOURNAL) and k.endswith(f"{start:012d}.json")] == [key]
     _build(src, s3.url("local.zarr"), s3, jobs=1)
     assert _bucket_files(url, _options(s3)) == _bucket_files(s3.url("local.zarr"), _options(s3))
+
+
+# ---------------------------------------------------------------- 4. the scheduler or the client gone
+
+#: 100 larger images in 20 shards of 5: long enough a build for a fault to land mid-way.
+LONG = {f"c{k % 3}/{k:03d}.png": ("rgb", 320, 240) for k in range(100)}
+
+
+def _cli(src: str, out: Path | str, s3: Any, scheduler: str) -> subprocess.Popen[str]:
+    """``dlpack build`` of ``src`` into ``out`` on ``scheduler``, in a process of its own."""
+    argv = ["build", src, str(out), "--size", "64x64", "--shard-bytes", "65536", "--quiet", "--scheduler", scheduler]
+    argv += [f"--storage-option={k}={v}" for k, v in _options(s3).items()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(dlpack.__file__).parents[1]), *sys.path])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlpack", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+def _resumes_to_the_local_build(src: str, out: Path | str, tmp_path: Path, s3: Any) -> None:
+    """A rerun on this machine's pool resumes from the blocks journalled before the fault (the
+    shards written without their journal line are written again), then the store equals the
+    local build of the same source."""
+    result = _build(src, out, s3, jobs=1)
+    assert result.resume.startswith("resumed: "), result.resume
+    done, of = (int(n) for n in result.resume.split()[1:4:2])
+    assert of == 20 and 1 <= done < of, result.resume  # the fault landed mid-build
+    local: Path | str = tmp_path / "local.zarr" if isinstance(out, Path) else s3.url("local.zarr")
+    _build(src, local, s3, jobs=1)
+    assert _files_of(out, s3) == _files_of(local, s3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["bucket", "folder"])
+def test_the_scheduler_gone_mid_build_is_a_cluster_error_and_a_rerun_resumes(
+    make_tree: MakeTree, tmp_path: Path, s3: Any, where: str
+) -> None:
+    src = _bucket_source(make_tree, s3, LONG)
+    out: Path | str = s3.url("dask.zarr") if where == "bucket" else tmp_path / "dask.zarr"
+    cluster = _own_cluster()
+    try:
+        address = cluster.scheduler_address
+        closed: list[float] = []
+
+        def close() -> int:
+            written = len(_shards_now(out, s3))
+            closed.append(time.monotonic())
+            cluster.close()
+            return written
+
+        watcher = _When(lambda: len(_shards_now(out, s3)) >= 3, close)
+        watcher.start()
+        if where == "bucket":  # the CLI: exit 2 and one line naming the scheduler, no traceback
+            proc = _cli(src, out, s3, address)
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 2, err
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and address in lines[0] and "Traceback" not in err, err
+            assert "resumes" in lines[0]
+        else:  # the library: a ClusterError naming it
+            with pytest.raises(ClusterError, match=address):
+                _build(src, out, s3, scheduler=address)
+        failed = time.monotonic()
+        watcher.join(5)
+        assert watcher.fired.is_set() and watcher.done < 20, watcher.done
+        assert failed - closed[0] < 30  # within seconds of the scheduler's end
+    finally:
+        cluster.close()
+    # The partial store is kept: its shards and journal.
+    if where == "bucket":
+        assert [k for k in _keys(out, s3) if k.startswith(JOURNAL)] and "manifest.json" not in _keys(out, s3)
+    else:
+        assert not out.exists() and list(tmp_path.glob(".dask.zarr*"))
+    _resumes_to_the_local_build(src, out, tmp_path, s3)
+
+
+@pytest.mark.slow
+def test_the_build_process_killed_mid_build_reruns_on_the_same_cluster(
+    make_tree: MakeTree, tmp_path: Path, s3: Any, dask_cluster: Any
+) -> None:
+    # A local OUT: a killed build's lease on a bucket OUT holds the store for a lease length.
+    src = _bucket_source(make_tree, s3, LONG)
+    out = tmp_path / "dask.zarr"
+    proc = _cli(src, out, s3, dask_cluster.scheduler_address)
+
+    def kill() -> int:
+        proc.kill()
+        return len(_shards_now(out, s3))
+
+    # 8 shards written: with at most 4 tasks in flight, the first blocks are landed and journalled.
+    watcher = _When(lambda: len(_shards_now(out, s3)) >= 8, kill)
+    watcher.start()
+    proc.communicate(timeout=120)
+    watcher.join(5)
+    assert watcher.fired.is_set() and proc.returncode == -signal.SIGKILL
+    assert watcher.done < 20 and not out.exists()
+    # The rerun on the same cluster resumes from the killed build's blocks.
+    result = _build(src, out, s3, scheduler=dask_cluster.scheduler_address)
+    assert result.resume.startswith("resumed: ") and 1 <= int(result.resume.split()[1]) < 20, result.resume
+    with distributed.Client(dask_cluster.scheduler_address, set_as_default=False) as client:
+        # Nothing of the killed client is left to run: no stray task writes after the commit.
+        deadline = time.monotonic() + 10
+        while client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
+    _build(src, tmp_path / "local.zarr", s3, jobs=1)
+    assert _local_files(out) == _local_files(tmp_path / "local.zarr")
+    assert sorted(p.name for p in tmp_path.iterdir() if "dask" in p.name) == ["dask.zarr"]
+
+
+# ---------------------------------------------------------------- 5. a source object that cannot be read
+
+PNG = Path("c1/007.png")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["corrupt", "deleted"])
+def test_an_unreadable_source_object_on_the_cluster_is_named_or_skipped_as_locally(
+    make_tree: MakeTree, tmp_path: Path, s3: Any, dask_cluster: Any, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    src = _bucket_source(make_tree, s3, SMALL)
+    raw = ObjectStorage(Location.parse(src, _options(s3)))
+    good = raw.get(PNG.as_posix())
+    if fault == "corrupt":
+        raw.put(PNG.as_posix(), good[:40] + b"\0" * 200)  # a PNG header, then garbage
+    else:  # listed by the scan, gone before its first read
+        scan_stage = pack_mod.scan_stage
+
+        def scan_then_delete(source: Any) -> Any:
+            scan = scan_stage(source)
+            raw.delete([PNG.as_posix()])
+            return scan
+
+        monkeypatch.setattr(pack_mod, "scan_stage", scan_then_delete)
+    errors = {}
+    for run, kw in (("local", {"jobs": 1}), ("dask", {"scheduler": dask_cluster.scheduler_address})):
+        if fault == "deleted":
+            raw.put(PNG.as_posix(), good)
+        with pytest.raises(BadInputsError) as caught:
+            _build(src, tmp_path / f"{run}.zarr", s3, **kw)
+        errors[run] = str(caught.value)
+        assert not (tmp_path / f"{run}.zarr").exists()
+    assert PNG.as_posix() in errors["dask"] and errors["dask"] == errors["local"]
+    for run, kw in (("local", {"jobs": 1}), ("dask", {"scheduler": dask_cluster.scheduler_address})):
+        if fault == "deleted":
+            raw.put(PNG.as_posix(), good)
+        result = _build(src, tmp_path / f"{run}-skip.zarr", s3, on_error="skip", **kw)
+        assert result.count == len(SMALL) - 1 and [PNG.as_posix() in str(s) for s in result.skipped] == [True]
+    assert _local_files(tmp_path / "dask-skip.zarr") == _local_files(tmp_path / "local-skip.zarr")
