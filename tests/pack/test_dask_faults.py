@@ -37,6 +37,8 @@ SMALL = {f"c{k % 2}/{k:03d}.png": ("rgb", 64 + k % 5, 66 + k % 3) for k in range
 MANY = {f"c{k % 3}/{k:03d}.png": ("rgb", 320, 240) for k in range(60)}
 LAYOUT: dict[str, Any] = {"size": (64, 64), "shard_bytes": 65536}
 JOURNAL = ".dlpack-journal/"
+# The tests that kill a worker, the scheduler or the build's process start processes of their own
+# (seconds each): marked slow; the others share the session's cluster and take about a second.
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +113,6 @@ class _When(threading.Thread):
 # ---------------------------------------------------------------- 1. a source in a bucket
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("where", ["folder", "bucket"])
 def test_a_bucket_source_on_a_dask_cluster_writes_the_local_pools_bytes(
     make_tree: MakeTree, tmp_path: Path, s3: Any, dask_cluster: Any, where: str
@@ -195,7 +196,6 @@ class _TwiceOnTheCluster:
         return self.inner.progress(total, desc, quiet, blocks)
 
 
-@pytest.mark.slow
 def test_a_block_task_run_twice_on_the_cluster_writes_one_shard_and_one_journal_object(
     make_tree: MakeTree, tmp_path: Path, s3: Any, dask_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -340,7 +340,6 @@ def test_the_build_process_killed_mid_build_reruns_on_the_same_cluster(
 PNG = Path("c1/007.png")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["corrupt", "deleted"])
 def test_an_unreadable_source_object_on_the_cluster_is_named_or_skipped_as_locally(
     make_tree: MakeTree, tmp_path: Path, s3: Any, dask_cluster: Any, monkeypatch: pytest.MonkeyPatch, fault: str
