@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import platform
 import statistics
@@ -162,13 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-mb", type=float, default=4.0)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--open-shards", type=int, default=3000)
-    p.add_argument("--build-count", type=int, default=800, help="images of the build sections' source")
+    p.add_argument("--build-count", type=int, default=3000, help="images of the build sections' source")
     p.add_argument("--build-image", type=int, default=256, help="their typical side, px (dlpack.sample)")
     p.add_argument("--build-side", type=int, default=128, help="the side they are resized to (fit)")
-    p.add_argument("--build-shard-mb", type=float, default=1.0, help="shard size of the build sections' stores")
+    p.add_argument("--build-shard-mb", type=float, default=4.0, help="shard size of the build sections' stores")
     p.add_argument("--tasks", type=int, default=500, help="trivial calls of the tasks section")
     a = p.parse_args(argv)
-    logging.getLogger("distributed").setLevel(logging.WARNING)  # a LocalCluster's start and stop are not news
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")  # a LocalCluster's start and stop are not news
     warnings.filterwarnings("ignore", message="Port .* is already in use")
     if a.quick:
         a.count, a.open_shards, a.repeat = 512, 300, 2
@@ -518,10 +517,10 @@ def _build_options(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _rotated(
-    arms: list[tuple[str, Callable[[], int]]], repeat: int
+    arms: list[tuple[str, Callable[[], int]]], repeat: int, tidy: Callable[[], None] = lambda: None
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
     """Every arm once per round, the order rotated each round: (rates, other processes' CPU share,
-    own CPU seconds per unit) per arm."""
+    own CPU seconds per unit) per arm; ``tidy`` runs after each timed run, outside the timing."""
     rates: dict[str, list[float]] = {n: [] for n, _ in arms}
     others: dict[str, list[float]] = {n: [] for n, _ in arms}
     cpu: dict[str, list[float]] = {n: [] for n, _ in arms}
@@ -536,6 +535,7 @@ def _rotated(
             cpu[name].append((own1 - own0) / max(1, units))
             if busy0 is not None and busy1 is not None:
                 others[name].append(max(0.0, (busy1 - busy0) - (own1 - own0)) / (dt * (os.cpu_count() or 1)))
+            tidy()
     return rates, others, cpu
 
 
@@ -566,6 +566,8 @@ def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
     from distributed import Client, LocalCluster
 
     import dlpack
+    from dlpack.storage.location import Location
+    from dlpack.storage.objects import ObjectStorage
 
     src = _build_source(work, a)
     opts = _build_options(a)
@@ -576,12 +578,19 @@ def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
         for w in (1, 2)
     }
     count = [0]
+    written: list[str] = []
+
+    def tidy() -> None:  # the loopback server keeps objects in memory: each bucket OUT is deleted after its run
+        while written:
+            store = ObjectStorage(Location.parse(written.pop()))
+            store.delete([o.key for o in store.list()])
 
     def arm(jobs: int, dask: bool, remote: bool) -> Callable[[], int]:
         def run() -> int:
             count[0] += 1
             if remote:
                 out: Any = f"s3://{bucket}/b{count[0]:04d}.zarr"
+                written.append(out)
             else:
                 out = work / f"build-{jobs}-{int(dask)}.zarr"
                 shutil.rmtree(out, ignore_errors=True)
@@ -601,7 +610,7 @@ def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
         for name, run in arms:
             if name.endswith("local OUT"):
                 run()  # untimed: workers started, imports and page cache warm
-        rates, others, cpu = _rotated(arms, a.repeat)
+        rates, others, cpu = _rotated(arms, a.repeat, tidy)
         rss = {w: _peak_rss_mib(Client(c, set_as_default=False)) for w, c in clusters.items()}
     finally:
         for c in clusters.values():
