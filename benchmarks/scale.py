@@ -27,6 +27,16 @@ Sections, each a table (and the JSON):
   is not installed is reported as such (benchmarks/peers-requirements.txt says how to install them:
   run this script with that venv's python, ``PYTHONPATH`` at the repository root); one that fails
   is reported with its error, and the run goes on.
+- ``build``: build images/s of ``--build-count`` generated images (benchmarks/build.py's
+  ``dlpack.sample`` source) on the local pool (``jobs`` 1, 2) and on a Dask ``LocalCluster`` of 1
+  and 2 workers (started once, connected over tcp), into a local OUT and into the bucket; the
+  Dask/local ratio, CPU per image (all processes, and the client's alone), workers' peak memory.
+- ``source``: the same build from the local folder and from the tree in the bucket, the decode
+  loop's read-ahead on (8) and off (0); and one GET, PUT and LIST at a time on the server.
+- ``tasks``: ``--tasks`` trivial calls through the Dask pool's and the local pool's ``imap``, ms
+  per task, and the round trip of one call.
+
+    python benchmarks/scale.py --sections build,source,tasks --repeat 5 --json scale-dask.json
 """
 
 from __future__ import annotations
@@ -518,25 +528,28 @@ def _build_options(a: argparse.Namespace) -> dict[str, Any]:
 
 def _rotated(
     arms: list[tuple[str, Callable[[], int]]], repeat: int, tidy: Callable[[], None] = lambda: None
-) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
     """Every arm once per round, the order rotated each round: (rates, other processes' CPU share,
-    own CPU seconds per unit) per arm; ``tidy`` runs after each timed run, outside the timing."""
+    CPU seconds per unit of this process and all below it, of this process alone) per arm; ``tidy``
+    runs after each timed run, outside the timing."""
     rates: dict[str, list[float]] = {n: [] for n, _ in arms}
     others: dict[str, list[float]] = {n: [] for n, _ in arms}
     cpu: dict[str, list[float]] = {n: [] for n, _ in arms}
+    main: dict[str, list[float]] = {n: [] for n, _ in arms}
     for r in range(repeat):
         for name, run in arms[r % len(arms) :] + arms[: r % len(arms)]:
-            own0, t0 = own_cpu_s(), time.perf_counter()
+            own0, t0, me0 = own_cpu_s(), time.perf_counter(), time.process_time()
             busy0 = busy_cpu_s()
             units = run()
             dt = time.perf_counter() - t0
-            busy1, own1 = busy_cpu_s(), own_cpu_s()
+            busy1, own1, me1 = busy_cpu_s(), own_cpu_s(), time.process_time()
             rates[name].append(units / dt)
             cpu[name].append((own1 - own0) / max(1, units))
+            main[name].append((me1 - me0) / max(1, units))
             if busy0 is not None and busy1 is not None:
                 others[name].append(max(0.0, (busy1 - busy0) - (own1 - own0)) / (dt * (os.cpu_count() or 1)))
             tidy()
-    return rates, others, cpu
+    return rates, others, cpu, main
 
 
 def _peak_rss_mib(client: Any) -> dict[str, float]:
@@ -559,7 +572,9 @@ def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
     Each arm builds the same source into a local OUT and into a new prefix of a bucket; the arms'
     order is rotated every round, figures are medians of ``--repeat`` rounds after one untimed
     build per pool (workers started, imports done). CPU ms per image counts this process and every
-    process below it (the workers, and the loopback server when OUT is in the bucket).
+    process below it (the workers, and the loopback server when OUT is in the bucket); the client's
+    counts this process alone: the build's own work and, on Dask, the LocalCluster's scheduler,
+    which runs in it (with ``jobs=1`` everything runs in it).
     """
     import shutil
 
@@ -610,7 +625,7 @@ def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
         for name, run in arms:
             if name.endswith("local OUT"):
                 run()  # untimed: workers started, imports and page cache warm
-        rates, others, cpu = _rotated(arms, a.repeat, tidy)
+        rates, others, cpu, main = _rotated(arms, a.repeat, tidy)
         rss = {w: _peak_rss_mib(Client(c, set_as_default=False)) for w, c in clusters.items()}
     finally:
         for c in clusters.values():
@@ -622,6 +637,7 @@ def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
             "row": name,
             "img_s": round(med[name], 1),
             "cpu_ms_per_img": round(1000 * statistics.median(cpu[name]), 2),
+            "client_cpu_ms_per_img": round(1000 * statistics.median(main[name]), 3),
             "other_cpu": round(max(others[name]) if others[name] else float("nan"), 2),
             "rates": [round(x, 1) for x in rates[name]],
         }
@@ -681,7 +697,7 @@ def source_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[
         arms.append((f"bucket, ahead=0, jobs={jobs}", arm(jobs, 0)))
     for _, run in arms:
         run()  # untimed warm-up
-    rates, others, cpu = _rotated(arms, a.repeat)
+    rates, others, cpu, _ = _rotated(arms, a.repeat)
     med = {n: statistics.median(v) for n, v in rates.items()}
     rows: list[dict[str, Any]] = []
     for name, _ in arms:
