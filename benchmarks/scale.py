@@ -567,7 +567,8 @@ def _peak_rss_mib(client: Any) -> dict[str, float]:
 def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
     """Build images/s of the local pool (``jobs`` 1, 2) against a Dask cluster of 1 and 2 workers.
 
-    Two LocalClusters (1 and 2 single-threaded worker processes on 127.0.0.1) are started once
+    Two LocalClusters (1 and 2 single-threaded worker processes on 127.0.0.1, as ``--scheduler local``
+    starts them: ``dlpack._dask.local_cluster``) are started once
     for the section, outside the timings; each Dask build connects to one (``scheduler=tcp://...``).
     Each arm builds the same source into a local OUT and into a new prefix of a bucket; the arms'
     order is rotated every round, figures are medians of ``--repeat`` rounds after one untimed
@@ -578,9 +579,10 @@ def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
     """
     import shutil
 
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     import dlpack
+    from dlpack._dask import local_cluster
     from dlpack.storage.location import Location
     from dlpack.storage.objects import ObjectStorage
 
@@ -588,10 +590,7 @@ def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
     opts = _build_options(a)
     n_images = len(dlpack.open(dlpack.build(src, work / "build-check.zarr", **opts).path))
     bucket = server.new_bucket("build")
-    clusters = {
-        w: LocalCluster(n_workers=w, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
-        for w in (1, 2)
-    }
+    clusters = {w: local_cluster(w) for w in (1, 2)}
     count = [0]
     written: list[str] = []
 
@@ -748,15 +747,13 @@ def tasks_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
     flight, results in order) on the Dask pool (a LocalCluster of 2 workers, connected over tcp) and
     the local pool (``jobs=2``, joblib's loky workers), ms per task; and the round trip of one call
     at a time (submit, run, result back)."""
-    from distributed import LocalCluster
-
-    from dlpack._dask import DaskPool
+    from dlpack._dask import DaskPool, local_cluster
     from dlpack._parallel import LocalPool
 
     n = a.tasks
     calls = [(abs, (-i,), {}) for i in range(n)]
     rows: list[dict[str, Any]] = []
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
+    cluster = local_cluster(2)
     try:
         pools: list[tuple[str, Any]] = [
             ("local jobs=2", LocalPool(2)),
