@@ -17,15 +17,24 @@ def busy_cpu_s() -> float | None:
 
 
 def own_cpu_s() -> float:
-    """CPU seconds of this process and of its child processes (joblib's workers); 10 ms resolution."""
+    """CPU seconds of this process and of every live process below it (joblib's workers, a Dask
+    LocalCluster's nannies and their worker processes), plus the children it waited for; 10 ms resolution."""
     t = os.times()
     own = t.user + t.system + t.children_user + t.children_system
-    me = os.getpid()
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            pid = int(stat.parent.name)
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[1]) == me:  # fields: state, ppid, ..., utime (12th), stime (13th)
-            own += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own
+        parent[pid] = int(fields[1])  # fields: state, ppid, ..., utime (12th), stime (13th)
+        ticks[pid] = int(fields[11]) + int(fields[12])
+    below, todo = set(), [os.getpid()]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in below]
+        below.update(kids)
+        todo += kids
+    return own + sum(ticks[p] for p in below) / os.sysconf("SC_CLK_TCK")

@@ -27,6 +27,16 @@ Sections, each a table (and the JSON):
   is not installed is reported as such (benchmarks/peers-requirements.txt says how to install them:
   run this script with that venv's python, ``PYTHONPATH`` at the repository root); one that fails
   is reported with its error, and the run goes on.
+- ``build``: build images/s of ``--build-count`` generated images (benchmarks/build.py's
+  ``dlpack.sample`` source) on the local pool (``jobs`` 1, 2) and on a Dask ``LocalCluster`` of 1
+  and 2 workers (started once, connected over tcp), into a local OUT and into the bucket; the
+  Dask/local ratio, CPU per image (all processes, and the client's alone), workers' peak memory.
+- ``source``: the same build from the local folder and from the tree in the bucket, the decode
+  loop's read-ahead on (8) and off (0); and one GET, PUT and LIST at a time on the server.
+- ``tasks``: ``--tasks`` trivial calls through the Dask pool's and the local pool's ``imap``, ms
+  per task, and the round trip of one call.
+
+    python benchmarks/scale.py --sections build,source,tasks --repeat 5 --json scale-dask.json
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -160,9 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-mb", type=float, default=4.0)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--open-shards", type=int, default=3000)
+    p.add_argument("--build-count", type=int, default=3000, help="images of the build sections' source")
+    p.add_argument("--build-image", type=int, default=256, help="their typical side, px (dlpack.sample)")
+    p.add_argument("--build-side", type=int, default=128, help="the side they are resized to (fit)")
+    p.add_argument("--build-shard-mb", type=float, default=4.0, help="shard size of the build sections' stores")
+    p.add_argument("--tasks", type=int, default=500, help="trivial calls of the tasks section")
     a = p.parse_args(argv)
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")  # a LocalCluster's start and stop are not news
+    warnings.filterwarnings("ignore", message="Port .* is already in use")
     if a.quick:
         a.count, a.open_shards, a.repeat = 512, 300, 2
+        a.build_count, a.build_image, a.build_side, a.build_shard_mb, a.tasks = 24, 64, 32, 0.0625, 40
     work = a.work or Path(tempfile.mkdtemp(prefix="dlpack-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     sections = [s.strip() for s in a.sections.split(",") if s.strip()]
@@ -173,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             bucket = server.new_bucket("clients")
             out["clients"] = clients_section(server.endpoint, bucket, a.repeat, a.quick)
             _print_rows("clients", out["clients"])
-        for name in ("loader", "open", "peers"):
+        for name in ("loader", "open", "peers", "build", "source", "tasks"):
             if name in sections and name in SECTIONS:
                 out[name] = SECTIONS[name](server, work, a)
                 _print_rows(name, out[name])
@@ -484,10 +503,297 @@ def peers_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[s
     return rows
 
 
+# ------------------------------------------------------------------------------------------ build on Dask
+
+
+def _build_source(work: Path, a: argparse.Namespace) -> Path:
+    """The build sections' source: benchmarks/build.py's generated images (``dlpack.sample``)."""
+    from dlpack.sample import make_sample
+
+    src = work / f"sample-{a.build_count}-{a.build_image}-0"
+    if not src.exists():
+        make_sample(src, a.build_count, size=a.build_image, seed=0)
+    return src
+
+
+def _build_options(a: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "size": (a.build_side, a.build_side),
+        "resize": "fit",
+        "shard_bytes": int(a.build_shard_mb * 2**20),
+        "quiet": True,
+        "overwrite": True,
+    }
+
+
+def _rotated(
+    arms: list[tuple[str, Callable[[], int]]], repeat: int, tidy: Callable[[], None] = lambda: None
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
+    """Every arm once per round, the order rotated each round: (rates, other processes' CPU share,
+    CPU seconds per unit of this process and all below it, of this process alone) per arm; ``tidy``
+    runs after each timed run, outside the timing."""
+    rates: dict[str, list[float]] = {n: [] for n, _ in arms}
+    others: dict[str, list[float]] = {n: [] for n, _ in arms}
+    cpu: dict[str, list[float]] = {n: [] for n, _ in arms}
+    main: dict[str, list[float]] = {n: [] for n, _ in arms}
+    for r in range(repeat):
+        for name, run in arms[r % len(arms) :] + arms[: r % len(arms)]:
+            own0, t0, me0 = own_cpu_s(), time.perf_counter(), time.process_time()
+            busy0 = busy_cpu_s()
+            units = run()
+            dt = time.perf_counter() - t0
+            busy1, own1, me1 = busy_cpu_s(), own_cpu_s(), time.process_time()
+            rates[name].append(units / dt)
+            cpu[name].append((own1 - own0) / max(1, units))
+            main[name].append((me1 - me0) / max(1, units))
+            if busy0 is not None and busy1 is not None:
+                others[name].append(max(0.0, (busy1 - busy0) - (own1 - own0)) / (dt * (os.cpu_count() or 1)))
+            tidy()
+    return rates, others, cpu, main
+
+
+def _peak_rss_mib(client: Any) -> dict[str, float]:
+    """Each worker process's peak resident memory so far (VmHWM of /proc/self/status), MiB."""
+
+    def hwm() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    return {w: round(v, 1) for w, v in client.run(hwm).items()}
+
+
+def build_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Build images/s of the local pool (``jobs`` 1, 2) against a Dask cluster of 1 and 2 workers.
+
+    Two LocalClusters (1 and 2 single-threaded worker processes on 127.0.0.1, as ``--scheduler local``
+    starts them: ``dlpack._dask.local_cluster``) are started once
+    for the section, outside the timings; each Dask build connects to one (``scheduler=tcp://...``).
+    Each arm builds the same source into a local OUT and into a new prefix of a bucket; the arms'
+    order is rotated every round, figures are medians of ``--repeat`` rounds after one untimed
+    build per pool (workers started, imports done). CPU ms per image counts this process and every
+    process below it (the workers, and the loopback server when OUT is in the bucket); the client's
+    counts this process alone: the build's own work and, on Dask, the LocalCluster's scheduler,
+    which runs in it (with ``jobs=1`` everything runs in it).
+    """
+    import shutil
+
+    from distributed import Client
+
+    import dlpack
+    from dlpack._dask import local_cluster
+    from dlpack.storage.location import Location
+    from dlpack.storage.objects import ObjectStorage
+
+    src = _build_source(work, a)
+    opts = _build_options(a)
+    n_images = len(dlpack.open(dlpack.build(src, work / "build-check.zarr", **opts).path))
+    bucket = server.new_bucket("build")
+    clusters = {w: local_cluster(w) for w in (1, 2)}
+    count = [0]
+    written: list[str] = []
+
+    def tidy() -> None:  # the loopback server keeps objects in memory: each bucket OUT is deleted after its run
+        while written:
+            store = ObjectStorage(Location.parse(written.pop()))
+            store.delete([o.key for o in store.list()])
+
+    def arm(jobs: int, dask: bool, remote: bool) -> Callable[[], int]:
+        def run() -> int:
+            count[0] += 1
+            if remote:
+                out: Any = f"s3://{bucket}/b{count[0]:04d}.zarr"
+                written.append(out)
+            else:
+                out = work / f"build-{jobs}-{int(dask)}.zarr"
+                shutil.rmtree(out, ignore_errors=True)
+            sched = clusters[jobs].scheduler_address if dask else None
+            dlpack.build(src, out, jobs=jobs, scheduler=sched, **opts)
+            return n_images
+
+        return run
+
+    try:
+        arms = []
+        for remote in (False, True):
+            for dask in (False, True):
+                for jobs in (1, 2):
+                    pool = f"dask {jobs} worker{'s' if jobs > 1 else ''}" if dask else f"local jobs={jobs}"
+                    arms.append((f"{pool} -> {'bucket' if remote else 'local'} OUT", arm(jobs, dask, remote)))
+        for name, run in arms:
+            if name.endswith("local OUT"):
+                run()  # untimed: workers started, imports and page cache warm
+        rates, others, cpu, main = _rotated(arms, a.repeat, tidy)
+        rss = {w: _peak_rss_mib(Client(c, set_as_default=False)) for w, c in clusters.items()}
+    finally:
+        for c in clusters.values():
+            c.close()
+    med = {n: statistics.median(v) for n, v in rates.items()}
+    rows: list[dict[str, Any]] = []
+    for name, _ in arms:
+        row: dict[str, Any] = {
+            "row": name,
+            "img_s": round(med[name], 1),
+            "cpu_ms_per_img": round(1000 * statistics.median(cpu[name]), 2),
+            "client_cpu_ms_per_img": round(1000 * statistics.median(main[name]), 3),
+            "other_cpu": round(max(others[name]) if others[name] else float("nan"), 2),
+            "rates": [round(x, 1) for x in rates[name]],
+        }
+        if name.startswith("dask"):
+            jobs = int(name.split()[1])
+            local = name.replace(name.split(" -> ")[0], f"local jobs={jobs}")
+            row["vs_local"] = round(med[name] / med[local], 2)
+        rows.append(row)
+    for w, peaks in rss.items():
+        rows.append({"row": f"dask {w} worker(s): peak RSS per worker, MiB", "rss": sorted(peaks.values())})
+    rows.append(
+        {
+            "row": "source",
+            "images": n_images,
+            "image_px": a.build_image,
+            "side": a.build_side,
+            "shard_MiB": a.build_shard_mb,
+        }
+    )
+    return rows
+
+
+def source_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """A build from a local folder against the same tree in a bucket, with the decode loop's
+    read-ahead on (``ahead=8``, the default) and off (``ahead=0``); local pool, local OUT. Also the
+    loopback server's latency of one image GET and one shard-sized PUT (inputs of the scale estimate)."""
+    import shutil
+
+    from _s3 import upload
+
+    import dlpack
+    from dlpack.sources.remote import AHEAD, BucketFolderSource
+    from dlpack.storage.location import Location
+    from dlpack.storage.objects import ObjectStorage
+
+    src = _build_source(work, a)
+    opts = _build_options(a)
+    n_images = len(dlpack.open(dlpack.build(src, work / "source-check.zarr", **opts).path))
+    url = f"s3://{server.new_bucket('source')}/raw"
+    upload(src, url)
+    loc = Location.parse(url)
+
+    def arm(jobs: int, ahead: int | None) -> Callable[[], int]:
+        def run() -> int:
+            out = work / f"source-{jobs}-{ahead}.zarr"
+            shutil.rmtree(out, ignore_errors=True)
+            source: Any = src if ahead is None else BucketFolderSource(loc, ahead=ahead)
+            dlpack.build(source, out, jobs=jobs, **opts)
+            return n_images
+
+        return run
+
+    arms = []
+    for jobs in (1, 2):
+        arms.append((f"local folder, jobs={jobs}", arm(jobs, None)))
+        arms.append((f"bucket, ahead={AHEAD}, jobs={jobs}", arm(jobs, AHEAD)))
+        arms.append((f"bucket, ahead=0, jobs={jobs}", arm(jobs, 0)))
+    for _, run in arms:
+        run()  # untimed warm-up
+    rates, others, cpu, _ = _rotated(arms, a.repeat)
+    med = {n: statistics.median(v) for n, v in rates.items()}
+    rows: list[dict[str, Any]] = []
+    for name, _ in arms:
+        jobs = int(name.rsplit("=", 1)[1])
+        rows.append(
+            {
+                "row": name,
+                "img_s": round(med[name], 1),
+                "vs_local_folder": round(med[name] / med[f"local folder, jobs={jobs}"], 2),
+                "cpu_ms_per_img": round(1000 * statistics.median(cpu[name]), 2),
+                "other_cpu": round(max(others[name]) if others[name] else float("nan"), 2),
+            }
+        )
+    # One request at a time on the loopback server: an image GET, a shard-sized PUT, a LIST page.
+    store = ObjectStorage(loc)
+    keys = sorted(o.key for o in store.list())
+    sizes = sorted(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    gets, puts, lists = [], [], []
+    shard = os.urandom(int(a.build_shard_mb * 2**20))
+    for k in keys[: 20 if a.quick else 200]:
+        t0 = time.perf_counter()
+        store.get(k)
+        gets.append(time.perf_counter() - t0)
+    for i in range(5 if a.quick else 20):
+        t0 = time.perf_counter()
+        store.put(f"put-probe/{i}", shard)
+        puts.append(time.perf_counter() - t0)
+    for _ in range(3 if a.quick else 10):
+        t0 = time.perf_counter()
+        sum(1 for _ in store.list())
+        lists.append(time.perf_counter() - t0)
+    rows.append(
+        {
+            "row": "loopback server, one request at a time",
+            "get_image_ms": round(1000 * statistics.median(gets), 2),
+            "image_KiB_median": round(sizes[len(sizes) // 2] / 1024, 1),
+            "put_shard_ms": round(1000 * statistics.median(puts), 2),
+            "shard_MiB": a.build_shard_mb,
+            "list_all_ms": round(1000 * statistics.median(lists), 2),
+            "objects_listed": len(keys),
+        }
+    )
+    return rows
+
+
+def tasks_section(server: Any, work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """The pool's cost per task: ``--tasks`` trivial calls through ``imap`` (a window of tasks in
+    flight, results in order) on the Dask pool (a LocalCluster of 2 workers, connected over tcp) and
+    the local pool (``jobs=2``, joblib's loky workers), ms per task; and the round trip of one call
+    at a time (submit, run, result back)."""
+    from dlpack._dask import DaskPool, local_cluster
+    from dlpack._parallel import LocalPool
+
+    n = a.tasks
+    calls = [(abs, (-i,), {}) for i in range(n)]
+    rows: list[dict[str, Any]] = []
+    cluster = local_cluster(2)
+    try:
+        pools: list[tuple[str, Any]] = [
+            ("local jobs=2", LocalPool(2)),
+            ("dask 2 workers", DaskPool(cluster.scheduler_address, 2)),
+        ]
+        for name, pool in pools:
+            with pool:
+                list(pool.imap(calls[:4], 4))  # warm: workers up, client connected
+
+                def many(pool: Any = pool) -> int:
+                    assert list(pool.imap(calls, n)) == list(range(n))
+                    return n
+
+                def one(pool: Any = pool) -> int:
+                    assert list(pool.imap(calls[1:2], 2)) == [1]  # count 2: the local pool sends it to a worker
+                    return 1
+
+                rate, _, other = _median_rate(many, a.repeat)
+                trips = [1 / _median_rate(one, 1)[0] for _ in range(20 if a.quick else 100)]
+                rows.append(
+                    {
+                        "row": name,
+                        "tasks": n,
+                        "ms_per_task": round(1000 / rate, 3),
+                        "round_trip_ms": round(1000 * statistics.median(trips), 2),
+                        "other_cpu": round(other, 2),
+                    }
+                )
+    finally:
+        cluster.close()
+    return rows
+
+
 SECTIONS: dict[str, Callable[[Any, Path, argparse.Namespace], list[dict[str, Any]]]] = {
     "loader": loader_section,
     "open": open_section,
     "peers": peers_section,
+    "build": build_section,
+    "source": source_section,
+    "tasks": tasks_section,
 }
 
 if __name__ == "__main__":

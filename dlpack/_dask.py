@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import ClusterError, MissingExtraError, OptionError
 
-__all__ = ["DaskPool", "DaskProgress", "check_scheduler", "require_distributed"]
+__all__ = ["DaskPool", "DaskProgress", "check_scheduler", "local_cluster", "require_distributed"]
 
 #: Seconds a client waits for an existing scheduler before the build is refused.
 CONNECT_TIMEOUT = 5.0
@@ -34,6 +34,12 @@ RETRIES = 2
 
 #: Tasks in flight per worker thread: one running, one queued, as the local pool's ``2*n_jobs``.
 IN_FLIGHT = 2
+
+#: What dlpack's own LocalCluster (``--scheduler local``) changes in Dask's defaults: the nanny's
+#: ``MALLOC_TRIM_THRESHOLD_=65536`` is left unset (glibc's default), as in the local pool's workers.
+#: With it glibc hands every freed buffer above 64 KiB (a decoded image) back to the kernel and
+#: faults the pages in again for the next one: 12 % more worker CPU per image (benchmarks/scale.py).
+LOCAL_CONFIG: dict[str, Any] = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
 
 #: What a rerun does after the cluster failed: said in every cluster error.
 RESUME = "the partial store is kept: rerunning the same command resumes from the blocks already written"
@@ -116,6 +122,18 @@ def _sees(checks: list[tuple[str, str, str | None, int | None]]) -> list[str]:
     return missing
 
 
+def local_cluster(n_workers: int) -> Any:
+    """A ``LocalCluster`` of ``n_workers`` single-threaded worker processes on 127.0.0.1, without a
+    dashboard, its workers' environment as :data:`LOCAL_CONFIG` says (``--scheduler local``)."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set(LOCAL_CONFIG):
+        return LocalCluster(  # type: ignore[no-untyped-call]
+            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        )
+
+
 class DaskProgress:
     """The bar of a Dask run: it moves as blocks land; the tasks the cluster finished (a done-callback
     of each future) are shown beside it. No counter file: tasks get no ticks (``ticks`` is None)."""
@@ -194,16 +212,10 @@ class DaskPool:
         return self._client
 
     def _connect(self) -> Any:
-        from distributed import Client, LocalCluster
+        from distributed import Client
 
         if self.scheduler == "local":
-            self._cluster = LocalCluster(  # type: ignore[no-untyped-call]
-                n_workers=self.n_jobs,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=None,
-            )
+            self._cluster = local_cluster(self.n_jobs)
             return Client(self._cluster, set_as_default=False)  # type: ignore[no-untyped-call]
         try:
             return Client(self.scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)  # type: ignore[no-untyped-call]

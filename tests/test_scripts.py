@@ -110,6 +110,24 @@ def _check_scale(out: str, work: Path) -> None:
     assert "## loader" in out
 
 
+def _check_scale_dask(out: str, work: Path) -> None:
+    res = json.loads((work / "scale-dask.json").read_text())
+    build = {r["row"]: r for r in res["build"]}
+    for pool in ("local jobs=1", "local jobs=2", "dask 1 worker", "dask 2 workers"):
+        for out_ in ("local", "bucket"):
+            assert build[f"{pool} -> {out_} OUT"]["img_s"] > 0
+    assert build["dask 2 workers -> local OUT"]["vs_local"] > 0
+    assert len(build["dask 2 worker(s): peak RSS per worker, MiB"]["rss"]) == 2
+    source = {r["row"]: r for r in res["source"]}
+    for jobs in (1, 2):
+        for arm in ("local folder", "bucket, ahead=8", "bucket, ahead=0"):
+            assert source[f"{arm}, jobs={jobs}"]["img_s"] > 0
+    assert source["loopback server, one request at a time"]["get_image_ms"] > 0
+    tasks = {r["row"]: r for r in res["tasks"]}
+    assert tasks["dask 2 workers"]["ms_per_task"] > 0 and tasks["local jobs=2"]["round_trip_ms"] > 0
+    assert "## build" in out and "## tasks" in out
+
+
 def _check_loader(out: str, work: Path) -> None:
     assert "16 images of 512x512x3" in out and "ratios (targets:" in out
     res = json.loads((work / "loader.json").read_text())
@@ -471,6 +489,11 @@ RUNS: dict[str, list[Run]] = {
     ],
     "benchmarks/scale.py": [
         Run(("--quick", "--work", "work", "--json", "scale.json"), _check_scale, needs=("obstore", "moto")),
+        Run(
+            ("--quick", "--sections", "build,source,tasks", "--work", "work", "--json", "scale-dask.json"),
+            _check_scale_dask,
+            needs=("obstore", "moto", "distributed"),
+        ),
     ],
     "benchmarks/peers.py": [
         Run(
