@@ -49,6 +49,11 @@ RESUME = "the partial store is kept: rerunning the same command resumes from the
 #: reconnect): the pool says it in its :class:`ClusterError` instead, so they are quiet while it runs.
 _QUIET = ("distributed.client",)
 
+#: A LocalCluster with no dashboard. ``dashboard_address=None`` alone still starts the scheduler's
+#: HTTP server (its health and metrics routes) on port 8787, and warns "Port 8787 is already in use"
+#: when another cluster has it; a free port on the loopback (0) takes none and warns of none.
+NO_DASHBOARD: Mapping[str, Any] = {"dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"}}
+
 #: A running Dask scheduler's address, ``tcp://HOST:PORT``.
 _SCHEDULER = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
@@ -130,7 +135,7 @@ def local_cluster(n_workers: int) -> Any:
 
     with dask.config.set(LOCAL_CONFIG):
         return LocalCluster(  # type: ignore[no-untyped-call]
-            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1", **NO_DASHBOARD
         )
 
 

@@ -272,8 +272,10 @@ def dask_cluster() -> Any:
     """A running ``distributed.LocalCluster`` of 2 worker processes; ``dask_cluster.scheduler_address``
     is the ``tcp://127.0.0.1:PORT`` a build's ``scheduler=`` takes."""
     distributed = pytest.importorskip("distributed", reason="the dask extra (distributed) is not installed")
+    from dlpack._dask import NO_DASHBOARD
+
     cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", **NO_DASHBOARD
     )
     try:
         yield cluster

@@ -32,6 +32,7 @@ from ..options import BuildOptions, with_keywords
 from ..sources.base import LocalFiles, Source, SourceFiles, SourceScan, files_of
 from ..storage.location import Location, is_url
 from ..storage.publish import PublishedInterrupt, check_replaceable
+from ..storage.runner import Pool
 from ..storage.site import BuildSite, LocalSite, ObjectSite, site_for
 from ..storage.spill import give_back_freed
 from .arrays import manifest_stage
@@ -66,7 +67,8 @@ class AfterBuild(Protocol):
 
     The build asks it for its config before anything is packed (a bad config costs nothing), and
     runs it on the store it published, or on the store a stopped run of this build had published
-    (``finish``). It is passed in by the caller, so the build pipeline imports none of its users.
+    (``finish``), on the build's Dask pool (``pool``, None without ``scheduler``: one cluster serves
+    both). It is passed in by the caller, so the build pipeline imports none of its users.
     """
 
     def config(self, opts: BuildOptions, plan: BuildPlan, scan: SourceScan) -> Any:
@@ -74,7 +76,14 @@ class AfterBuild(Protocol):
         ...
 
     def run(
-        self, result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
+        self,
+        result: BuildResult,
+        out: Path,
+        opts: BuildOptions,
+        config: Any,
+        t0: float,
+        finish: bool = False,
+        pool: Pool | None = None,
     ) -> BuildResult:
         """Run the step on the published store ``out``; the build's result, with the step's."""
         ...
@@ -183,9 +192,11 @@ def build(
         check_remote_options(where, opts)
     backend = backend_for_path(out_path if site.is_local else where.name, opts.format, write=True)
     from_path = isinstance(src, (str, os.PathLike))
-    if opts.update and is_url(src):
+    # A Source object's root as a path is: a source in a bucket (a URL) is refused alike.
+    src_root = src if from_path else getattr(src, "root", None)
+    if opts.update and is_url(src_root):
         raise OptionError(
-            f"--update of a store from a source in a bucket ({src}) is not supported: an update compares the "
+            f"--update of a store from a source in a bucket ({src_root}) is not supported: an update compares the "
             "source folder's files with the store's records; build again with --overwrite, or update from a "
             "local copy of the images"
         )
@@ -241,7 +252,12 @@ def build(
             if not published_by_killed_build(backend, out_path, plan, published):
                 raise StoreExistsError(exists)
             return finish_step(
-                _existing_result(backend, out_path, plan, scan, sel, probes, t0), out_path, opts, variants, t0
+                _existing_result(backend, out_path, plan, scan, sel, probes, t0),
+                out_path,
+                opts,
+                variants,
+                t0,
+                pool=on_cluster,
             )
         if finishing:
             # Its images are built: only the variants are left (resumed from their journal, if any).
@@ -249,7 +265,7 @@ def build(
                 raise StoreExistsError(exists)
             built = "built already: a stopped run of this build had published it"
             existing = _existing_result(backend, out_path, plan, scan, sel, probes, t0, built)
-            return finish_step(existing, out_path, opts, variants, t0, finish=True)
+            return finish_step(existing, out_path, opts, variants, t0, finish=True, pool=on_cluster)
         if sel.errors and opts.on_error == "fail":
             pairs = jobs_of(scan.items, probes, sel.keep)
             found = validate_stage(files, plan, pairs, n_jobs=opts.n_jobs, quiet=opts.quiet, pool=on_cluster)
@@ -271,7 +287,7 @@ def build(
             result = _finish(backend, site, out_path, opts, t0, scan, probes, plan, sel, samples, partial, resume)
         finally:
             samples.close()  # the spilled records' files, with the partial store they describe
-        return finish_step(result, out_path, opts, variants, t0)
+        return finish_step(result, out_path, opts, variants, t0, pool=on_cluster)
 
 
 def _shared_folders(
@@ -292,7 +308,13 @@ def _shared_folders(
 
 
 def _as_built(
-    result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
+    result: BuildResult,
+    out: Path,
+    opts: BuildOptions,
+    config: Any,
+    t0: float,
+    finish: bool = False,
+    pool: Pool | None = None,
 ) -> BuildResult:
     return result
 

@@ -28,7 +28,7 @@ from ..sources.masks import MaskFolderSource
 from ..sources.probe import HEADER_BYTES, ImageHeader, probe_header
 from ..sources.remote import BucketFolderSource
 from ..storage.location import Location, is_url
-from ..storage.objects import StorageAccessError
+from ..storage.objects import ObjectStorage, StorageAccessError
 from ..storage.runner import Pool
 from ..storage.spill import PART, Column
 
@@ -156,7 +156,20 @@ def bucket_source(where: Location, opts: BuildOptions) -> Source:
 
         # The label kinds read their files (a local path or a URL) and list the prefix themselves.
         return label_source(where.url, opts)
+    if kind == "auto" and _holds_dldataset(where):
+        from ..halcon.source import DLDatasetSource
+
+        return DLDatasetSource(where.url, storage_options=opts.storage_options)
     return BucketFolderSource(where, kind, opts.exclude, opts.class_folder)
+
+
+def _holds_dldataset(where: Location) -> bool:
+    """Whether a bucket prefix holds a DLDataset (its ``dataset.json``), or is a ``.json`` object itself,
+    as :func:`~dlpack.halcon.view.is_dldataset` says of a local path: one HEAD (None in a missing
+    bucket: the folder source's listing names it)."""
+    if where.suffix.lower() == ".json":
+        return ObjectStorage(Location(where.url.rsplit("/", 1)[0], where.options)).head(where.name) is not None
+    return ObjectStorage(where).head("dataset.json") is not None
 
 
 #: Options that shape what a folder path lists; with a Source object they would do nothing.

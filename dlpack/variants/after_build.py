@@ -18,6 +18,7 @@ from ..pack import BuildResult
 from ..pack.plan import BuildPlan
 from ..sources.base import SourceScan
 from ..storage.publish import PublishedInterrupt, UnfinishedInterrupt
+from ..storage.runner import Pool
 from . import run as variant_run
 from .plan import resolve_config
 
@@ -41,13 +42,21 @@ class VariantsStep:
         return resolve_config(opts.augment_config, opts.augment_engine, task)
 
     def run(
-        self, result: BuildResult, out: Path, opts: BuildOptions, config: Any, t0: float, finish: bool = False
+        self,
+        result: BuildResult,
+        out: Path,
+        opts: BuildOptions,
+        config: Any,
+        t0: float,
+        finish: bool = False,
+        pool: Pool | None = None,
     ) -> BuildResult:
         """``result`` once the published store ``out`` has its variants (``--augment``). The store is
         complete without them; a stopped or failed variant run says how to add them (it resumes).
 
         ``finish``: ``out`` was there before this run (a stopped run of this build published it), so
         variants of this very request already there are the result, and other variants are refused.
+        ``pool``: the build's Dask pool, which computes the variants too (no second cluster).
         """
         if config is None:
             return result
@@ -56,11 +65,13 @@ class VariantsStep:
             command += f" --augment-seed {opts.augment_seed}"
         if opts.augment_engine != "dlpack":
             command += f" --augment-engine {opts.augment_engine}"
+        if opts.scheduler is not None:  # the variants are computed where the build ran (a store is local:
+            command += f" --scheduler {opts.scheduler}"  # no --storage-option, which augment refuses)
         hint = f"{out} was built, but not its augmentation variants: run {command} to add them (it resumes)"
         try:
             done = variant_run.augment_locked(
                 out, opts.augment, config, opts.augment_seed, opts.jobs, opts.augment_engine, False, opts.quiet,
-                opts.no_resume, finish, scheduler=opts.scheduler,
+                opts.no_resume, finish, scheduler=opts.scheduler, pool=pool,
             )  # fmt: skip
         except PublishedInterrupt:
             raise

@@ -11,6 +11,7 @@ again continues (docs/format.md, "Augmentation variants").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -291,9 +292,11 @@ def augment_locked(
     finish: bool = False,
     *,
     scheduler: str | None = None,
+    pool: Pool | None = None,
 ) -> AugmentResult:
     """Compute and switch in K variants of every image of the complete store ``out``; call only
-    while holding its build lock (``dlpack build --augment`` calls it right after publishing).
+    while holding its build lock (``dlpack build --augment`` calls it right after publishing, with
+    the build's Dask ``pool``: used, not closed; else one is made for ``scheduler``).
 
     ``finish``: the caller finishes a stopped ``build --augment`` of ``out``, so a store that
     already holds these very variants is done, and one with other variants is not its to change.
@@ -337,8 +340,13 @@ def augment_locked(
         out, m, shard_bytes, jpath, header, plan, fixed_specs, fixed, no_resume, len(units)
     )
     try:
-        with _parallel.pool_for(scheduler, _n_jobs(jobs), shared=_shared_store(scheduler, out)) as pool:
-            todo, names = _write_variants(txn, plan, journal, done, units, rows, fixed, pool, quiet)
+        made = (
+            contextlib.nullcontext(pool)
+            if pool is not None
+            else _parallel.pool_for(scheduler, _n_jobs(jobs), shared=_shared_store(scheduler, out))
+        )
+        with made as running:
+            todo, names = _write_variants(txn, plan, journal, done, units, rows, fixed, running, quiet)
         copies = _distinct_views(txn, plan, rows, names, done, journal)
         _commit_variants(txn, plan, specs, done, journal, dataclasses.replace(m, augment=record))
     except BaseException as exc:

@@ -126,6 +126,19 @@ def test_a_dldataset_in_a_bucket_builds_the_local_store(s3: Any, tmp_path: Path)
     _same_store(local, remote)
 
 
+def test_labels_auto_reads_a_bucket_prefix_holding_a_dldataset_as_that_dataset(s3: Any, tmp_path: Path) -> None:
+    # As a local folder holding dataset.json (or the file itself) with the default labels="auto" is.
+    path = T.dldataset_source(tmp_path)
+    upload(path.parent, s3.url("dl"))
+    local = _build(path.parent, tmp_path / "local.zarr")
+    assert dlpack.open(local).classes  # read as the dataset: its classes, not as a folder of images
+    _same_store(local, _build(s3.url("dl"), tmp_path / "prefix.zarr"))
+    _same_store(local, _build(s3.url("dl/dataset.json"), tmp_path / "json.zarr"))
+    argv = ["build", s3.url("dl"), str(tmp_path / "cli.zarr"), "--size", "20x20", "--jobs", "1", "--quiet"]
+    assert main(argv) == 0
+    _same_store(local, tmp_path / "cli.zarr")
+
+
 def test_a_damaged_dldataset_in_a_bucket_is_named_as_the_local_one(s3: Any, tmp_path: Path) -> None:
     doc = T.dldataset_doc()
     doc["class_ids"] = [3]  # two names, one id

@@ -17,7 +17,7 @@ import pytest
 
 import dlpack
 from dlpack.cli import main
-from dlpack.errors import BadInputsError, SourceError
+from dlpack.errors import BadInputsError, OptionError, SourceError
 from dlpack.pack.inputs import probe_stage
 from dlpack.sources.base import SourceScan
 from dlpack.sources.folder import FolderSource
@@ -248,3 +248,13 @@ def test_what_a_bucket_source_cannot_do_is_an_option_error(
     err = capsys.readouterr().err
     assert what in err and "Traceback" not in err, err
     assert sorted(o.key for o in ObjectStorage(Location.parse(s3.url())).list()) == before
+
+
+def test_update_from_a_source_object_in_a_bucket_is_refused_as_from_its_url(tree: Path, s3: Any) -> None:
+    url = _raw(s3, tree)
+    dlpack.build(tree, "s.zarr", **KW, exclude=EXCLUDE)
+    for src in (url, BucketFolderSource(Location.parse(url), exclude=EXCLUDE)):
+        with pytest.raises(OptionError, match="--update of a store from a source in a bucket") as info:
+            dlpack.build(src, "s.zarr", **KW, exclude=EXCLUDE, update=True)
+        assert url in str(info.value)
+    assert len(dlpack.open("s.zarr")) == 7
