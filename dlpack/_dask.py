@@ -99,7 +99,15 @@ def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, An
     if here != cwd:
         with contextlib.suppress(OSError):
             os.chdir(cwd)
-    return fn(*args, **kwargs)
+    from distributed import secede
+
+    from ._parallel import _SLOT
+
+    _SLOT.leave = secede  # release_slot: the task's writes overlap the worker's next task
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _SLOT.leave = None
 
 
 def _preloaded(preload: Callable[[], Any]) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, overload
 import numpy as np
 
 from .. import _parallel
-from .._parallel import Ticks
+from .._parallel import Ticks, release_slot
 from ..backends import StoreWriter
 from ..errors import InputFileError
 from ..sources.base import SourceFiles, reading_ahead
@@ -360,6 +360,8 @@ def write_block_worker(
     """Decode a block and write it as one block (in a worker, for writers that allow it): the
     per-file results, and the block's :func:`block_counts` (None when a file failed and nothing was written)."""
     block, masks, results = decode_fixed_block(files, plan, pairs, ticks)
+    counts = block_counts(plan, block)
+    release_slot()  # what is left is the block's writes
     if not write_decoded(writer, start, block, masks, results):
         return results, None
-    return results, block_counts(plan, block)
+    return results, counts

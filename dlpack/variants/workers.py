@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import schema
-from .._parallel import Ticks
+from .._parallel import Ticks, release_slot
 from ..backends import StoreWriter, open_reader
 from ..errors import DlpackError, OptionError
 from ..transforms.base import Targets, variant_rng
@@ -273,6 +273,7 @@ def variant_block(
     if writer is None:
         return records, block, masks
     image_name, mask_name = names
+    release_slot()  # what is left is the block's writes
     writer.write_block(image_name, start, block)
     if masks is not None and mask_name is not None:
         writer.write_block(mask_name, start, masks)

@@ -171,3 +171,33 @@ def test_without_distributed_a_scheduler_says_how_to_install_it(
         _build(src, tmp_path / "out.zarr", FIXED, scheduler="local")
     with pytest.raises(OptionError, match=re.escape("pip install 'dlpack-datasets[dask]'")):
         dlpack.augment(tmp_path / "out.zarr", 2, aug.config(), scheduler="local")
+
+
+def _released() -> tuple[bool, bool]:
+    """On a worker: whether the running task is long-running (seceded) before and after release_slot."""
+    from distributed import get_worker
+
+    from dlpack._parallel import release_slot
+
+    worker = get_worker()
+    key = worker.get_current_task()
+
+    def seceded() -> bool:
+        return any(ts.key == key for ts in worker.state.long_running)
+
+    before = seceded()
+    release_slot()
+    release_slot()  # a second call does nothing more
+    deadline = time.monotonic() + 10  # the worker's event loop takes the secession in a moment
+    while not seceded() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return before, seceded()
+
+
+def test_a_task_waiting_on_its_writes_leaves_its_workers_slot(dask_cluster: Any) -> None:
+    from dlpack._dask import DaskPool
+    from dlpack._parallel import release_slot
+
+    release_slot()  # outside a Dask task: nothing to leave
+    with DaskPool(dask_cluster.scheduler_address, 2) as pool:
+        assert list(pool.imap([(_released, (), {})], 1)) == [(False, True)]
