@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -23,7 +24,7 @@ from typing import Any
 
 from .errors import ClusterError, MissingExtraError, OptionError
 
-__all__ = ["DaskPool", "DaskProgress", "check_scheduler", "local_cluster", "require_distributed"]
+__all__ = ["DaskPool", "DaskProgress", "check_scheduler", "local_cluster", "release_slot", "require_distributed"]
 
 #: Seconds a client waits for an existing scheduler before the build is refused.
 CONNECT_TIMEOUT = 5.0
@@ -89,6 +90,22 @@ class _MissingDask(MissingExtraError, OptionError):
         super().__init__("distributed", "dask", "--scheduler (building on a Dask cluster)")
 
 
+#: Per thread: how the task running on it leaves its worker's slot (set by :func:`_call`).
+_SLOT = threading.local()
+
+
+def release_slot() -> None:
+    """A task whose work is done and that now only waits on its writes lets its worker start its
+    next task beside it: on a Dask worker (one task per thread at a time) the task leaves the
+    worker's thread pool (``distributed.secede``), as the local ``--jobs 1`` build writes a block in
+    a thread while it decodes the next. The task still ends only once its writes are done. Elsewhere
+    (loky workers, this process) nothing: their writes already overlap (one process per core)."""
+    leave = getattr(_SLOT, "leave", None)
+    if leave is not None:
+        _SLOT.leave = None
+        leave()
+
+
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], cwd: str) -> Any:
     """One call on a worker (its keywords never taken for ``Client.submit``'s own), in the client's
     working folder: a relative SRC or OUT means there what it means on the client (a shared file system)."""
@@ -100,8 +117,6 @@ def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, An
         with contextlib.suppress(OSError):
             os.chdir(cwd)
     from distributed import secede
-
-    from ._parallel import _SLOT
 
     _SLOT.leave = secede  # release_slot: the task's writes overlap the worker's next task
     try:

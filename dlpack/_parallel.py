@@ -28,7 +28,6 @@ __all__ = [
     "pool_for",
     "progress",
     "quiet_resource_tracker",
-    "release_slot",
     "start_watchdog",
     "stop_workers",
     "warm_pool",
@@ -473,22 +472,6 @@ class LocalPool:
     def progress(self, total: int, desc: str, quiet: bool, blocks: int) -> Iterator[BlockProgress]:
         with progress(total, desc, quiet) as bar, BlockProgress(bar, blocks, self.pooled(blocks)) as ticks:
             yield ticks
-
-
-#: Per thread: how the task running on it leaves its worker's slot (set by a Dask pool's task wrapper).
-_SLOT = threading.local()
-
-
-def release_slot() -> None:
-    """A task whose work is done and that now only waits on its writes lets its worker start its
-    next task beside it: on a Dask worker (one task per thread at a time) the task leaves the
-    worker's thread pool (``distributed.secede``), as the local ``--jobs 1`` build writes a block in
-    a thread while it decodes the next. The task still ends only once its writes are done. Elsewhere
-    (loky workers, this process) nothing: their writes already overlap (one process per core)."""
-    leave = getattr(_SLOT, "leave", None)
-    if leave is not None:
-        _SLOT.leave = None
-        leave()
 
 
 def pool_for(

@@ -19,7 +19,8 @@ from typing import Any, overload
 import numpy as np
 
 from .. import _parallel
-from .._parallel import Ticks, release_slot
+from .._dask import release_slot
+from .._parallel import Ticks
 from ..backends import StoreWriter
 from ..errors import InputFileError
 from ..sources.base import SourceFiles, reading_ahead

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from .. import schema
-from .._parallel import Ticks, release_slot
+from .._dask import release_slot
+from .._parallel import Ticks
 from ..backends import StoreWriter, open_reader
 from ..errors import DlpackError, OptionError
 from ..transforms.base import Targets, variant_rng

@@ -177,7 +177,7 @@ def _released() -> tuple[bool, bool]:
     """On a worker: whether the running task is long-running (seceded) before and after release_slot."""
     from distributed import get_worker
 
-    from dlpack._parallel import release_slot
+    from dlpack._dask import release_slot
 
     worker = get_worker()
     key = worker.get_current_task()
@@ -195,8 +195,7 @@ def _released() -> tuple[bool, bool]:
 
 
 def test_a_task_waiting_on_its_writes_leaves_its_workers_slot(dask_cluster: Any) -> None:
-    from dlpack._dask import DaskPool
-    from dlpack._parallel import release_slot
+    from dlpack._dask import DaskPool, release_slot
 
     release_slot()  # outside a Dask task: nothing to leave
     with DaskPool(dask_cluster.scheduler_address, 2) as pool:
