@@ -15,12 +15,16 @@ from .workers import Sample
 
 #: Class names the summary lists before "... and N more".
 _SUMMARY_CLASSES = 20
-#: Above this many times its source files' bytes, the summary says what makes a store smaller.
-LARGER = 1.5
-#: What makes a store of each codec smaller (zstd is the smallest there is).
-_SMALLER = {
-    "none": "--compression lz4 stores them in less space (zstd in less still)",
-    "lz4": "--compression zstd stores them in less space",
+#: Per codec: what it costs, and when to choose another (docs/benchmarks.md, "Compression": on
+#: real photos lz4 stores about half of none's bytes and zstd a third to a half; both read slower,
+#: most of all from the page cache, where none is a copy out of a memory map).
+_CODEC_NOTE = {
+    "none": (
+        "decoded pixels, the fastest reads",
+        "for a bucket or network share --compression lz4 about halves it (zstd: less still)",
+    ),
+    "lz4": ("about half the bytes of none, slower reads", "--compression none reads fastest, zstd stores less"),
+    "zstd": ("the fewest bytes, the slowest reads", "--compression none reads fastest, lz4 faster than zstd"),
 }
 
 
@@ -77,6 +81,18 @@ class BuildResult:
         return self.output_bytes / self.input_bytes
 
     @property
+    def codec_note(self) -> str:
+        """One line: the store's codec, its bytes against its source files', what the codec costs and
+        when to choose another ("" for a DLDataset folder, which holds PNG files, or without a plan)."""
+        codec = self.plan.compression if self.plan is not None else None
+        if self.dldataset or codec is None or codec not in _CODEC_NOTE:
+            return ""
+        what, otherwise = _CODEC_NOTE[codec]
+        ratio = self.size_ratio
+        size = f" (store {ratio:.2f}x its source files)" if ratio is not None else ""
+        return f'compression {codec}{size}: {what}; {otherwise} (docs/benchmarks.md, "Compression")'
+
+    @property
     def notes(self) -> list[str]:
         """What the user should know about the inputs left out and the store's shape (summary lines, ``notes`` in --json)."""
         out = []
@@ -92,12 +108,9 @@ class BuildResult:
                 "(no area left after the resize)"
             )
         out.extend(self.label_notes)
-        ratio, codec = self.size_ratio, self.plan.compression if self.plan is not None else None
-        if ratio is not None and ratio > LARGER and not self.dldataset and codec in _SMALLER:
-            out.append(
-                f"the store is {ratio:.2f}x its source files on disk: it holds decoded pixels, which image files "
-                f'hold compressed; {_SMALLER[codec]}, at a cost in read speed (docs/benchmarks.md, "Compression")'
-            )
+        codec_note = self.codec_note
+        if codec_note:
+            out.append(codec_note)
         if self.distinct_sizes > 1:
             out.append(
                 f"variable-size store ({self.distinct_sizes} distinct sizes): batches are lists; "
