@@ -142,7 +142,7 @@ def _measure_case(
     other = None if b0 is None or b1 is None else max(0.0, (b1 - b0) - (o1 - o0)) / (wall * (os.cpu_count() or 1))
     for row in rows:
         for cell in report.cells:
-            if cell.path == row["path"] or Path(cell.path) == Path(row["path"]):
+            if Path(cell.path).resolve() == Path(row["path"]).resolve():
                 key = f"{cell.order}_{cell.cache}"
                 row[key] = cell.images_per_s
                 row[f"{key}_spread"] = cell.spread
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=-1, help="build worker processes (default: every core)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    work = Path(a.work)
+    work = Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     load_before = load_average()
