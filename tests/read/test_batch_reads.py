@@ -14,7 +14,7 @@ import dlpack
 from dlpack.backends.gather import gather_rows
 from dlpack.backends.reader import SourceList
 from dlpack.errors import OptionError, SampleIndexError
-from dlpack.read.loader import Loader, LoaderOptions, auto_workers
+from dlpack.read.loader import Loader, LoaderOptions, auto_workers, parse_cache_size
 
 N = 40  # 48x48x3 images: 9 per 64 KiB shard, so 5 shards, the last one partial
 
@@ -190,6 +190,65 @@ def test_auto_workers_picks_by_layout(
 ) -> None:
     got, reason = auto_workers(source, options, cores, extra_work=extra)
     assert got == want and why in reason, reason
+
+
+class _Streamed(_Source):
+    """A source read over the network: the loader reads it ahead on threads."""
+
+    streamed = True
+
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("source", "batch", "l2", "cores", "want", "why"),
+    [
+        # 64x64x3 batches of 32 (384 KiB) fit a 1 or 2 MiB L2 cache: read on the calling thread.
+        (_Source(SMALL), 32, 2 * MIB, 2, 0, "batches of 32: 0.4 MB, read on the calling thread"),
+        (_Source(SMALL), 32, MIB, 16, 0, "stays in its core's 1 MiB L2 cache; 16 cores"),
+        (_Source(SMALL), 32, None, 1, 0, "1 MiB L2"),  # sysfs silent: 1 MiB assumed
+        (_Source(SMALL), 128, 2 * MIB, 2, 0, "1.6 MB"),  # 1.5 MiB
+        (_Source(SMALL), 128, MIB, 2, 1, "one thread"),  # larger than the cache
+        (_Source(SMALL), 32, 256 * 2**10, 2, 1, "one thread"),
+        (_Source(SMALL), 256, 32 * MIB, 2, 1, "one thread"),  # 3 MiB: over 2 MiB whatever the cache
+        (_Source(((32, 32, 1), "|u1")), 32, 2 * MIB, 2, 1, "one thread"),  # 32 KiB: read in 2 MiB groups
+        (_Source(((32, 32, 1), "|u1")), 256, 2 * MIB, 2, 0, "calling thread"),  # 256 KiB
+        (_Streamed(SMALL), 32, 2 * MIB, 2, 1, "one thread"),  # over the network: always read ahead
+        (_Source(SMALL, "zstd"), 32, 2 * MIB, 2, 2, "zstd-compressed"),
+    ],
+)
+def test_auto_workers_reads_batches_that_fit_the_l2_cache_on_the_calling_thread(
+    source: _Source, batch: int, l2: int | None, cores: int, want: int, why: str
+) -> None:
+    got, reason = auto_workers(source, LoaderOptions(batch_size=batch), cores, l2_bytes=l2)
+    assert got == want and why in reason, reason
+    work, _ = auto_workers(source, LoaderOptions(batch_size=batch), cores, extra_work=True, l2_bytes=l2)
+    assert work == min(cores, 4)  # a transform's work runs on every core, whatever the batch
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("2048K", 2 * MIB), ("1M", MIB), ("512", 512), ("1G", 2**30), ("", None), ("big", None), ("0K", None)],
+)
+def test_parse_cache_size(text: str, want: int | None) -> None:
+    assert parse_cache_size(text) == want
+
+
+def test_auto_on_the_calling_thread_reads_what_a_thread_reads(stores: dict[str, Path]) -> None:
+    """48x48x3 batches of 32 (216 KiB) fit the L2 cache: "auto" reads them on the calling thread,
+    the same batches, epoch after epoch, as a reader thread and as ``workers=0``."""
+    with dlpack.open(stores["zarr-none-48"]) as ds:
+        auto = ds.loader(batch_size=32, seed=5, drop_last=False)
+        assert auto.workers == 0 and "workers=auto->0 (48x48x3 batches of 32" in repr(auto)
+        for other in (ds.loader(batch_size=32, seed=5, drop_last=False, workers=w) for w in (0, 1)):
+            for epoch in range(3):
+                auto.set_epoch(epoch)
+                got, want = list(auto), list(other)
+                assert [len(b["index"]) for b in got] == [32, 8]
+                for g, w in zip(got, want, strict=True):
+                    assert np.array_equal(g["index"], w["index"]) and np.array_equal(g["image"], w["image"])
+                    assert np.array_equal(g["image"], ds.get_batch(g["index"])["image"])
 
 
 def test_the_default_is_auto_and_repr_says_why() -> None:
