@@ -180,7 +180,8 @@ def _timed_epochs(epoch: Any, min_s: float) -> float:
 
 
 def small_section(work: Path, repeat: int, quick: bool) -> dict[str, Any]:
-    """The small-image figures: per case, every gather and loader interleaved, ``repeat`` rounds."""
+    """The small-image figures: per case, every gather and loader interleaved (each round starts at
+    another method), ``repeat`` rounds."""
     out: dict[str, Any] = {}
     min_s = 0.05 if quick else 0.4
     for side, ch, count, b, in_cache in QUICK_CASES if quick else SMALL_CASES:
@@ -264,9 +265,11 @@ def small_case(
     runs: dict[str, list[float]] = {name: [] for name in methods}
     for fn in methods.values():
         fn(0)  # warm: page cache, maps, threads
-    for _ in range(repeat):
-        for name, fn in methods.items():
-            runs[name].append(_timed_epochs(fn, min_s))
+    names = list(methods)
+    for r in range(repeat):  # each round starts at another method: none always follows the same one
+        k = r * max(1, len(names) // repeat) % len(names)
+        for name in names[k:] + names[:k]:
+            runs[name].append(_timed_epochs(methods[name], min_s))
     pool2.shutdown()
     med = {name: statistics.median(r) for name, r in runs.items()}
     one_thread = [k for k in med if k.startswith("gather:") and "2 threads" not in k]

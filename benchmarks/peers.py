@@ -42,7 +42,8 @@ Timing: the median epoch of at least ``--repeat`` timed epochs and ``--min-secon
 warm-up. Other processes distort the figures on a 2-core machine: each timed block records the
 share of the CPUs other processes used meanwhile (/proc/stat minus this process and its workers),
 and a block over ``--max-other`` is re-run, up to ``--max-tries`` blocks, the quietest kept.
-``--rounds`` repeats the whole list of rows (interleaving the rows) and pools their epochs.
+``--rounds`` repeats the whole list of rows (interleaving the rows, each round starting further down
+the list after the ceilings) and pools their epochs.
 """
 
 from __future__ import annotations
@@ -911,8 +912,12 @@ def main(argv: list[str] | None = None) -> int:
             res: dict[str, Any] = {"case": case.__dict__, "order": order, "rows": {}, **written}
             rows = [r for r in rows_for(case) if r.key == "raw" or not only or any(s in r.name.lower() for s in only)]
             runs: dict[str, list[dict[str, Any]]] = {r.name: [] for r in rows}
-            for _round in range(max(1, a.rounds)):
-                for row in rows:
+            for rnd in range(max(1, a.rounds)):
+                # Each round starts further down the list (the raw ceilings always first): no dlpack or
+                # peer row always runs right after the same one (a 2-thread gather slowed the next row).
+                rest = [r for r in rows if r.key != "raw"]
+                k = rnd * max(1, len(rest) // max(1, a.rounds)) % max(1, len(rest))
+                for row in [r for r in rows if r.key == "raw"] + rest[k:] + rest[:k]:
                     if row.group in PEER_MODULES and not installed(row.group):
                         runs[row.name].append({"skipped": "not installed"})
                         continue
