@@ -232,8 +232,9 @@ def rank_indices(order: np.ndarray, rank: int, world_size: int, drop_last: bool)
     return order[rank * per : (rank + 1) * per]
 
 
-#: A batch at least this large is copied by two threads: one thread's copy bandwidth falls short
-#: of the memory's for multi-MB rows (512x512x3 batches of 32 read 1.5x the one-thread gather).
+#: A batch at least this large is copied by two threads where there are three cores or more: one
+#: thread's copy bandwidth falls short of the memory's for multi-MB rows (512x512x3 batches of 32
+#: read 1.5x the one-thread gather); on two cores one thread and the calling thread already copy.
 _TWO_THREAD_BYTES = 8 * 2**20
 
 #: The L2 cache of a core where sysfs does not say (the smallest of the x86 server cores measured).
@@ -317,8 +318,11 @@ def auto_workers(
       and waits for the handoff (64x64x3 batches of 32: the calling thread read 1.06-1.36x a
       thread, 20,000 and 2,000 images, both backends). The read costs at most about 250 us a batch.
     - Other uncompressed images of one size: a copy out of a memory map runs at memory speed on one
-      thread, so one thread, and two for batches of :data:`_TWO_THREAD_BYTES` or more. More threads
-      than that only trade the GIL back and forth (small batches ran 1.6x slower on two threads).
+      thread, so one thread, and two for batches of :data:`_TWO_THREAD_BYTES` or more on three cores
+      or more. The calling thread reads the next batch itself while it waits for a thread's, so on
+      two cores one thread already keeps both copying (512x512x3 batches of 32: 1.12-1.16x the
+      rows per second of two threads). More threads than that only trade the GIL back and forth
+      (small batches ran 1.6x slower on two threads).
       Smaller batches travel in groups of about 2 MiB, which no longer fit the L2 cache either way.
 
     Outside the L2 window there is at least one thread whenever there is read-ahead, also on one
@@ -342,7 +346,7 @@ def auto_workers(
         return many, f"{what}, {compression}-compressed: decoding runs on every core; {on}"
     if extra_work:
         return many, f"{what}, with work per batch on the reader threads; {on}"
-    if nbytes >= _TWO_THREAD_BYTES and cores >= 2:
+    if nbytes >= _TWO_THREAD_BYTES and cores >= 3:
         return 2, f"{what}, two threads copy large batches faster than one; {on}"
     l2 = l2_bytes if l2_bytes is not None and l2_bytes > 0 else _L2_GUESS
     if _ALONE_BYTES <= nbytes <= min(l2, _INLINE_MAX_BYTES) and not getattr(source, "streamed", False):

@@ -176,7 +176,8 @@ LARGE = ((512, 512, 3), "|u1")
     [
         (_Source(SMALL), LoaderOptions(batch_size=256), 2, False, 1, "64x64x3 batches of 256: 3.1 MB, one thread"),
         (_Source(SMALL), LoaderOptions(batch_size=256), 16, False, 1, "one thread copies at memory speed; 16 cores"),
-        (_Source(LARGE), LoaderOptions(batch_size=32), 2, False, 2, "25.2 MB, two threads"),
+        (_Source(LARGE), LoaderOptions(batch_size=32), 4, False, 2, "25.2 MB, two threads"),
+        (_Source(LARGE), LoaderOptions(batch_size=32), 2, False, 1, "25.2 MB, one thread"),  # + the caller
         (_Source(LARGE), LoaderOptions(batch_size=32), 1, False, 1, "one thread copies at memory speed; 1 core"),
         (_Source(SMALL, "lz4"), LoaderOptions(batch_size=256), 2, False, 2, "lz4-compressed: decoding"),
         (_Source(SMALL, "zstd"), LoaderOptions(batch_size=256), 8, False, 4, "zstd-compressed"),
