@@ -386,6 +386,14 @@ def _check_augment_speed(out: str, work: Path) -> None:
     assert "jobs 2 / jobs 1" in out and "x originals" in out
 
 
+def _check_augment_views_speed(out: str, work: Path) -> None:
+    doc = json.loads((work / "views.json").read_text())["views"]
+    assert doc["k"] == 2 and [(r["size"], r["batch"]) for r in doc["rows"][::2]] == [(256, 4), (64, 256)]
+    assert {r["workers"] for r in doc["rows"]} == {"auto", "0"}
+    assert all(r["time_ratio"] > 0 and r["median"]["cached"]["images_per_s"] > 0 for r in doc["rows"])
+    assert "cached views / originals" in out and "time" in out
+
+
 def _fmnist_like(work: Path) -> None:
     """Two tiny splits of 28x28 gray PNGs in three class folders, laid out like Fashion-MNIST's."""
     import cv2
@@ -431,6 +439,7 @@ def _check_strict_json(out: str) -> None:
 RUNS: dict[str, list[Run]] = {
     "benchmarks/augment.py": [
         Run(("speed", "--quick", "--work", "work", "--json", "speed.json"), _check_augment_speed),
+        Run(("views", "--quick", "--work", "work", "--json", "views.json"), _check_augment_views_speed),
         Run(
             ("accuracy", "--quick", "--data", "fm", "--work", "work", "--json", "acc.json"),
             _check_augment_accuracy,
