@@ -4,6 +4,7 @@
     python benchmarks/augment.py accuracy --data DIR/fashion_mnist --json augment-accuracy.json
     python benchmarks/augment.py speed --build-only --k 8 --repeat 5 --json augment-build.json
     python benchmarks/augment.py speed --quick --work work --json speed.json    # the smoke run of the tests
+    python benchmarks/augment.py views --work /tmp/dlpack-views-bench --repeat 5 --json augment-views.json
 
 ``speed`` makes (once, kept in ``--work``) ``--count`` generated RGB PNGs of ``--size`` px in 4
 class folders and a Zarr store of them, then measures, side by side in one process:
@@ -21,6 +22,15 @@ class folders and a Zarr store of them, then measures, side by side in one proce
   - ``albumentations, DataLoader w2``: a ``torch.utils.data.DataLoader`` with 2 worker processes over
     ``dlpack.torch.TorchDataset`` with the same pipeline run by albumentations per sample (the path
     users take today; only when torch and albumentations are installed).
+
+``views`` measures the per-batch cost of cached views at the batch sizes small-batch training uses:
+``ds.loader()`` against ``ds.loader(augment="cached")`` side by side (one of each per repeat, in a new
+order), random order, warm page cache (every file of the store read once, and each loader run for
+K + 1 untimed epochs, so the maps of every variant are in place), loader ``workers`` "auto" (the
+default) and 0, on two stores of K = ``--k`` variants it makes once in ``--work``: ``--count256``
+images of 256x256x3 at batch 4, 16 and 64, and ``--count64`` images of 64x64x3 at batch 256.
+Target: cached at most 1.1x the originals' time. Each block records images/s, this process's CPU
+per image and the share of the CPUs other processes used (``--max-other`` re-runs a disturbed repeat).
 
 ``accuracy`` trains a small CNN on a real classification set (the Fashion-MNIST PNG folders
 ``train/<class>/`` and ``test/<class>/``, ``--train-per-class`` images per class taken from train) with
@@ -48,6 +58,7 @@ import numpy as np
 import dlpack
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _cpu import busy_cpu_s, own_cpu_s  # noqa: E402
 from _images import make_pngs  # noqa: E402
 
 TARGET_JOBS_RATIO = 1.7
@@ -263,6 +274,122 @@ def speed(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------- views
+
+TARGET_VIEWS_TIME = 1.1
+
+
+def views_store(work: Path, size: int, count: int, k: int) -> Path:
+    """A Zarr store of ``count`` generated images of ``size`` px with K = ``k`` variants (made once)."""
+    store = work / f"views{size}-{count}-k{k}.zarr"
+    if not (store / "zarr.json").exists() or dlpack.open(store).variants != k:
+        shutil.rmtree(store, ignore_errors=True)
+        src = work / f"png{size}-{count}"
+        make_pngs(src, count, size, seed=(13, size))
+        dlpack.build(src, store, size=(size, size), quiet=True)
+        cfg = write_config(work, SPEED_CONFIG, "speed-config.json")
+        dlpack.augment(store, k=k, config=cfg, seed=0, quiet=True)
+    return store
+
+
+def read_files(root: Path) -> None:
+    """Every file under ``root`` read once: the page cache holds the store."""
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            with f.open("rb") as fh:
+                while fh.read(1 << 24):
+                    pass
+
+
+def views_block(loader: Any, min_seconds: float) -> dict[str, Any]:
+    """Whole epochs of ``loader`` for at least ``min_seconds``: images/s, CPU per image, others' CPU share."""
+    b0, o0 = busy_cpu_s(), own_cpu_s()
+    c0, t0 = time.process_time(), time.perf_counter()
+    images = 0
+    while True:
+        for batch in loader:
+            images += len(batch["index"])
+        wall = time.perf_counter() - t0
+        if wall >= min_seconds:
+            break
+    cpu = time.process_time() - c0
+    b1, o1 = busy_cpu_s(), own_cpu_s()
+    r: dict[str, Any] = {"images_per_s": images / wall, "cpu_us_per_image": 1e6 * cpu / max(1, images)}
+    if b0 is not None and b1 is not None and wall >= 0.25:
+        r["other_cpu_share"] = max(0.0, (b1 - b0) - (o1 - o0)) / (wall * (os.cpu_count() or 1))
+    return r
+
+
+def views(a: argparse.Namespace) -> dict[str, Any]:
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    stores = {256: views_store(work, 256, a.count256, a.k), 64: views_store(work, 64, a.count64, a.k)}
+    for store in stores.values():
+        read_files(store)
+    cases = [(256, b) for b in a.batches256] + [(64, b) for b in a.batches64]
+    rng = np.random.default_rng(5)
+    rows: list[dict[str, Any]] = []
+    print(f"cached views / originals, K={a.k}, random order, warm (images/s and CPU us/image, median of {a.repeat}):")
+    for size, batch in cases:
+        ds = dlpack.open(stores[size])
+        for workers in a.workers:
+            w: Any = workers if workers == "auto" else int(workers)
+            loaders = {
+                "originals": ds.loader(batch_size=batch, workers=w),
+                "cached": ds.loader(batch_size=batch, workers=w, augment="cached"),
+            }
+            for name, loader in loaders.items():  # maps of every variant in place, threads, batch pools
+                for _ in range(1 if name == "originals" else a.k + 1):
+                    for _batch in loader:
+                        pass
+            kept: list[dict[str, dict[str, Any]]] = []
+            discarded: list[dict[str, dict[str, Any]]] = []
+            tries = 0
+            while len(kept) < a.repeat and tries < a.repeat * a.max_tries:
+                tries += 1
+                one = {name: views_block(loaders[name], a.min_seconds) for name in rng.permutation(list(loaders))}
+                worst = max(r.get("other_cpu_share", 0.0) for r in one.values())
+                (kept if worst <= a.max_other else discarded).append(one)
+            discarded.sort(key=lambda one: max(r.get("other_cpu_share", 0.0) for r in one.values()))
+            kept += discarded[: a.repeat - len(kept)]
+            med = {
+                name: {
+                    key: statistics.median(one[name][key] for one in kept)
+                    for key in ("images_per_s", "cpu_us_per_image")
+                }
+                for name in loaders
+            }
+            other = max(r.get("other_cpu_share", 0.0) for one in kept for r in one.values())
+            row = {
+                "size": size,
+                "batch": batch,
+                "workers": workers,
+                "resolved_workers": loaders["cached"].workers,
+                "median": med,
+                "time_ratio": med["originals"]["images_per_s"] / med["cached"]["images_per_s"],
+                "cpu_ratio": med["cached"]["cpu_us_per_image"] / med["originals"]["cpu_us_per_image"],
+                "worst_other_cpu_share": other,
+                "runs": kept,
+            }
+            rows.append(row)
+            o, c = med["originals"], med["cached"]
+            print(
+                f"  {size}x{size}x3 batch {batch:>3} workers {workers:<4}: originals {o['images_per_s']:9.0f}/s "
+                f"cached {c['images_per_s']:9.0f}/s  time {row['time_ratio']:.2f}x  CPU {row['cpu_ratio']:.2f}x  "
+                f"(others <= {100 * other:.0f} % CPU)",
+                flush=True,
+            )
+            for loader in loaders.values():
+                loader.close()
+    return {
+        "k": a.k,
+        "count256": a.count256,
+        "count64": a.count64,
+        "target_time_ratio": TARGET_VIEWS_TIME,
+        "rows": rows,
+    }
+
+
 # ---------------------------------------------------------------- accuracy
 
 
@@ -399,7 +526,7 @@ def accuracy(a: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["speed", "accuracy"])
+    p.add_argument("what", choices=["speed", "accuracy", "views"])
     p.add_argument("--work", default="/tmp/dlpack-augment-bench")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: the smoke run of the tests")
     p.add_argument("--count", type=int, default=2000)
@@ -415,16 +542,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ks", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--count256", type=int, default=1000, help="views: images of the 256x256x3 store")
+    p.add_argument("--count64", type=int, default=10000, help="views: images of the 64x64x3 store")
+    p.add_argument("--batches256", type=int, nargs="+", default=[4, 16, 64], help="views: batch sizes at 256x256")
+    p.add_argument("--batches64", type=int, nargs="+", default=[256], help="views: batch sizes at 64x64")
+    p.add_argument("--workers", nargs="+", default=["auto", "0"], help="views: loader workers settings")
+    p.add_argument(
+        "--max-other", type=float, default=1.0, help="views: re-run a repeat when others used more CPU share"
+    )
+    p.add_argument("--max-tries", type=int, default=3, help="views: attempts per wanted repeat with --max-other")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.quick:
         a.count, a.size, a.k, a.repeat, a.min_seconds = min(a.count, 96), min(a.size, 32), min(a.k, 2), 1, 0.0
         a.epochs, a.seeds, a.ks, a.train_per_class = 1, a.seeds[:1], a.ks[:1], min(a.train_per_class, 20)
+        a.count256, a.count64, a.batches256 = min(a.count256, 40), min(a.count64, 200), a.batches256[:1]
     if a.batch_size is None:
         a.batch_size = 256 if a.what == "speed" else 128
     if a.what == "accuracy" and not a.data:
         p.error("accuracy needs --data (the fashion_mnist folder)")
-    result = speed(a) if a.what == "speed" else accuracy(a)
+    result = speed(a) if a.what == "speed" else views(a) if a.what == "views" else accuracy(a)
     out = {"settings": {k: v for k, v in vars(a).items() if k != "json"}, a.what: result, "machine": machine()}
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))

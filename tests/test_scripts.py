@@ -45,13 +45,37 @@ class Run:
 
 
 def _check_build(out: str, work: Path) -> None:
-    assert "variant  median img/s" in out
+    assert "variant       median s  CPU s  CPU/bare  efficiency" in out
+    assert "zarr-j1: CPU " in out and "efficiency" in out
     doc = json.loads((work / "build.json").read_text())
     assert {name: [r["images"] for r in runs] for name, runs in doc["runs"].items()} == {
         "bare": [8],
         "zarr-j1": [8],
         "hdf5-j1": [8],
+        "zarr-j1-warm": [8],
+        "hdf5-j1-warm": [8],
     }
+    # The whole command's CPU is its process tree's: more than the in-process build with a warm pool.
+    whole, warm = (doc["median_cpu_seconds"][k] for k in ("zarr-j1", "zarr-j1-warm"))
+    assert whole > warm >= 0
+    assert set(doc["ratios"]) == {"zarr-j1", "hdf5-j1", "zarr-j1-warm", "hdf5-j1-warm"}
+
+
+def _check_build_pinned(out: str, work: Path) -> None:
+    doc = json.loads((work / "build-pinned.json").read_text())
+    assert doc["cpus"] == sorted(os.sched_getaffinity(0))[:1] and doc["machine"]["cores_usable"] == 1
+    assert {k: len(v) for k, v in doc["runs"].items()} == {"bare": 1, "zarr-j2": 1}
+    assert doc["runs"]["zarr-j2"][0]["own_cpu_seconds"] > 0
+
+
+def _check_build_breakdown(out: str, work: Path) -> None:
+    doc = json.loads((work / "build-breakdown.json").read_text())
+    parts = doc["parts_cpu_seconds"]
+    assert doc["images"] == 24 and sorted(doc["whole_cpu_seconds"]) == ["jobs 1", "jobs 2"]
+    assert parts["interpreter start + CLI imports (one process)"] > 0
+    assert "worker start-up, 2 workers (spawn, imports, preload)" in parts
+    assert any(k.startswith("write of the pixels") for k in parts) and parts["  fsync of those pixels alone"] >= 0
+    assert "whole command, jobs 2" in out and "not in the parts above" in out
 
 
 def _check_build_cli(out: str, work: Path) -> None:
@@ -362,6 +386,14 @@ def _check_augment_speed(out: str, work: Path) -> None:
     assert "jobs 2 / jobs 1" in out and "x originals" in out
 
 
+def _check_augment_views_speed(out: str, work: Path) -> None:
+    doc = json.loads((work / "views.json").read_text())["views"]
+    assert doc["k"] == 2 and [(r["size"], r["batch"]) for r in doc["rows"][::2]] == [(256, 4), (64, 256)]
+    assert {r["workers"] for r in doc["rows"]} == {"auto", "0"}
+    assert all(r["time_ratio"] > 0 and r["median"]["cached"]["images_per_s"] > 0 for r in doc["rows"])
+    assert "cached views / originals" in out and "time" in out
+
+
 def _fmnist_like(work: Path) -> None:
     """Two tiny splits of 28x28 gray PNGs in three class folders, laid out like Fashion-MNIST's."""
     import cv2
@@ -407,6 +439,7 @@ def _check_strict_json(out: str) -> None:
 RUNS: dict[str, list[Run]] = {
     "benchmarks/augment.py": [
         Run(("speed", "--quick", "--work", "work", "--json", "speed.json"), _check_augment_speed),
+        Run(("views", "--quick", "--work", "work", "--json", "views.json"), _check_augment_views_speed),
         Run(
             ("accuracy", "--quick", "--data", "fm", "--work", "work", "--json", "acc.json"),
             _check_augment_accuracy,
@@ -419,6 +452,16 @@ RUNS: dict[str, list[Run]] = {
             ("--count", "8", "--image-size", "64", "--size", "32x32", "--repeat", "1", "--jobs", "1")
             + ("--max-tries", "1", "--workdir", "work", "--json", "build.json"),
             _check_build,
+        ),
+        Run(
+            ("--count", "8", "--image-size", "64", "--size", "32x32", "--repeat", "1", "--jobs", "2", "--cpus", "1")
+            + ("--formats", "zarr", "--no-warm", "--workdir", "work", "--json", "build-pinned.json"),
+            _check_build_pinned,
+        ),
+        Run(
+            ("--breakdown", "--count", "24", "--image-size", "64", "--size", "32x32", "--formats", "zarr")
+            + ("--workdir", "work", "--json", "build-breakdown.json"),
+            _check_build_breakdown,
         ),
         Run(
             ("--cli", "--count", "6", "--image-size", "64", "--size", "32x32", "--repeat", "2")

@@ -157,6 +157,98 @@ class RowSpan:
         return True
 
 
+class MixSpan:
+    """Rows of several arrays of one row shape (an image array and its augmentation variants)
+    gathered by one ``np.take``, row ``i`` of array ``u`` being key ``u * n + i``.
+
+    A batch of cached views mixes the arrays row by row; copying each row in Python costs about a
+    microsecond, as much as copying a 64x64x3 image, where the originals take the batch at once.
+    As :class:`RowSpan`, one array covers the address range of every array's views in units of
+    the largest size dividing the row and every view's distance from the lowest, and a table finds
+    each key's first unit (arithmetic over the views where the table would be large). NumPy copies
+    into a temporary where ``out`` lies in that range (between the arrays' maps): :meth:`gather`
+    refuses such an ``out``, and the caller copies row by row.
+    """
+
+    __slots__ = ("_units", "_whole", "_at", "_first", "_base", "_per", "_step", "_pieces", "_n", "_dtype", "_row")
+
+    def __init__(
+        self,
+        units: np.ndarray,
+        first: np.ndarray,
+        base: np.ndarray,
+        per: np.ndarray,
+        step: int,
+        n: int,
+        like: np.ndarray,
+    ) -> None:
+        self._units, self._first, self._base, self._per = units, first, base, per
+        self._step, self._n = step, n
+        self._pieces = np.arange(step, dtype=np.int64)
+        self._dtype, self._row = like.dtype, like.shape[1:]
+        self._whole = units.view(like.dtype).reshape(len(units), *like.shape[1:]) if step == 1 else units
+        self._at: np.ndarray | None = None
+        if len(per) * n <= _LOOKUP_ROWS:
+            keys = np.arange(len(per) * n, dtype=np.int64)
+            self._at = self._units_of(keys // n, keys % n)
+
+    @classmethod
+    def of(cls, sources: Sequence[tuple[Sequence[np.ndarray], int]], n: int) -> MixSpan | None:
+        """The span of arrays ``sources`` (each ``(views, rows per view)`` of ``n`` rows, as
+        :meth:`RowSpan.of` takes one), or None where one take would not pay (as there: rows in more
+        than :data:`_SPAN_PIECES` pieces, or in more than one from :data:`_LARGE_ROW` on)."""
+        views = [v for vs, _ in sources for v in vs]
+        if len(sources) < 2 or not views or not len(views[0]):
+            return None
+        like = views[0]
+        rb = like[0].nbytes
+        if any(v.dtype != like.dtype or v.shape[1:] != like.shape[1:] or not v.flags.c_contiguous for v in views):
+            return None
+        for vs, rows in sources:
+            if not vs or any(len(v) != rows for v in vs[:-1]) or sum(len(v) for v in vs) != n:
+                return None
+        addrs = [int(v.__array_interface__["data"][0]) for v in views]
+        lo = min(addrs)
+        unit = math.gcd(rb, *(a - lo for a in addrs))
+        if rb // unit > (1 if rb >= _LARGE_ROW else _SPAN_PIECES):
+            return None
+        hi = max(a + v.nbytes for a, v in zip(addrs, views, strict=True))
+        face = {"shape": ((hi - lo) // unit, unit), "typestr": "|u1", "data": (lo, True), "version": 3}
+        units = np.asarray(_Span(face, views))
+        first = np.array([(a - lo) // unit for a in addrs], dtype=np.int64)
+        base = np.cumsum([0, *(len(vs) for vs, _ in sources[:-1])], dtype=np.int64)
+        per = np.array([p for _, p in sources], dtype=np.int64)
+        return cls(units, first, base, per, rb // unit, n, like)
+
+    def _units_of(self, which: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """The first unit of row ``idx[k]`` of array ``which[k]``."""
+        per = self._per.take(which)
+        view = idx // per
+        at: np.ndarray = self._first.take(self._base.take(which) + view) + (idx - view * per) * self._step
+        return at
+
+    def gather(self, which: np.ndarray, idx: np.ndarray, out: np.ndarray) -> bool:
+        """Row ``idx[k]`` of array ``which[k]`` into ``out[k]`` (int64 arrays the caller checked:
+        ``0 <= which < arrays``, ``0 <= idx < n``); False (nothing written) when ``out`` is not a
+        C-contiguous array of the rows' dtype and shape, or lies inside the span."""
+        k = len(idx)
+        dest = out[:k]
+        if dest.dtype != self._dtype or dest.shape[1:] != self._row or not dest.flags.c_contiguous:
+            return False
+        if k == 0:
+            return True
+        if np.may_share_memory(dest, self._units):
+            return False
+        at = self._at.take(which * self._n + idx) if self._at is not None else self._units_of(which, idx)
+        if self._step == 1:
+            self._whole.take(at, axis=0, out=dest, mode="clip")
+            return True
+        at = (at[:, None] + self._pieces).reshape(-1)
+        into = dest.reshape(-1).view(np.uint8).reshape(len(at), -1)
+        np.take(self._units, at, axis=0, out=into, mode="clip")
+        return True
+
+
 def _no_check(idx: np.ndarray) -> None:
     """For arrays not read from maps: nothing can shrink under them."""
 

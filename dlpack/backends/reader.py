@@ -26,7 +26,7 @@ from .base import (
     digest_like,
     stored_dtype,
 )
-from .gather import RowSpan, _no_check, gather_rows
+from .gather import MixSpan, RowSpan, _no_check, gather_rows
 
 #: Small arrays (labels, boxes) up to this size are read whole once and indexed in memory.
 _SMALL_ARRAY = 64 * 2**20
@@ -321,39 +321,56 @@ class StoreReader(ABC):
         (arrays of one sample shape and dtype): one pass over the batch, however many arrays it mixes.
 
         How cached augmentation views fill a batch of originals and variants in place at the cost
-        of a batch of originals (rows are read in array, then sample order).
+        of a batch of originals: one take through the arrays' :class:`MixSpan` where they have one,
+        else row by row (rows in array, then sample order).
         """
-        plan = self._mixes.get(tuple(names))
+        key = tuple(names)
+        plan = self._mixes.get(key)
+        if plan is not None and any(self._tokens.get(n) != self._token_of(n) for n in key if n in self._tokens):
+            plan = None  # a streamed array's rows moved: plan again
         if plan is None:  # checked and looked up once per list of arrays: this runs for every batch
             plan = self._mix_plan(names)
         src = np.asarray(which, dtype=np.int64).reshape(-1)
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(src) != len(idx):
             raise OptionError(f"read_into_from got {len(idx)} indices but {len(src)} array choices")
-        lo, hi = (int(src.min()), int(src.max())) if len(src) else (0, 0)
+        if not len(idx):
+            return out
+        lo, hi = int(src.min()), int(src.max())
         if lo < 0 or hi >= len(names):
             raise OptionError(f"read_into_from: array choices must be 0..{len(names) - 1}")
-        if plan is _NO_PLAN or lo == hi:
-            used = np.flatnonzero(np.bincount(src, minlength=len(names))).tolist()
-            if len(used) == 1:
-                return self.read_into(names[used[0]], idx, out)
-            for u in used:  # array by array, each into its rows of out
+        if lo == hi:
+            return self.read_into(names[lo], idx, out)
+        if plan is _NO_PLAN:
+            for u in np.flatnonzero(np.bincount(src, minlength=len(names))).tolist():  # each into its rows of out
                 rows = np.flatnonzero(src == u)
                 self.read_into(names[u], idx[rows], out, rows=rows.tolist())
             return out
-        flat, first, per, checks = plan
-        for u in np.flatnonzero(np.bincount(src, minlength=len(names))).tolist():
-            checks[u](idx[src == u])
-        step = per[src]
-        at, within = (first[src] + idx // step).tolist(), (idx % step).tolist()
+        checked_positions(idx, len(self), f"array {names[0]!r} of {self.path}")
+        span, flat, first, per, checks, owner = plan
+        step = per.take(src)
+        view = first.take(src) + idx // step  # the view (shard) of each row in ``flat``
+        if owner is None:
+            for u in np.flatnonzero(np.bincount(src, minlength=len(names))).tolist():
+                checks[u](idx[src == u])
+        else:  # the shards the batch touches, all arrays at once: one look at each (a stat)
+            touched: dict[int, list[int]] = {}
+            for f in np.flatnonzero(np.bincount(view, minlength=len(flat))).tolist():
+                touched.setdefault(owner[f], []).append(f)
+            for u, views in touched.items():
+                checks[u]([f - int(first[u]) for f in views])
+        if span is not None and span.gather(src, idx, out):
+            return out
+        at, within = view.tolist(), (idx % step).tolist()
         for k in np.argsort(src * (len(self) + 1) + idx, kind="stable").tolist():
             out[k] = flat[at[k]][within[k]]
         return out
 
     def _mix_plan(self, names: Sequence[str]) -> Any:
-        """For :meth:`read_into_from`: every array's in-memory views in one list (row ``i`` of array
-        ``u`` is ``flat[first[u] + i // per[u]][i % per[u]]``), or ``_NO_PLAN`` when some array has
-        no such views (small arrays, read from a cached copy, or compressed ones)."""
+        """For :meth:`read_into_from`: the arrays' :class:`MixSpan` (None where one take would not
+        pay) and every array's in-memory views in one list (row ``i`` of array ``u`` is
+        ``flat[first[u] + i // per[u]][i % per[u]]``), or ``_NO_PLAN`` when some array has no such
+        views (small arrays, read from a cached copy, or compressed ones)."""
         specs = [self._fixed(n) for n in names]
         if any((s.shape, np.dtype(s.dtype)) != (specs[0].shape, np.dtype(specs[0].dtype)) for s in specs):
             raise OptionError(f"read_into_from mixes arrays of different sample shapes or dtypes: {list(names)}")
@@ -366,7 +383,16 @@ class StoreReader(ABC):
             for u, (views, rows_per_view) in enumerate(sources):  # type: ignore[misc]
                 first[u], per[u] = len(flat), rows_per_view
                 flat.extend(views)
-            plan = (flat, first, per, [self._map_check(n) for n in names])
+            span = MixSpan.of(cast(Any, sources), len(self))
+            # Arrays whose views are their shards (``check_shards``) are checked by the shards a
+            # batch touches, found for all arrays at once; others by their rows, array by array.
+            shard_checks = [getattr(self._stored(n), "check_shards", None) for n in names]
+            owner: list[int] | None = None
+            if all(callable(c) for c in shard_checks):
+                owner = [u for u, (views, _) in enumerate(sources) for _ in views]  # type: ignore[misc]
+                plan = (span, flat, first, per, shard_checks, owner)
+            else:
+                plan = (span, flat, first, per, [self._map_check(n) for n in names], None)
         self._mixes[tuple(names)] = plan
         return plan
 

@@ -346,15 +346,17 @@ def write_images(
             else (lambda s, ticks: (decode_block, (files, plan, pairs[s : s + step], None, True, ticks), {}))
         )
         land = state.decoded_fixed if behind else state.packed if in_workers else state.decoded
-        run_blocks(
-            pool,
-            starts,
-            work,
-            land,
-            journal=journal,
-            progress=(len(pairs), "packing", opts.quiet, already if behind or starts else None),
-            behind=behind,
-        )
+        # Decoding in this process (no pool): OpenCV on one thread, as in a worker (_parallel.start_worker).
+        with _parallel.opencv_threads(not pool.pooled(len(starts))):
+            run_blocks(
+                pool,
+                starts,
+                work,
+                land,
+                journal=journal,
+                progress=(len(pairs), "packing", opts.quiet, already if behind or starts else None),
+                behind=behind,
+            )
         failed = state.failed
         if not failed:
             digest.record(writer, images.name, len(pairs))

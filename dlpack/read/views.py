@@ -131,24 +131,31 @@ class CachedViews:
         self, indices: Sequence[int] | np.ndarray, epoch: int = 0, out: np.ndarray | None = None
     ) -> dict[str, Any]:
         """Samples ``indices`` as served in ``epoch``: a store's batch plus ``variant`` (``[B]`` int64)."""
+        return self.get_valid_batch(self.ds._batch_indices(indices), epoch, out)
+
+    def get_valid_batch(self, idx: np.ndarray, epoch: int = 0, out: np.ndarray | None = None) -> dict[str, Any]:
+        """:meth:`get_batch` of int64 indices already in range (the loader's), read as the store's
+        :meth:`~dlpack.read.dataset.Dataset.get_valid_batch` reads originals: every per-batch step
+        of a batch of originals costs the same here, and the rows of mixed views come in one take
+        (:meth:`~dlpack.backends.reader.StoreReader.read_into_from`)."""
         ds = self.ds
-        idx = ds._batch_indices(indices)
         views = self._views(idx, epoch)
         r = ds.reader
         shape = ds.manifest.image.shape
         assert shape is not None
         if out is None:
             out = np.empty((len(idx), *shape), dtype=ds.manifest.image.dtype)
-        positions = idx.tolist()
         one = int(views[0]) if len(views) and int(views.min()) == int(views.max()) else None
-        self._gather(schema.IMAGES, one, views, idx, positions, out)
+        self._gather(schema.IMAGES, one, views, idx, out)
         batch: dict[str, Any] = {
             "image": out,
-            "label": r.read_all(schema.LABELS)[idx],
+            "label": r.read_all(schema.LABELS).take(idx, axis=0, mode="clip"),
             "index": idx,
-            "source": r.sources(positions),
+            "source": r.lazy_sources(idx),  # decoded when read, as a store's batch
             "variant": views,
         }
+        if not self._keyed:
+            return batch
         own = [spec.name for _, spec, follows in self._keyed if spec.ragged and not follows]
         ragged: dict[str, Sequence[np.ndarray]] = r.read_ragged_batch(own, idx) if own else {}
         follow = [spec.name for _, spec, follows in self._keyed if spec.ragged and follows]
@@ -167,19 +174,17 @@ class CachedViews:
                 batch[key] = ragged[spec.name]
             elif follows:
                 arr = np.empty((len(idx), *spec.shape), dtype=spec.dtype)
-                batch[key] = self._gather(spec.name, one, views, idx, positions, arr)
+                batch[key] = self._gather(spec.name, one, views, idx, arr)
             else:
-                batch[key] = r.read_into(spec.name, positions, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
+                batch[key] = r.gather(spec.name, idx, np.empty((len(idx), *spec.shape), dtype=spec.dtype))
         return batch
 
-    def _gather(
-        self, base: str, one: int | None, views: np.ndarray, idx: np.ndarray, positions: list[int], out: np.ndarray
-    ) -> np.ndarray:
+    def _gather(self, base: str, one: int | None, views: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out``'s rows from array ``base`` of each row's view, in place (``one``: the view of every
-        row, when they share one)."""
+        row, when they share one: the originals' gather)."""
         r = self.ds.reader
         if one is not None or not len(idx):
-            return r.read_into(_stored_name(base, one or 0), positions, out)
+            return r.gather(_stored_name(base, one or 0), idx, out)
         return r.read_into_from(self._names[base], views, idx, out)
 
     def warm(self) -> None:

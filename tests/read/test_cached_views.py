@@ -538,3 +538,39 @@ def test_halcon_feeder_passes_the_options_and_keeps_variant(
     assert all("variant" not in d for d in plain)
     with pytest.raises(OptionError, match="views_per_batch"):
         dlpack.halcon.sample_batches(ds, 4, augment="cached", views_per_batch=3, halcon=halcon_standin)
+
+
+# ---------------------------------------------------------------- one take over the views
+
+
+def test_a_cached_batch_read_in_one_take_equals_the_per_sample_reads(tmp_path: Path, make_tree: Any) -> None:
+    """64x64x3 rows (three pages) in shards of five, K=2 built by ``dlpack augment``: the arrays'
+    rows are mixed by one take (the reader's MixSpan), and every row, label and source equals the
+    per-sample reads (``ds[i]``, ``ds.variant(i, v)``), through the loader and ``get_batch``."""
+    store = tmp_path / "s.zarr"
+    tree = make_tree({f"{'ab'[k % 2]}/{k}.png": ("rgb", 64, 64) for k in range(23)})
+    dlpack.build(tree, store, size=(64, 64), shard_bytes=65536, jobs=1, quiet=True)
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    dlpack.augment(store, k=2, config=examples / "augment_albumentations.json", seed=1, jobs=1, quiet=True)
+    with dlpack.open(store) as d:
+        views = CachedViews(d, seed=3)
+        views.warm()
+        names = views._names["images"]
+        assert d.reader._mix_plan(names)[0] is not None  # the one-take path, not row by row
+
+        def want(i: int, v: int) -> dict[str, Any]:
+            return d[i] if v == 0 else d.variant(i, v)
+
+        seen = set()
+        for e in range(4):
+            for batch in d.loader(batch_size=7, augment="cached", seed=3, workers=0).batches(e):
+                got = views.get_batch(batch, e)
+                for r, (i, v) in enumerate(zip(got["index"].tolist(), got["variant"].tolist(), strict=True)):
+                    assert np.array_equal(got["image"][r], want(i, v)["image"]), (e, i, v)
+                    assert got["label"][r] == d[i]["label"] and got["source"][r] == d[i]["source"]
+                    seen.add(v)
+        assert seen == {0, 1, 2}
+        loader = d.loader(batch_size=5, augment="cached", seed=3)
+        for batch in loader:
+            for r, (i, v) in enumerate(zip(batch["index"].tolist(), batch["variant"].tolist(), strict=True)):
+                assert np.array_equal(batch["image"][r], want(i, v)["image"]), (i, v)

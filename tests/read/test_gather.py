@@ -16,7 +16,7 @@ import pytest
 import dlpack
 from dlpack import _maps
 from dlpack.backends import _shard, gather
-from dlpack.backends.gather import _ALIAS_GAP, _PAGE, RowSpan, _scratch, gather_rows
+from dlpack.backends.gather import _ALIAS_GAP, _PAGE, MixSpan, RowSpan, _scratch, gather_rows
 from dlpack.errors import OptionError
 
 N = 41
@@ -235,6 +235,61 @@ def test_row_span_only_where_one_take_pays() -> None:
     assert RowSpan.of(apart, 2) is None  # 64 KiB rows in 16 pieces each go row by row
     _, odd = _views(12, (10, 10, 3), 6, pages=2)
     assert RowSpan.of(odd, 6) is None  # 300-byte rows 8,192 bytes apart would be copied in 75 pieces
+
+
+def _arrays(n: int, row_shape: tuple[int, ...], per: int, pages: int, count: int) -> tuple[list[np.ndarray], list]:
+    """``count`` arrays of ``n`` random rows, each as views of ``per`` rows ``pages`` pages apart
+    (as :func:`_views`), the arrays one after another in one block, as a store's arrays are mapped
+    (nothing else lies between them)."""
+    wholes = [np.random.default_rng(u).integers(0, 256, (n, *row_shape), dtype=np.uint8) for u in range(count)]
+    shards = -(-n // per)
+    block = np.empty((count * shards * pages + 1) * _PAGE, dtype=np.uint8)
+    at = -block.__array_interface__["data"][0] % _PAGE
+    sources = []
+    for whole in wholes:
+        views = []
+        for s in range(0, n, per):
+            part = whole[s : s + per]
+            view = block[at : at + part.nbytes].reshape(part.shape)
+            view[...] = part
+            views.append(view)
+            at += pages * _PAGE
+        sources.append((views, per))
+    return wholes, sources
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_mix_span_gathers_rows_of_several_arrays_in_one_take(monkeypatch: pytest.MonkeyPatch, table: bool) -> None:
+    """Row ``idx[k]`` of array ``which[k]``, through the table of the rows' places and through the
+    arithmetic over views: the rows a per-row read gives, for any mix and any order."""
+    if not table:
+        monkeypatch.setattr(gather, "_LOOKUP_ROWS", 0)
+    wholes, sources = _arrays(23, (16, 16, 3), 5, pages=1, count=4)  # 768-byte rows: a few pieces each
+    span = MixSpan.of(sources, 23)
+    assert span is not None and (span._at is not None) == table
+    rng = np.random.default_rng(3)
+    for k in (1, 2, 23, 300):
+        which = rng.integers(0, 4, k).astype(np.int64)
+        idx = rng.integers(0, 23, k).astype(np.int64)
+        out = np.zeros((k, 16, 16, 3), dtype=np.uint8)
+        assert span.gather(which, idx, out)
+        assert np.array_equal(out, np.stack([wholes[w][i] for w, i in zip(which, idx, strict=True)]))
+
+
+def test_mix_span_declines_what_it_cannot_write_in_place_and_where_a_take_does_not_pay() -> None:
+    wholes, sources = _arrays(12, (8, 8, 4), 6, pages=1, count=2)
+    span = MixSpan.of(sources, 12)
+    assert span is not None
+    which, idx = np.array([1, 0, 1], dtype=np.int64), np.array([11, 0, 6], dtype=np.int64)
+    strided = np.zeros((6, 8, 8, 4), dtype=np.uint8)[::2]
+    assert not span.gather(which, idx, strided) and not strided.any()
+    assert not span.gather(which, idx, np.zeros((3, 8, 8, 4), dtype=np.int16))
+    inside = sources[0][0][0][:3]  # rows of a view: inside the span's address range
+    assert not span.gather(which, idx, inside)
+    assert MixSpan.of(sources[:1], 12) is None  # one array: the plain gather
+    assert MixSpan.of(sources, 13) is None  # not n rows each
+    _, large = _arrays(4, (128, 128, 4), 2, pages=33, count=2)
+    assert MixSpan.of(large, 4) is None  # 64 KiB rows in pieces: row by row
 
 
 def test_scratch_sits_off_its_source_in_the_page() -> None:
