@@ -28,12 +28,19 @@ from dlpack.storage.objects import ObjectInfo, ObjectStorage, StorageAccessError
 MakeTree = Callable[..., Path]
 #: Small shards: 16x16 RGB images, 65536-byte shards -> 85 images a shard; 200 images, 3 shards.
 SHARD = 65536
-N = 200  # images of the src fixture (tests/storage/conftest.py)
+N = 200
 
 
 @pytest.fixture(autouse=True)
 def _needs_s3() -> None:
     _s3.skip_without_s3()
+
+
+@pytest.fixture
+def src(make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder of images; the test runs in tmp_path (where a URL taken for a path would make ``s3:``)."""
+    monkeypatch.chdir(tmp_path)
+    return make_tree({f"c{k % 3}/{k:03d}.png": "rgb" for k in range(N)})
 
 
 def _build(src: Path, out: str, **kw: Any) -> dlpack.BuildResult:

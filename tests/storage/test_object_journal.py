@@ -27,13 +27,19 @@ MakeTree = Callable[..., Path]
 LocalPool = _parallel.LocalPool
 #: 16x16 RGB images in 65536-byte shards: 85 images a shard; 200 images, 3 blocks.
 SHARD = 65536
-N = 200  # images of the src fixture (tests/storage/conftest.py)
+N = 200
 BLOCK_KEY = re.compile(r"\.dlpack-journal/\d{12}\.json")
 
 
 @pytest.fixture(autouse=True)
 def _needs_s3() -> None:
     _s3.skip_without_s3()
+
+
+@pytest.fixture
+def src(make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return make_tree({f"c{k % 3}/{k:03d}.png": "rgb" for k in range(N)})
 
 
 def _build(src: Path, out: str, jobs: int = 1, **kw: Any) -> dlpack.BuildResult:
