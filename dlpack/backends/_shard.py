@@ -21,6 +21,7 @@ import numpy as np
 from .._files import open_regular, read_regular
 from .._maps import map_consecutive
 from ..errors import StoreError
+from ._watch import WATCH
 
 __all__ = [
     "ShardedArray", "check_ratio", "decode_chunk_into", "parse_array_meta", "parse_shard_index", "shard_key",
@@ -230,6 +231,11 @@ class ShardedArray:
         #: Per mapped shard: (device, inode, size) of the file mapped, to tell when it shrinks under the map.
         self._mapped: dict[int, tuple[int, int, int, str]] = {}  # device, inode, size, path
         self._shrunk: StoreError | None = None
+        #: Per mapped shard whose file is watched (:mod:`._watch`): its watch; a shard not here is
+        #: looked at by ``stat`` before every read. The process that made the watches, or -1.
+        self._watches: dict[int, tuple[int, int]] = {}
+        self._watch_ids: frozenset[int] = frozenset()
+        self._watch_pid = -1
         self._index: np.ndarray | None = None  # [n_chunks, 2] uint64: (offset, nbytes) within its shard
         self._views: list[np.ndarray | None] | None = None
 
@@ -290,7 +296,9 @@ class ShardedArray:
                     os.close(fd)
                 raise StoreError(f"shard {self.shard_file(s)} changed while the store was being opened; open it again")
             st = os.fstat(fd)
-            self._mapped[s] = (st.st_dev, st.st_ino, sizes[s], os.fspath(self.shard_file(s)))
+            path = os.fspath(self.shard_file(s))
+            self._mapped[s] = (st.st_dev, st.st_ino, sizes[s], path)
+            self._watch(s, path)
             return fd
 
         # Each shard starts a whole number of rows after the first, so that one take gathers whole
@@ -315,6 +323,33 @@ class ShardedArray:
             finally:
                 os.close(fd)
 
+    def _watch(self, s: int, path: str) -> None:
+        """Watch shard ``s``'s file once it is mapped, where the path still names the file mapped at
+        the size mapped (else it was replaced meanwhile: it is looked at by ``stat`` every time)."""
+        token = WATCH.watch(path)
+        if token is None:
+            return
+        dev, ino, size, _ = self._mapped[s]
+        try:
+            st = os.stat(path)
+            same = (st.st_dev, st.st_ino, st.st_size) == (dev, ino, size)
+        except OSError:
+            same = False
+        if not same or (self._watch_pid not in (-1, token[0])):
+            WATCH.unwatch(token)
+            return
+        self._watch_pid = token[0]
+        self._watches[s] = token
+        self._watch_ids = frozenset(wd for _, wd in self._watches.values())
+
+    def _unchanged(self) -> bool:
+        """Whether no mapped shard's file can have changed since it was mapped: every one is watched
+        and none had an event (one non-blocking read of the process's inotify queue)."""
+        if len(self._watches) != len(self._mapped) or not self._watches:
+            return False
+        changed = WATCH.changed(self._watch_pid)
+        return changed is not None and not (changed and not self._watch_ids.isdisjoint(changed))
+
     def check_shards(self, shards: Any) -> None:
         """Refuse to read shards whose file shrank under its map (rewritten in place by another program).
 
@@ -326,6 +361,8 @@ class ShardedArray:
         """
         if self._shrunk is not None:
             raise self._shrunk
+        if self._unchanged():
+            return
         for s in shards:
             mapped = self._mapped.get(s)
             if mapped is None:
@@ -344,6 +381,8 @@ class ShardedArray:
 
     def check_rows(self, idx: np.ndarray) -> None:
         """:meth:`check_shards` for the shards that rows ``idx`` (int64) lie in."""
+        if self._unchanged() and self._shrunk is None:
+            return
         if self.n_shards <= 1:
             self.check_shards(self._mapped)
         elif len(idx):
@@ -496,6 +535,9 @@ class ShardedArray:
                     pass  # a caller still holds a view; the map goes when it does
         self._maps = {}
         self._mapped = {}
+        for token in self._watches.values():
+            WATCH.unwatch(token)
+        self._watches, self._watch_ids, self._watch_pid = {}, frozenset(), -1
         self._index = None
 
     def warm(self) -> None:
