@@ -342,7 +342,7 @@ class ShardedArray:
         self._watches[s] = token
         self._watch_ids = frozenset(wd for _, wd in self._watches.values())
 
-    def _unchanged(self) -> bool:
+    def unchanged(self) -> bool:
         """Whether no mapped shard's file can have changed since it was mapped: every one is watched
         and none had an event (one non-blocking read of the process's inotify queue)."""
         if len(self._watches) != len(self._mapped) or not self._watches:
@@ -361,7 +361,7 @@ class ShardedArray:
         """
         if self._shrunk is not None:
             raise self._shrunk
-        if self._unchanged():
+        if self.unchanged():
             return
         for s in shards:
             mapped = self._mapped.get(s)
@@ -381,7 +381,7 @@ class ShardedArray:
 
     def check_rows(self, idx: np.ndarray) -> None:
         """:meth:`check_shards` for the shards that rows ``idx`` (int64) lie in."""
-        if self._unchanged() and self._shrunk is None:
+        if self.unchanged() and self._shrunk is None:
             return
         if self.n_shards <= 1:
             self.check_shards(self._mapped)

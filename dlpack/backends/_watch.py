@@ -15,6 +15,7 @@ looked at by ``stat``, as without it.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import os
 import struct
@@ -27,7 +28,12 @@ _IN_MODIFY, _IN_ATTRIB, _IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 _IN_Q_OVERFLOW, _IN_IGNORED = 0x4000, 0x8000
 _IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
 _MASK = _IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE
-_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
+_EVENT = struct.Struct("iIII")
+try:  # POSIX only: elsewhere there is no inotify either
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = termios = None  # type: ignore[assignment]  # wd, mask, cookie, len (then len bytes of name)
 
 
 class FileWatch:
@@ -42,6 +48,7 @@ class FileWatch:
         #: Watches that had an event since they were made (their files are looked at by stat from then on).
         self._changed: set[int] = set()
         self._lost = False  # the queue overflowed: any file may have changed
+        self._pending = array.array("i", [0])  # FIONREAD's answer: bytes queued
 
     def _ready(self) -> bool:
         """A descriptor of this process (made now if none); False where inotify cannot be used."""
@@ -52,6 +59,8 @@ class FileWatch:
             libc = ctypes.CDLL(None, use_errno=True)
             fd = int(libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC))
         except (OSError, AttributeError):
+            return False
+        if fcntl is None:
             return False
         if fd >= 0:
             self._libc, self._fd = libc, fd
@@ -88,13 +97,16 @@ class FileWatch:
             if pid != self._pid or pid != os.getpid() or self._fd < 0 or self._lost:
                 return None
             while True:
-                try:
-                    data = os.read(self._fd, 65536)
+                try:  # nothing queued, the common case: asked without a read that fails (an exception costs more)
+                    fcntl.ioctl(self._fd, termios.FIONREAD, self._pending, True)
+                    data = os.read(self._fd, 65536) if self._pending[0] > 0 else b""
                 except BlockingIOError:
-                    break
+                    data = b""
                 except OSError:
                     self._lost = True
                     return None
+                if not data:
+                    break
                 at = 0
                 while at + _EVENT.size <= len(data):
                     wd, mask, _, size = _EVENT.unpack_from(data, at)

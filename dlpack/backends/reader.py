@@ -347,12 +347,14 @@ class StoreReader(ABC):
                 self.read_into(names[u], idx[rows], out, rows=rows.tolist())
             return out
         checked_positions(idx, len(self), f"array {names[0]!r} of {self.path}")
-        span, flat, first, per, checks, owner = plan
+        span, flat, first, per, checks, owner, quiet = plan
         step = per.take(src)
         view = first.take(src) + idx // step  # the view (shard) of each row in ``flat``
         if owner is None:
             for u in np.flatnonzero(np.bincount(src, minlength=len(names))).tolist():
                 checks[u](idx[src == u])
+        elif all(q() for q in quiet):  # no file of any array had an event since it was mapped (inotify)
+            pass
         else:  # the shards the batch touches, all arrays at once: one look at each (a stat)
             touched: dict[int, list[int]] = {}
             for f in np.flatnonzero(np.bincount(view, minlength=len(flat))).tolist():
@@ -390,9 +392,10 @@ class StoreReader(ABC):
             owner: list[int] | None = None
             if all(callable(c) for c in shard_checks):
                 owner = [u for u, (views, _) in enumerate(sources) for _ in views]  # type: ignore[misc]
-                plan = (span, flat, first, per, shard_checks, owner)
+                quiet = [getattr(self._stored(n), "unchanged", _never_quiet) for n in names]
+                plan = (span, flat, first, per, shard_checks, owner, quiet)
             else:
-                plan = (span, flat, first, per, [self._map_check(n) for n in names], None)
+                plan = (span, flat, first, per, [self._map_check(n) for n in names], None, [])
         self._mixes[tuple(names)] = plan
         return plan
 
@@ -744,3 +747,8 @@ class SourceList(Sequence[str]):
 
     def __repr__(self) -> str:
         return repr(self._paths())
+
+
+def _never_quiet() -> bool:
+    """An array that cannot tell its files are unchanged: the shards a batch touches are looked at."""
+    return False

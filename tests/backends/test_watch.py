@@ -60,12 +60,12 @@ def test_a_store_read_with_watched_shards_still_refuses_a_shrunk_one(tmp_path: P
     ds.get_batch(list(range(len(ds))))
     arr = ds._reader._stored("images")  # the images' sharded array
     assert arr._watches and len(arr._watches) == len(arr._mapped)
-    assert arr._unchanged()
+    assert arr.unchanged()
     shard = sorted((out / "images" / "c").rglob("0/0/0"))[-1]
     size = shard.stat().st_size
     with open(shard, "r+b") as fh:  # the same size: no SIGBUS risk, but a write all the same
         fh.write(fh.read(1))
-    assert not arr._unchanged()
+    assert not arr.unchanged()
     assert shard.stat().st_size == size
     ds.get_batch(list(range(len(ds))))  # looked at by stat now, and still whole
     ds.close()
