@@ -54,6 +54,26 @@ class _Span:
         self.keep = keep
 
 
+def _units(views: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """One byte array over C-contiguous ``views`` of one dtype and row shape, in units of the largest
+    piece that divides a row and every view's offset: ``(units, each view's first unit, units a
+    row)``; None where a row would be copied in more than :data:`_SPAN_PIECES` pieces (in more than
+    one from :data:`_LARGE_ROW` on), or the views differ."""
+    like = views[0]
+    rb = like[0].nbytes
+    if any(v.dtype != like.dtype or v.shape[1:] != like.shape[1:] or not v.flags.c_contiguous for v in views):
+        return None
+    addrs = [int(v.__array_interface__["data"][0]) for v in views]
+    lo = min(addrs)
+    unit = math.gcd(rb, *(a - lo for a in addrs))
+    if rb // unit > (1 if rb >= _LARGE_ROW else _SPAN_PIECES):
+        return None
+    hi = max(a + v.nbytes for a, v in zip(addrs, views, strict=True))
+    face = {"shape": ((hi - lo) // unit, unit), "typestr": "|u1", "data": (lo, True), "version": 3}
+    units = np.asarray(_Span(face, list(views)))
+    return units, np.array([(a - lo) // unit for a in addrs], dtype=np.int64), rb // unit
+
+
 class RowSpan:
     """The rows of several views (one store array's shard maps) gathered by one ``np.take``.
 
@@ -101,23 +121,14 @@ class RowSpan:
         Zarr store's shards)."""
         if len(views) < 2 or not len(views[0]):
             return None
-        like = views[0]
-        rb = like[0].nbytes
-        if any(v.dtype != like.dtype or v.shape[1:] != like.shape[1:] or not v.flags.c_contiguous for v in views):
-            return None
         if any(len(v) != rows_per_view for v in views[:-1]) or not 0 < len(views[-1]) <= rows_per_view:
             return None
-        addrs = [int(v.__array_interface__["data"][0]) for v in views]
-        lo = min(addrs)
-        unit = math.gcd(rb, *(a - lo for a in addrs))
-        if rb // unit > (1 if rb >= _LARGE_ROW else _SPAN_PIECES):
+        got = _units(views)
+        if got is None:
             return None
-        hi = max(a + v.nbytes for a, v in zip(addrs, views, strict=True))
-        face = {"shape": ((hi - lo) // unit, unit), "typestr": "|u1", "data": (lo, True), "version": 3}
-        units = np.asarray(_Span(face, list(views)))
-        first = np.array([(a - lo) // unit for a in addrs], dtype=np.int64)
+        units, first, step = got
         rows = rows_per_view * (len(views) - 1) + len(views[-1])
-        return cls(units, first, rows_per_view, rb // unit, rows, like)
+        return cls(units, first, rows_per_view, step, rows, views[0])
 
     def gather(self, idx: np.ndarray, out: np.ndarray) -> bool:
         """Rows ``idx`` (int64) into ``out[:len(idx)]`` in ``idx`` order; False (nothing written) when
@@ -200,25 +211,16 @@ class MixSpan:
         views = [v for vs, _ in sources for v in vs]
         if len(sources) < 2 or not views or not len(views[0]):
             return None
-        like = views[0]
-        rb = like[0].nbytes
-        if any(v.dtype != like.dtype or v.shape[1:] != like.shape[1:] or not v.flags.c_contiguous for v in views):
-            return None
         for vs, rows in sources:
             if not vs or any(len(v) != rows for v in vs[:-1]) or sum(len(v) for v in vs) != n:
                 return None
-        addrs = [int(v.__array_interface__["data"][0]) for v in views]
-        lo = min(addrs)
-        unit = math.gcd(rb, *(a - lo for a in addrs))
-        if rb // unit > (1 if rb >= _LARGE_ROW else _SPAN_PIECES):
+        got = _units(views)
+        if got is None:
             return None
-        hi = max(a + v.nbytes for a, v in zip(addrs, views, strict=True))
-        face = {"shape": ((hi - lo) // unit, unit), "typestr": "|u1", "data": (lo, True), "version": 3}
-        units = np.asarray(_Span(face, views))
-        first = np.array([(a - lo) // unit for a in addrs], dtype=np.int64)
+        units, first, step = got
         base = np.cumsum([0, *(len(vs) for vs, _ in sources[:-1])], dtype=np.int64)
         per = np.array([p for _, p in sources], dtype=np.int64)
-        return cls(units, first, base, per, rb // unit, n, like)
+        return cls(units, first, base, per, step, n, views[0])
 
     def _units_of(self, which: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """The first unit of row ``idx[k]`` of array ``which[k]``."""
