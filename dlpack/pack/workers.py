@@ -361,8 +361,9 @@ def write_block_worker(
     """Decode a block and write it as one block (in a worker, for writers that allow it): the
     per-file results, and the block's :func:`block_counts` (None when a file failed and nothing was written)."""
     block, masks, results = decode_fixed_block(files, plan, pairs, ticks)
+    if any(isinstance(r, InputFileError) for r in results):
+        return results, None  # nothing written: the store is discarded (or rebuilt) anyway
     counts = block_counts(plan, block)
     release_slot()  # what is left is the block's writes
-    if not write_decoded(writer, start, block, masks, results):
-        return results, None
+    write_decoded(writer, start, block, masks, results)
     return results, counts
