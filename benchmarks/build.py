@@ -555,7 +555,7 @@ def breakdown_mode(src: Path, opts: BuildOptions, jobs: list[int], workdir: Path
     sink.unlink()
     parts["dlpack's decode path (read, decode, resize, to RGB, CRC-32, source SHA-256)"] = acc["decode"]
     parts["  pixel CRC-32 alone"] = acc["crc"]
-    parts["pixel statistics (value counts per block)"] = acc["stats"]
+    parts["pixel statistics (per-channel moments per block)"] = acc["stats"]
     parts["pickling a block's results (dumps + loads)"] = acc["pickle"]
     parts["in-order digest (SHA-256 of the stored pixels)"] = acc["digest"]
     parts[f"write of the pixels into the page cache ({written / 1e6:.0f} MB)"] = acc["write"]

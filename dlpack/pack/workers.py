@@ -31,7 +31,7 @@ from ..storage.objects import StorageAccessError
 from ..storage.runner import Pool
 from .inputs import Kept
 from .plan import BuildPlan
-from .stats import histograms
+from .stats import Moments, moments
 
 #: What a worker is given per file: its path relative to the root, its probed header, its annotations.
 Job = tuple[str, ImageHeader | None, Mapping[str, Any] | None]
@@ -344,10 +344,10 @@ def write_decoded(
     return True
 
 
-def block_counts(plan: BuildPlan, block: np.ndarray) -> np.ndarray:
-    """The per-channel value counts of a written block (:func:`~dlpack.pack.stats.histograms`),
-    taken from memory where the block is written, so the commit need not read the images back."""
-    return histograms(block, plan.image.channels, plan.image.dtype)
+def block_counts(plan: BuildPlan, block: np.ndarray) -> Moments:
+    """The per-channel moments of a written block (:func:`~dlpack.pack.stats.moments`), taken
+    from memory where the block is written, so the commit need not read the images back."""
+    return moments(block, plan.image.channels, plan.image.dtype)
 
 
 def write_block_worker(
@@ -357,7 +357,7 @@ def write_block_worker(
     start: int,
     pairs: Sequence[Job],
     ticks: Ticks | None = None,
-) -> tuple[list[Sample | InputFileError], np.ndarray | None]:
+) -> tuple[list[Sample | InputFileError], Moments | None]:
     """Decode a block and write it as one block (in a worker, for writers that allow it): the
     per-file results, and the block's :func:`block_counts` (None when a file failed and nothing was written)."""
     block, masks, results = decode_fixed_block(files, plan, pairs, ticks)

@@ -31,7 +31,7 @@ from ..storage.spill import Column
 from .columns import SampleBlock, SampleTable
 from .inputs import Probe, Selection, bad_inputs
 from .plan import BuildPlan, image_array
-from .stats import with_pixel_stats
+from .stats import Moments, add_moments, with_pixel_stats
 from .workers import (
     Job,
     Sample,
@@ -121,9 +121,9 @@ class Partial:
     note: str
     #: Whether the store is already complete (a killed build's committed partial): publish it as it is.
     committed: bool = False
-    #: The per-channel value counts of every image, summed as the blocks were written (None: the
+    #: The per-channel moments of every image, summed as the blocks were written (None: the
     #: commit reads the images back for their statistics).
-    pixel_counts: np.ndarray | None = None
+    pixel_counts: Moments | None = None
 
 
 def _continue_partial(
@@ -383,7 +383,7 @@ def _write_block_packed(
     pairs: Sequence[Job],
     ticks: Ticks | None = None,
     journal: bool = False,
-) -> tuple[SampleBlock, np.ndarray | None, Any, bool]:
+) -> tuple[SampleBlock, Moments | None, Any, bool]:
     """:func:`write_block_worker` in a worker, its results sent back as columns (a :class:`SampleBlock`),
     with what its copy of the writer reports it wrote (:meth:`~dlpack.backends.StoreWriter.take_landed`),
     and whether it journalled the block.
@@ -432,7 +432,7 @@ class _InOrderDigest:
 
 
 class _PixelCounts:
-    """The images' per-channel value counts (:func:`~dlpack.pack.workers.block_counts`), summed as
+    """The images' per-channel moments (:func:`~dlpack.pack.workers.block_counts`), summed as
     the blocks are written, so the commit's statistics need no second pass over the images.
 
     A block without counts (a failed block, a ragged store) switches it off, and so does a resumed
@@ -440,21 +440,19 @@ class _PixelCounts:
     """
 
     def __init__(self) -> None:
-        self.sum: np.ndarray | None = None
-        self.pixels = 0
+        self.sum: Moments | None = None
         self.on = True
 
-    def add(self, counts: np.ndarray | None) -> None:
+    def add(self, counts: Moments | None) -> None:
         if counts is None:
             self.on = False
         if not self.on or counts is None:
             return
-        self.sum = counts.copy() if self.sum is None else self.sum + counts
-        self.pixels += int(counts[0].sum())
+        self.sum = add_moments(self.sum, counts)
 
-    def total(self, pixels: int) -> np.ndarray | None:
-        """The summed counts when all ``pixels`` pixels (of every image) were counted, else None."""
-        return self.sum if self.on and self.sum is not None and self.pixels == pixels else None
+    def total(self, pixels: int) -> Moments | None:
+        """The summed moments when all ``pixels`` pixels (of every image) were counted, else None."""
+        return self.sum if self.on and self.sum is not None and self.sum[0][0] == pixels else None
 
 
 class _Landing:
@@ -481,9 +479,7 @@ class _Landing:
         self.appended = 0  # ragged images: one stream, in block order
         self.failed = False
 
-    def packed(
-        self, s: int, landed: tuple[SampleBlock, np.ndarray | None, Any, bool]
-    ) -> tuple[list[Sample] | None, int]:
+    def packed(self, s: int, landed: tuple[SampleBlock, Moments | None, Any, bool]) -> tuple[list[Sample] | None, int]:
         """A block a worker wrote (and, into an object store, journalled) itself (:func:`_write_block_packed`)."""
         packed, written, shards, journalled = landed
         self.writer.note_landed(shards)

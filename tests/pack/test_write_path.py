@@ -14,7 +14,7 @@ import pytest
 import dlpack
 from dlpack.backends import ArraySpec, open_reader
 from dlpack.errors import StoreError
-from dlpack.pack.stats import histograms, pixel_stats
+from dlpack.pack.stats import add_moments, histograms, moments, pixel_stats, stats_from_moments
 
 stats_module = importlib.import_module("dlpack.pack.stats")
 write_module = importlib.import_module("dlpack.pack.write")
@@ -43,6 +43,47 @@ def test_histograms_count_every_value_and_add_up_over_any_split(monkeypatch: pyt
     np.testing.assert_array_equal(counts[0], np.bincount(gray.reshape(-1), minlength=65536))
 
 
+def _exact(block: np.ndarray, channels: int) -> tuple[tuple[int, int, int], ...]:
+    flat = block.reshape(-1, channels).astype(np.int64)
+    return tuple((len(flat), int(flat[:, c].sum()), int((flat[:, c] ** 2).sum())) for c in range(channels))
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_moments_are_exact_and_add_up_over_any_split(channels: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(channels)
+    block = rng.integers(0, 256, (6, 33, 17, channels), dtype=np.uint8)
+    block[0] = 255  # the largest squares, and a constant image (no spread) beside the noise
+    block[1] = 0
+    whole = moments(block, channels, "|u1")
+    assert whole == _exact(block, channels)
+    assert add_moments(moments(block[:2], channels, "|u1"), moments(block[2:], channels, "|u1")) == whole
+    monkeypatch.setattr(stats_module, "CHUNK_VALUES", 5 * channels)  # chunks of five pixels: the same moments
+    assert moments(block, channels, "|u1") == whole
+    wide = rng.integers(0, 65536, (2, 9, 7, channels), dtype=np.uint16)
+    assert moments(wide, channels, "<u2") == _exact(wide, channels)  # counted by histograms
+
+
+def test_moments_count_a_chunk_again_when_opencvs_figures_are_not_integers(monkeypatch: pytest.MonkeyPatch) -> None:
+    block = np.random.default_rng(7).integers(0, 256, (3, 20, 20, 3), dtype=np.uint8)
+    real = stats_module.cv2.meanStdDev
+
+    def off(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mean, std = real(part)
+        return mean + 0.4 / len(part), std  # a sum 0.4 away from any integer
+
+    monkeypatch.setattr(stats_module.cv2, "meanStdDev", off)
+    assert moments(block, 3, "|u1") == _exact(block, 3)
+
+
+def test_stats_from_moments_match_numpy_and_an_empty_store() -> None:
+    block = np.random.default_rng(2).integers(0, 256, (4, 8, 8, 3), dtype=np.uint8)
+    stats = stats_from_moments(moments(block, 3, "|u1"))
+    np.testing.assert_allclose(stats["mean"], block.reshape(-1, 3).mean(axis=0), rtol=1e-14)
+    np.testing.assert_allclose(stats["std"], block.reshape(-1, 3).std(axis=0), rtol=1e-12)
+    assert stats["count"] == 4 * 8 * 8
+    assert stats_from_moments(((0, 0, 0),)) == {"mean": [0.0], "std": [0.0], "count": 0}
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_the_pixel_stats_are_counted_as_the_blocks_are_written_not_read_back(
     jobs: int, make_tree: MakeTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, snapshot: Any
@@ -68,13 +109,11 @@ def test_the_pixel_stats_are_counted_as_the_blocks_are_written_not_read_back(
 
 def test_counts_that_miss_a_block_are_not_used() -> None:
     counts = write_module._PixelCounts()
-    one = np.zeros((3, 256), dtype=np.int64)
-    one[:, 7] = 10  # a block of 10 pixels
+    one = ((10, 70, 490),) * 3  # a block of 10 pixels of value 7
     counts.add(one)
     counts.add(one)
     assert counts.total(30) is None  # 20 of 30 pixels counted: a block is missing
-    total = counts.total(20)
-    assert total is not None and int(total[0, 7]) == 20
+    assert counts.total(20) == ((20, 140, 980),) * 3
     counts.add(None)  # a block that was not counted
     counts.add(one)
     assert counts.total(30) is None
