@@ -237,13 +237,15 @@ def test_row_span_only_where_one_take_pays() -> None:
     assert RowSpan.of(odd, 6) is None  # 300-byte rows 8,192 bytes apart would be copied in 75 pieces
 
 
-def _arrays(n: int, row_shape: tuple[int, ...], per: int, pages: int, count: int) -> tuple[list[np.ndarray], list]:
+def _arrays(
+    n: int, row_shape: tuple[int, ...], per: int, pages: int, count: int, gap: int = 0
+) -> tuple[list[np.ndarray], list]:
     """``count`` arrays of ``n`` random rows, each as views of ``per`` rows ``pages`` pages apart
-    (as :func:`_views`), the arrays one after another in one block, as a store's arrays are mapped
-    (nothing else lies between them)."""
+    (as :func:`_views`), the arrays one after another in one block, ``gap`` pages between them (where
+    other memory may lie: each array of a store is mapped in one range, the arrays one by one)."""
     wholes = [np.random.default_rng(u).integers(0, 256, (n, *row_shape), dtype=np.uint8) for u in range(count)]
     shards = -(-n // per)
-    block = np.empty((count * shards * pages + 1) * _PAGE, dtype=np.uint8)
+    block = np.empty((count * (shards * pages + gap) + 1) * _PAGE, dtype=np.uint8)
     at = -block.__array_interface__["data"][0] % _PAGE
     sources = []
     for whole in wholes:
@@ -255,6 +257,7 @@ def _arrays(n: int, row_shape: tuple[int, ...], per: int, pages: int, count: int
             views.append(view)
             at += pages * _PAGE
         sources.append((views, per))
+        at += gap * _PAGE
     return wholes, sources
 
 
@@ -290,6 +293,27 @@ def test_mix_span_declines_what_it_cannot_write_in_place_and_where_a_take_does_n
     assert MixSpan.of(sources, 13) is None  # not n rows each
     _, large = _arrays(4, (128, 128, 4), 2, pages=33, count=2)
     assert MixSpan.of(large, 4) is None  # 64 KiB rows in pieces: row by row
+
+
+def test_mix_span_gathers_into_a_batch_that_lies_between_two_arrays() -> None:
+    """A batch block allocated after one array was mapped and before the next lies inside the
+    span's address range: the rows come through a buffer beside it (one take and one copy)."""
+    wholes, sources = _arrays(10, (16, 16, 3), 5, pages=1, count=3, gap=4)
+    span = MixSpan.of(sources, 10)
+    assert span is not None
+    last = sources[0][0][-1]  # the first array's last view: the gap starts a page after it
+    start = int(last.__array_interface__["data"][0]) + _PAGE
+    base = last.base if last.base is not None else last
+    offset = start - int(base.__array_interface__["data"][0])
+    rng = np.random.default_rng(9)
+    which = rng.integers(0, 3, 5).astype(np.int64)
+    idx = rng.integers(0, 10, 5).astype(np.int64)
+    out = base[offset : offset + 5 * 768].reshape(5, 16, 16, 3)  # in the gap: inside the span
+    assert np.may_share_memory(out, span._units)
+    assert span.gather(which, idx, out)
+    assert np.array_equal(out, np.stack([wholes[w][i] for w, i in zip(which, idx, strict=True)]))
+    for whole, (views, _) in zip(wholes, sources, strict=True):  # no stored row was touched
+        assert np.array_equal(np.concatenate(views), whole)
 
 
 def test_scratch_sits_off_its_source_in_the_page() -> None:
