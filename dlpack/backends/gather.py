@@ -253,8 +253,11 @@ class MixSpan:
         into = dest
         if np.may_share_memory(dest, self._units):
             # ``out`` lies in a gap between the arrays' ranges (a batch block allocated after one
-            # array was mapped and before the next): take into a buffer beside the span and copy,
-            # not row by row in Python (three times the time of a batch of 64x64x3 originals).
+            # array was mapped and before the next): rows under :data:`_LARGE_ROW` are taken into
+            # a buffer beside the span and copied (row by row in Python, a batch of 64x64x3 views
+            # took three times the originals' time); larger ones go row by row (the caller).
+            if dest[0].nbytes >= _LARGE_ROW:
+                return False
             lo = int(dest.__array_interface__["data"][0])
             hi = lo + dest.nbytes
             if any(lo < end and start < hi for start, end in self._ranges):

@@ -314,6 +314,14 @@ def test_mix_span_gathers_into_a_batch_that_lies_between_two_arrays() -> None:
     assert np.array_equal(out, np.stack([wholes[w][i] for w, i in zip(which, idx, strict=True)]))
     for whole, (views, _) in zip(wholes, sources, strict=True):  # no stored row was touched
         assert np.array_equal(np.concatenate(views), whole)
+    wholes, sources = _arrays(4, (128, 128, 4), 1, pages=16, count=2, gap=16)  # 64 KiB rows
+    span = MixSpan.of(sources, 4)
+    assert span is not None
+    last = sources[0][0][-1]
+    base = last.base if last.base is not None else last
+    offset = int(last.__array_interface__["data"][0]) + 16 * _PAGE - int(base.__array_interface__["data"][0])
+    out = base[offset : offset + 65536].reshape(1, 128, 128, 4)
+    assert not span.gather(np.array([1]), np.array([2]), out)  # large rows: row by row, by the caller
 
 
 def test_scratch_sits_off_its_source_in_the_page() -> None:
