@@ -11,6 +11,10 @@ by address ranges alone and would take into a temporary and copy it (half the sp
 committed) and maps each file into it in turn (``MAP_FIXED`` over its own reservation), so the
 maps are one gap-free range that nothing else can be placed inside. The range is unmapped when the
 last array that refers to it is gone, as Python's ``mmap`` objects would be.
+
+An :class:`Arena` does the same for several arrays of one store (the images and their
+augmentation variants): each array's range is carved from one reservation made for all of them,
+so a batch that mixes their rows (``MixSpan``) spans no memory but theirs either.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["libc", "map_consecutive"]
+__all__ = ["Arena", "libc", "map_consecutive"]
 
 _PROT_NONE, _PROT_READ = 0x0, 0x1
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED = 0x1, 0x2, 0x10
@@ -70,6 +74,61 @@ class _Range:
         self._munmap(self._addr, self._size)
 
 
+class _Slot:
+    """An array's range carved from an :class:`Arena`: when garbage-collected its file maps are
+    replaced by a reservation again (no unmap: nothing else may move into the arena), and the
+    arena lives at least as long as it."""
+
+    def __init__(self, arena: Arena, addr: int, size: int) -> None:
+        self._arena, self._addr, self._size = arena, addr, size
+        self.__array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (addr, True), "version": 3}
+
+    def __del__(self) -> None:
+        self._arena._reserve(self._addr, self._size)
+
+
+class Arena:
+    """One address range reserved for the maps of ``members`` arrays of equal size (a store's images
+    and their variants), reserved when the first array is mapped: ``members`` times its size, plus an
+    eighth (variants compressed differently may be larger). An array that no longer fits (larger
+    than the rest, or mapped again after a change) gets a range of its own, as without an arena."""
+
+    def __init__(self, members: int) -> None:
+        self.members = max(1, int(members))
+        self._lib = libc()
+        self._base = 0
+        self._size = 0
+        self._next = 0
+        self._anon = _kind() or 0
+        self._failed = self._lib is None or not self._anon
+
+    def carve(self, size: int, step: int) -> int | None:
+        """The start of ``size`` free bytes of the arena, a multiple of ``step`` bytes from its start
+        (``step``: whole pages); None where there is no arena or no room left in it."""
+        if self._failed:
+            return None
+        if not self._size:
+            want = -(-(size * self.members + size // 8) // step) * step
+            addr = self._lib.mmap(None, want, _PROT_NONE, _MAP_PRIVATE | self._anon, -1, 0)
+            if _failed(addr):
+                self._failed = True
+                return None
+            self._base, self._size = addr, want
+        at = -(-self._next // step) * step
+        if at + size > self._size:
+            return None
+        self._next = at + size
+        return self._base + at
+
+    def _reserve(self, addr: int, size: int) -> None:
+        """Turn ``size`` bytes at ``addr`` (file maps of a dropped array) back into a reservation."""
+        self._lib.mmap(addr, size, _PROT_NONE, _MAP_PRIVATE | _MAP_FIXED | self._anon, -1, 0)
+
+    def __del__(self) -> None:
+        if self._size:
+            self._lib.munmap(self._base, self._size)
+
+
 def _kind() -> int | None:
     for prefix, flags in _ANON_NORESERVE.items():
         if sys.platform.startswith(prefix):
@@ -77,10 +136,14 @@ def _kind() -> int | None:
     return None
 
 
-def map_consecutive(sizes: Sequence[int], open_file: Callable[[int], int], align: int = 1) -> list[np.ndarray] | None:
+def map_consecutive(
+    sizes: Sequence[int], open_file: Callable[[int], int], align: int = 1, arena: Arena | None = None
+) -> list[np.ndarray] | None:
     """Read-only uint8 arrays of ``len(sizes)`` files, ``sizes[k]`` bytes each (all > 0), mapped one
     after the other in one range, each starting a multiple of ``align`` bytes (rounded up to whole
     pages) after the first; None where this platform cannot (the caller maps them one by one).
+    ``arena``: the range is carved from it where it has room (see :class:`Arena`), at a multiple of
+    the same step from its start, so arrays of equal rows lie whole rows apart.
 
     ``open_file(k)`` gives a descriptor of file ``k`` that is ``sizes[k]`` bytes long (it checks: a
     map past a file's end faults when read); it is closed once mapped, so one is open at a time.
@@ -94,11 +157,17 @@ def map_consecutive(sizes: Sequence[int], open_file: Callable[[int], int], align
     page = math.lcm(mmap.PAGESIZE, align)  # the padding is address space only: never touched, never committed
     spans = [-(-s // page) * page for s in sizes]
     total = sum(spans)
-    base = lib.mmap(None, total, _PROT_NONE, _MAP_PRIVATE | anon, -1, 0)
-    if _failed(base):
-        err = ctypes.get_errno()
-        raise OSError(err, f"cannot reserve {total} bytes of address space: {os.strerror(err)}")
-    whole = _Range(lib, base, total)  # unmaps the reservation and every map inside it when dropped
+    carved = arena.carve(total, page) if arena is not None else None
+    whole: _Range | _Slot
+    if carved is not None and arena is not None:
+        base = carved
+        whole = _Slot(arena, base, total)  # a reservation again when dropped
+    else:
+        base = lib.mmap(None, total, _PROT_NONE, _MAP_PRIVATE | anon, -1, 0)
+        if _failed(base):
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot reserve {total} bytes of address space: {os.strerror(err)}")
+        whole = _Range(lib, base, total)  # unmaps the reservation and every map inside it when dropped
     at = base
     starts = []
     for k, (size, span) in enumerate(zip(sizes, spans, strict=True)):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._files import open_regular, read_regular
-from .._maps import map_consecutive
+from .._maps import Arena, map_consecutive
 from ..errors import StoreError
 from ._watch import WATCH
 
@@ -203,9 +203,13 @@ class ShardedArray:
     re-mapping per epoch costs more than half the throughput.
     """
 
-    def __init__(self, path: Path, strict: bool = False, meta: Any = None, dir_fd: int | None = None) -> None:
+    def __init__(
+        self, path: Path, strict: bool = False, meta: Any = None, dir_fd: int | None = None, arena: Arena | None = None
+    ) -> None:
         self.path = path
         self.strict = strict
+        #: Where the shards are mapped when the arena has room (the store's arrays of the same rows).
+        self._arena = arena
         #: A handle on the array's folder: shard files are opened through it, so they come from the
         #: folder whose zarr.json was read even if the store is replaced meanwhile (POSIX).
         self._dir_fd = dir_fd
@@ -306,7 +310,7 @@ class ShardedArray:
         row = math.prod(self.shape[1:]) * self.dtype.itemsize
         align = row if row > 0 and math.lcm(row, mmap.PAGESIZE) <= _MAX_ALIGN else 1
         try:
-            together = map_consecutive([sizes[s] for s in shards], reopen, align)
+            together = map_consecutive([sizes[s] for s in shards], reopen, align, self._arena)
         except StoreError:
             raise  # a shard missing or changed (StoreError is an OSError too): mapping again would not help
         except OSError:

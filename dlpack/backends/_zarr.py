@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import schema
 from .._files import NotRegularFileError, file_kind, irregular_entries, open_regular, read_regular, writing
+from .._maps import Arena
 from ..errors import IncompleteStoreError, StoreError, StoreExistsError, StoreNotFoundError
 from ..manifest import ArraySpec, Manifest, sha256_hex
 from ._shard import ShardedArray, crc32c
@@ -686,6 +688,8 @@ class ZarrReader(StoreReader):
         super().__init__(path, mode)
         self._manifest: Manifest | None = None
         self._fd: int | None = None
+        #: Per array with variants (``images``, ``mask``): the range its arrays are mapped in.
+        self._arenas: dict[str, Arena] = {}
 
     def _root(self) -> int | None:
         """The handle on the store folder, opened (and the manifest read and pinned) on first use."""
@@ -739,7 +743,7 @@ class ZarrReader(StoreReader):
         try:
             self.check_generation(stored_name, array_digest_attr(meta))
             if is_sharded(meta):
-                arr = ShardedArray(path, strict=True, meta=meta, dir_fd=afd)
+                arr = ShardedArray(path, strict=True, meta=meta, dir_fd=afd, arena=self._arena_of(stored_name))
                 try:
                     arr.map_all()
                 except StoreError:
@@ -755,6 +759,23 @@ class ZarrReader(StoreReader):
             if afd is not None:
                 os.close(afd)
 
+    def _arena_of(self, stored_name: str) -> Arena | None:
+        """The address range shared by ``stored_name`` and its variants' arrays (``images`` and
+        ``images_v1``..): a batch of cached views mixes their rows in one take, which needs no
+        other memory between them (:class:`~dlpack._maps.Arena`); None for an array without variants."""
+        of = schema.variant_of(stored_name)
+        base = of[0] if of is not None else stored_name
+        if base not in schema.VARIANT_BASES:
+            return None
+        arena = self._arenas.get(base)
+        if arena is None:
+            names = self.manifest.arrays
+            members = 1 + sum(1 for name in names if (schema.variant_of(name) or ("", 0))[0] == base)
+            if members < 2:
+                return None
+            arena = self._arenas[base] = Arena(members)
+        return arena
+
     def _replaced(self) -> bool:
         """Whether the folder at this path is no longer the one this reader opened."""
         if self._fd is None:
@@ -768,6 +789,7 @@ class ZarrReader(StoreReader):
 
     def close(self) -> None:
         super().close()
+        self._arenas = {}  # each goes once the last of its arrays' maps is dropped
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -12,6 +12,7 @@ import math
 import mmap
 import os
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -87,7 +88,7 @@ def test_a_view_outlives_close_and_reads_the_same_bytes(store: Path) -> None:
 def test_shards_map_one_by_one_where_one_range_cannot_be_had(
     store: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    def refuse(sizes: object, open_file: object, align: int = 1) -> None:
+    def refuse(sizes: object, open_file: object, align: int = 1, arena: object = None) -> None:
         if how == "refused":
             raise OSError(12, "cannot reserve address space")
 
@@ -155,3 +156,102 @@ def test_a_shard_that_changes_while_the_store_opens_is_an_error(
     monkeypatch.setattr(ShardedArray, "_size", grow_after_the_first_look)
     with pytest.raises(dlpack.errors.StoreError, match=r"c/1/0/0/0 changed while the store was being opened"):
         _ = arr.index
+
+
+def _mapped(start: int) -> bool:
+    """Whether /proc/self/maps lists a mapping that contains address ``start``."""
+    with open("/proc/self/maps", encoding="ascii") as f:
+        for line in f:
+            lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+            if lo <= start < hi:
+                return True
+    return False
+
+
+@pytest.mark.skipif(_maps.libc() is None or not os.path.exists("/proc/self/maps"), reason="Linux maps")
+def test_a_stores_images_and_variants_are_mapped_in_one_range_with_nothing_else_between(
+    store: Path, tmp_path: Path
+) -> None:
+    """A batch block allocated after the originals were mapped and before the variants cannot lie
+    between them, so the one take over all of them writes straight into it (no copy, no row by row)."""
+    import shutil
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    copy = tmp_path / "v.zarr"
+    shutil.copytree(store, copy)
+    dlpack.augment(copy, k=2, config=examples / "augment_albumentations.json", seed=1, jobs=1, quiet=True)
+    names = ["images", "images_v1", "images_v2"]
+    with dlpack.open(copy) as ds:
+        r = ds.reader
+        first = r._stored("images")
+        first.shard_views()
+        between = np.empty(2**22, dtype=np.uint8)  # 4 MiB: a block of its own, placed by the kernel
+        between[:] = 1
+        arrays = [r._stored(n) for n in names]
+        arena = arrays[0]._arena
+        assert arena is not None and all(a._arena is arena for a in arrays)
+        lo, hi = arena._base, arena._base + arena._size
+        starts = []
+        for a in arrays:
+            views = [v for v in a.shard_views() if v is not None]
+            assert all(lo <= _addr(v) and _addr(v) + v.nbytes <= hi for v in views)
+            starts.append(_addr(views[0]))
+        row = 64 * 64 * 3
+        assert all((s - starts[0]) % row == 0 for s in starts)  # whole rows apart: one take of whole rows
+        assert not (lo <= _addr(between) < hi)
+        span = r._mix_plan(names)[0]
+        assert span is not None and not np.may_share_memory(between, span._units)
+        which = np.array([2, 0, 1, 2], dtype=np.int64)
+        idx = np.array([7, 3, 29, 0], dtype=np.int64)
+        out = between[: 4 * row].reshape(4, 64, 64, 3)
+        r.read_into_from(names, which, idx, out)
+        for k in range(4):
+            want = ds[int(idx[k])]["image"] if which[k] == 0 else ds.variant(int(idx[k]), int(which[k]))["image"]
+            assert np.array_equal(out[k], want)
+        del arrays, first, span, views, a, r, arena
+    del ds
+    gc.collect()
+    assert not _mapped(lo)  # the range goes with the store's last map
+
+
+def _perms(start: int) -> str | None:
+    with open("/proc/self/maps", encoding="ascii") as f:
+        for line in f:
+            lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+            if lo <= start < hi:
+                return line.split()[1]
+    return None
+
+
+@pytest.mark.skipif(
+    _maps.libc() is None or not os.path.exists("/proc/self/maps") or mmap.PAGESIZE != 4096, reason="Linux, 4 KiB pages"
+)
+def test_an_arena_keeps_a_dropped_arrays_range_reserved_and_goes_with_its_last_map(tmp_path: Path) -> None:
+    files = []
+    for k in range(2):
+        f = tmp_path / f"f{k}"
+        f.write_bytes(bytes([k + 1]) * 5000)
+        files.append(f)
+
+    def opener(f: Path) -> Any:
+        return lambda _k: os.open(f, os.O_RDONLY)
+
+    arena = _maps.Arena(2)
+    one = _maps.map_consecutive([5000], opener(files[0]), 1, arena)
+    two = _maps.map_consecutive([5000], opener(files[1]), 1, arena)
+    assert one is not None and two is not None
+    a, b = _addr(one[0]), _addr(two[0])
+    assert b - a == 2 * mmap.PAGESIZE and one[0][0] == 1 and two[0][-1] == 2  # carved one after the other
+    lo, hi = arena._base, arena._base + arena._size  # 2 x 2 pages and an eighth, in whole pages: 5
+    assert hi - lo == 5 * mmap.PAGESIZE
+    rest = _maps.map_consecutive([5000], opener(files[0]), 1, arena)
+    assert rest is not None and not lo <= _addr(rest[0]) < hi  # no room left: a range of its own
+    assert rest[0][0] == 1
+    del rest
+    del one
+    gc.collect()
+    assert _perms(a) == "---p"  # the file map is gone, the addresses stay the arena's
+    assert two[0][0] == 2
+    del arena, two
+    gc.collect()
+    assert _perms(a) is None and _perms(b) is None

@@ -63,7 +63,7 @@ def maps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     """Zarr shards mapped end to end in one range (whole rows apart: every batch is one take), or
     one map each, as where the platform cannot (the per-shard paths: pieces, scratch, row by row)."""
     if request.param == "one by one":
-        monkeypatch.setattr(_shard, "map_consecutive", lambda sizes, open_file, align=1: None)
+        monkeypatch.setattr(_shard, "map_consecutive", lambda sizes, open_file, align=1, arena=None: None)
     return str(request.param)
 
 
