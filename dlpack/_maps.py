@@ -24,6 +24,7 @@ import math
 import mmap
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -101,10 +102,15 @@ class Arena:
         self._next = 0
         self._anon = _kind() or 0
         self._failed = self._lib is None or not self._anon
+        self._lock = threading.Lock()  # two threads mapping two arrays must never get one range
 
     def carve(self, size: int, step: int) -> int | None:
         """The start of ``size`` free bytes of the arena, a multiple of ``step`` bytes from its start
         (``step``: whole pages); None where there is no arena or no room left in it."""
+        with self._lock:
+            return self._carve(size, step)
+
+    def _carve(self, size: int, step: int) -> int | None:
         if self._failed:
             return None
         if not self._size:

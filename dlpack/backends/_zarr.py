@@ -767,14 +767,11 @@ class ZarrReader(StoreReader):
         base = of[0] if of is not None else stored_name
         if base not in schema.VARIANT_BASES:
             return None
-        arena = self._arenas.get(base)
-        if arena is None:
-            names = self.manifest.arrays
-            members = 1 + sum(1 for name in names if (schema.variant_of(name) or ("", 0))[0] == base)
-            if members < 2:
-                return None
-            arena = self._arenas[base] = Arena(members)
-        return arena
+        names = self.manifest.arrays
+        members = 1 + sum(1 for name in names if (schema.variant_of(name) or ("", 0))[0] == base)
+        if members < 2:
+            return None
+        return self._arenas.setdefault(base, Arena(members))  # one per base, also when threads race here
 
     def _replaced(self) -> bool:
         """Whether the folder at this path is no longer the one this reader opened."""

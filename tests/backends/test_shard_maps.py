@@ -255,3 +255,17 @@ def test_an_arena_keeps_a_dropped_arrays_range_reserved_and_goes_with_its_last_m
     del arena, two
     gc.collect()
     assert _perms(a) is None and _perms(b) is None
+
+
+@pytest.mark.skipif(_maps.libc() is None, reason="no C library mmap on this platform")
+def test_threads_carving_one_arena_never_get_overlapping_ranges() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    arena = _maps.Arena(64)
+    page = mmap.PAGESIZE
+    arena.carve(page, page)  # reserved for 64 pages (and an eighth, rounded): room for 64 more
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: arena.carve(page, page), range(80)))
+    starts = sorted(a for a in got if a is not None)
+    assert len(starts) == arena._size // page - 1 and len(set(starts)) == len(starts)  # every page once
+    assert all(b - a >= page for a, b in zip(starts, starts[1:], strict=False))
