@@ -9,12 +9,14 @@ few, a rerun is left to finish and its store verified. ``DLPACK_INTERRUPTS`` set
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,26 +75,41 @@ def _run(command: list[str], env: dict[str, str], delay: float | None) -> tuple[
 
     Returns its exit code, its stderr, and the processes of its group left once it exited: the
     pool workers still there the moment it exited, else those left once its stderr was closed.
+    Its stderr is read as it comes (a full pipe would stop it); one that does not exit within
+    :data:`HANG` is sent SIGABRT first, so that its threads' stacks (``PYTHONFAULTHANDLER``) end the
+    failure's message.
     """
     proc = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+        start_new_session=True,
     )
-    try:
-        if delay is not None:
-            try:
-                proc.wait(delay)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGINT)
-        workers = _workers_at_exit(proc, HANG)
-        if workers is None:
-            raise subprocess.TimeoutExpired(command, HANG)
-        _, err = proc.communicate(timeout=HANG)
-    except subprocess.TimeoutExpired:
+    chunks: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: chunks.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    if delay is not None:
+        try:
+            proc.wait(delay)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+    workers = _workers_at_exit(proc, HANG)
+    if workers is None:
         left = _group(proc.pid)
+        os.kill(proc.pid, signal.SIGABRT)  # its stacks to stderr
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"the build did not exit within {HANG} s of its interrupt; its group: {left}")
-    return proc.returncode, err, workers or _group(proc.pid)
+        proc.wait()
+        reader.join(10)
+        pytest.fail(f"the build did not exit within {HANG} s of its interrupt; its group: {left}; "
+                    f"its stderr ends: {''.join(chunks)[-6000:]}")  # fmt: skip
+    reader.join(HANG)
+    proc.wait()
+    return proc.returncode, "".join(chunks), workers or _group(proc.pid)
 
 
 def _interrupt_builds(command: list[str], out: Path, jobs: int, count: int, seed: int) -> None:
