@@ -15,8 +15,9 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
-__all__ = ["install", "is_the_command", "quiet_cleanup"]
+__all__ = ["InterruptsHeld", "install", "is_the_command", "quiet_cleanup"]
 
 #: Seconds before an interrupt that arrived inside a finaliser is raised again.
 _RETRY = 0.005
@@ -99,3 +100,49 @@ def quiet_cleanup() -> None:
 
     sys.unraisablehook = _quiet_unraisable
     warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+
+
+class InterruptsHeld:
+    """On the main thread, a Ctrl-C that arrives inside the block is raised as the block ends.
+
+    Python raises ``KeyboardInterrupt`` at any bytecode of the main thread, also inside the
+    standard library's bookkeeping, which it can leave half done: raised inside the decoder's
+    capture of descriptor 2 (``dlpack.sources.decode``), descriptor 2 would keep pointing at a
+    private file for the rest of the process; raised while ``ThreadPoolExecutor.submit`` starts
+    its thread (``dlpack.storage.runner``), the thread is never told to stop and keeps the process
+    from exiting. Holding the signal costs two ``signal.signal`` calls. A handler the caller
+    installed is called as it would have been.
+    """
+
+    __slots__ = ("_previous", "_held")
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self._held: tuple[int, Any] | None = None
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        self._held = (signum, frame)
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        # None: a handler installed outside Python, which could not be put back: left alone.
+        if signal.getsignal(signal.SIGINT) is None:
+            return
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._hold)
+        except (ValueError, OSError):  # not the main interpreter: nothing to hold
+            self._previous = None
+
+    def __exit__(self, *exc: object) -> None:
+        previous, self._previous = self._previous, None
+        if previous is None:
+            return
+        signal.signal(signal.SIGINT, previous)
+        held, self._held = self._held, None
+        if held is None:
+            return
+        if callable(previous):
+            previous(*held)  # the default handler raises KeyboardInterrupt here
+        elif previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import signal
 import struct
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .._interrupt import InterruptsHeld
 from ..errors import DlpackError, OptionError
 from ..transforms.functional import (
     Geometry,
@@ -330,7 +330,7 @@ class _Fd2Capture:
         """Call ``fn`` with descriptor 2 captured; its result and the library lines it printed."""
         if not self._usable:
             return fn(), []
-        with _InterruptsHeld():
+        with InterruptsHeld():
             return self._run(fn)
 
     def _run(self, fn: Callable[[], T]) -> tuple[T, list[str]]:
@@ -385,52 +385,6 @@ class _Fd2Capture:
                 self._alone = False
                 self._cond.notify_all()
         return result, _library_lines(text)
-
-
-class _InterruptsHeld:
-    """On the main thread, a Ctrl-C that arrives inside the block is raised as the block ends.
-
-    Python raises ``KeyboardInterrupt`` at any bytecode of the main thread. One raised inside the
-    capture's bookkeeping (say, after the decode returned but before descriptor 2 was given back)
-    would leave descriptor 2 pointing at the private file for the rest of the process: the
-    command's own "interrupted" line, and every later library message, would vanish. Holding the
-    signal costs two ``signal.signal`` calls per decode and delays a Ctrl-C by at most one decode,
-    which cannot be interrupted anyway (it is C code). A handler the caller installed is called as
-    it would have been.
-    """
-
-    __slots__ = ("_previous", "_held")
-
-    def __init__(self) -> None:
-        self._previous: Any = None
-        self._held: tuple[int, Any] | None = None
-
-    def _hold(self, signum: int, frame: Any) -> None:
-        self._held = (signum, frame)
-
-    def __enter__(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        # None: a handler installed outside Python, which could not be put back: left alone.
-        if signal.getsignal(signal.SIGINT) is None:
-            return
-        try:
-            self._previous = signal.signal(signal.SIGINT, self._hold)
-        except (ValueError, OSError):  # not the main interpreter: nothing to hold
-            self._previous = None
-
-    def __exit__(self, *exc: object) -> None:
-        previous, self._previous = self._previous, None
-        if previous is None:
-            return
-        signal.signal(signal.SIGINT, previous)
-        held, self._held = self._held, None
-        if held is None:
-            return
-        if callable(previous):
-            previous(*held)  # the default handler raises KeyboardInterrupt here
-        elif previous == signal.SIG_DFL:
-            os.kill(os.getpid(), signal.SIGINT)
 
 
 def _library_lines(text: bytes) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from .._interrupt import InterruptsHeld
 from ..backends import StoreWriter
 from ..errors import StoreError
 from .journal import BuildJournal, JournalState, Record, Restart, read_journal
@@ -124,10 +125,16 @@ def run_blocks(
 
         # A build stopped while computing still lands the block handed to the writing thread.
         with ThreadPoolExecutor(1, thread_name_prefix="dlpack-write") as writer:
+            # The thread is started now and each block handed over with Ctrl-C held: one raised
+            # while ``submit`` starts the thread leaves one the executor never tells to stop, which
+            # waits for work forever and keeps the process from exiting.
+            with InterruptsHeld():
+                writer.submit(int).result()
             pending: Future[None] | None = None
             for slot, block in enumerate(blocks):
                 result = next(results)
-                queued = writer.submit(land_behind, slot, block, result)
+                with InterruptsHeld():
+                    queued = writer.submit(land_behind, slot, block, result)
                 del result  # the thread holds it until landed: two blocks in memory at most
                 if pending is not None:
                     pending.result()  # a failed land (or journal line) raises here
