@@ -67,7 +67,7 @@ def _units(views: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int] | 
     rb = like[0].nbytes
     if any(v.dtype != like.dtype or v.shape[1:] != like.shape[1:] or not v.flags.c_contiguous for v in views):
         return None
-    addrs = [int(v.__array_interface__["data"][0]) for v in views]
+    addrs = [_start(v) for v in views]
     lo = min(addrs)
     unit = math.gcd(rb, *(a - lo for a in addrs))
     if rb // unit > (1 if rb >= _LARGE_ROW else _SPAN_PIECES):
@@ -258,11 +258,11 @@ class MixSpan:
             # took three times the originals' time); larger ones go row by row (the caller).
             if dest[0].nbytes >= _LARGE_ROW:
                 return False
-            lo = int(dest.__array_interface__["data"][0])
+            lo = _start(dest)
             hi = lo + dest.nbytes
             if any(lo < end and start < hi for start, end in self._ranges):
                 return False  # within an array's own range: rows of the arrays themselves
-            into = _scratch(dest.shape, dest.dtype, int(self._units.__array_interface__["data"][0]))
+            into = _scratch(dest.shape, dest.dtype, _start(self._units))
             if np.may_share_memory(into, self._units):
                 return False  # no buffer outside the span either
         at = self._at.take(which * self._n + idx) if self._at is not None else self._units_of(which, idx)
@@ -317,7 +317,7 @@ def gather_rows(
         return out
     counts = np.bincount(shard, minlength=hi + 1).tolist()
     local = idx[order] - shard[order] * rows_per_view
-    tmp = _scratch(dest.shape, dest.dtype, int(views[lo].__array_interface__["data"][0]))
+    tmp = _scratch(dest.shape, dest.dtype, _start(views[lo]))
     at = 0
     for s in range(lo, hi + 1):
         c = counts[s]

@@ -29,7 +29,6 @@ __all__ = [
     "histograms",
     "moments",
     "pixel_stats",
-    "stats_from_histograms",
     "stats_from_moments",
     "with_pixel_stats",
 ]
@@ -52,11 +51,6 @@ def stats_from_moments(m: Moments) -> dict[str, Any]:
     return {"mean": mean, "std": std, "count": n}
 
 
-def stats_from_histograms(hist: np.ndarray) -> dict[str, Any]:
-    """``{"mean", "std", "count"}`` from a C x V array of per-channel value counts (population std)."""
-    return stats_from_moments(_histogram_moments(hist))
-
-
 def add_moments(a: Moments | None, b: Moments) -> Moments:
     """The moments of two disjoint sets of pixels together (``a`` None: none yet)."""
     if a is None:
@@ -65,10 +59,11 @@ def add_moments(a: Moments | None, b: Moments) -> Moments:
 
 
 def _histogram_moments(hist: np.ndarray) -> Moments:
+    """The :data:`Moments` of a C x V array of per-channel value counts (Python integers: no overflow)."""
     values = np.arange(hist.shape[1], dtype=object)
-    return tuple(
-        (int(h.sum()), int(h.astype(object) @ values), int(h.astype(object) @ (values * values))) for h in hist
-    )
+    squares = values * values
+    counts = hist.astype(object)
+    return tuple((int(h.sum()), int(h @ values), int(h @ squares)) for h in counts)
 
 
 def histograms(block: np.ndarray, channels: int, dtype: str) -> np.ndarray:
