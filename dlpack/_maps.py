@@ -36,6 +36,28 @@ _PROT_NONE, _PROT_READ = 0x0, 0x1
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED = 0x1, 0x2, 0x10
 #: MAP_ANONYMOUS and MAP_NORESERVE differ between kernels; only those known here are used.
 _ANON_NORESERVE = {"linux": 0x20 | 0x4000, "darwin": 0x1000 | 0x40}
+#: The size of the kernel's huge pages (x86-64 and arm64 with 4 KiB pages): a file map whose start
+#: is a multiple of it can be mapped by the kernel with one page-table entry per 2 MiB where the page
+#: cache holds the file in 2 MiB pieces (Linux 6.x on ext4, xfs, tmpfs), instead of one per 4 KiB.
+HUGE = 2 << 20
+#: The most address space a file map's start is padded by to start on a huge page (never committed).
+_MAX_HUGE_STEP = 1 << 26
+
+
+def _step(page: int) -> int:
+    """``page`` (a whole number of pages, whole rows), or its multiple that is also one of
+    :data:`HUGE` where that multiple is not too large: maps then start on a huge page."""
+    huge = math.lcm(page, HUGE)
+    return huge if huge <= _MAX_HUGE_STEP else page
+
+
+def _reserve(lib: Any, anon: int, size: int) -> tuple[int, int] | None:
+    """Reserve ``size`` bytes of address space (no memory) starting on a huge page: the start and
+    the reservation's own address (the one to unmap), or None where the kernel refuses."""
+    addr = lib.mmap(None, size + HUGE, _PROT_NONE, _MAP_PRIVATE | anon, -1, 0)
+    if _failed(addr):
+        return None
+    return -(-addr // HUGE) * HUGE, addr
 
 
 @functools.cache  # find_library runs ldconfig; once per process is enough
@@ -67,12 +89,12 @@ class _Range:
     """One reserved address range, seen by NumPy through ``__array_interface__``; unmapped when
     garbage-collected, that is after the last array made from it (each keeps it as its base)."""
 
-    def __init__(self, lib: Any, addr: int, size: int) -> None:
-        self._munmap, self._addr, self._size = lib.munmap, addr, size
+    def __init__(self, lib: Any, addr: int, size: int, own: tuple[int, int]) -> None:
+        self._munmap, self._own = lib.munmap, own  # own: the whole reservation, from before its start was rounded
         self.__array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (addr, True), "version": 3}
 
     def __del__(self) -> None:
-        self._munmap(self._addr, self._size)
+        self._munmap(*self._own)
 
 
 class _Slot:
@@ -99,6 +121,7 @@ class Arena:
         self._lib = libc()
         self._base = 0
         self._size = 0
+        self._own = (0, 0)
         self._next = 0
         self._anon = _kind() or 0
         self._failed = self._lib is None or not self._anon
@@ -115,11 +138,11 @@ class Arena:
             return None
         if not self._size:
             want = -(-(size * self.members + size // 8) // step) * step
-            addr = self._lib.mmap(None, want, _PROT_NONE, _MAP_PRIVATE | self._anon, -1, 0)
-            if _failed(addr):
+            got = _reserve(self._lib, self._anon, want)
+            if got is None:
                 self._failed = True
                 return None
-            self._base, self._size = addr, want
+            self._base, self._size, self._own = got[0], want, (got[1], want + HUGE)
         at = -(-self._next // step) * step
         if at + size > self._size:
             return None
@@ -132,7 +155,7 @@ class Arena:
 
     def __del__(self) -> None:
         if self._size:
-            self._lib.munmap(self._base, self._size)
+            self._lib.munmap(*self._own)
 
 
 def _kind() -> int | None:
@@ -160,7 +183,8 @@ def map_consecutive(
         return None
     import ctypes
 
-    page = math.lcm(mmap.PAGESIZE, align)  # the padding is address space only: never touched, never committed
+    # The padding is address space only: never touched, never committed.
+    page = _step(math.lcm(mmap.PAGESIZE, align))
     spans = [-(-s // page) * page for s in sizes]
     total = sum(spans)
     carved = arena.carve(total, page) if arena is not None else None
@@ -169,11 +193,12 @@ def map_consecutive(
         base = carved
         whole = _Slot(arena, base, total)  # a reservation again when dropped
     else:
-        base = lib.mmap(None, total, _PROT_NONE, _MAP_PRIVATE | anon, -1, 0)
-        if _failed(base):
+        got = _reserve(lib, anon, total)
+        if got is None:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot reserve {total} bytes of address space: {os.strerror(err)}")
-        whole = _Range(lib, base, total)  # unmaps the reservation and every map inside it when dropped
+        base = got[0]
+        whole = _Range(lib, base, total, (got[1], total + HUGE))  # unmaps the reservation and every map in it
     at = base
     starts = []
     for k, (size, span) in enumerate(zip(sizes, spans, strict=True)):

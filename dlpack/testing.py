@@ -191,6 +191,10 @@ class BackendTests:
                     assert np.array_equal(out, want), (codec, names)
                     reader.read_into_from(names, [1] * len(order), order, out)  # one array: a plain gather
                     assert np.array_equal(out, values[1][order]), (codec, names)
+                    for _ in range(2):  # gather_from (checked int64 arrays): before and after a plan is made
+                        out[...] = 0
+                        reader.gather_from(names, np.array(which, np.int64), np.array(order, np.int64), out)
+                        assert np.array_equal(out, want), (codec, names)
                 with pytest.raises(OptionError, match="different sample shapes"):
                     reader.read_into_from(["a", "c"], which, order, np.zeros((7, 40, 40, 3), np.uint8))
 

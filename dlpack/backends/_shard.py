@@ -349,10 +349,19 @@ class ShardedArray:
     def unchanged(self) -> bool:
         """Whether no mapped shard's file can have changed since it was mapped: every one is watched
         and none had an event (one non-blocking read of the process's inotify queue)."""
-        if len(self._watches) != len(self._mapped) or not self._watches:
-            return False
-        changed = WATCH.changed(self._watch_pid)
-        return changed is not None and not (changed and not self._watch_ids.isdisjoint(changed))
+        return ShardedArray.all_unchanged((self,))
+
+    @staticmethod
+    def all_unchanged(arrays: Sequence[ShardedArray]) -> bool:
+        """:meth:`unchanged` of every one of ``arrays`` in one read of the inotify queue (a batch of
+        cached views reads the originals and K variant arrays: one system call, not K + 1)."""
+        pid = None
+        for a in arrays:
+            if len(a._watches) != len(a._mapped) or not a._watches or pid not in (None, a._watch_pid):
+                return False
+            pid = a._watch_pid
+        changed = WATCH.changed(pid) if pid is not None else None
+        return changed is not None and (not changed or all(a._watch_ids.isdisjoint(changed) for a in arrays))
 
     def check_shards(self, shards: Any) -> None:
         """Refuse to read shards whose file shrank under its map (rewritten in place by another program).

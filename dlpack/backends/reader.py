@@ -3,6 +3,7 @@ batches and source names, over the few template methods a backend implements (``
 
 from __future__ import annotations
 
+import functools
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -326,7 +327,7 @@ class StoreReader(ABC):
         """
         key = tuple(names)
         plan = self._mixes.get(key)
-        if plan is not None and any(self._tokens.get(n) != self._token_of(n) for n in key if n in self._tokens):
+        if plan is not None and self._moved(key):
             plan = None  # a streamed array's rows moved: plan again
         if plan is None:  # checked and looked up once per list of arrays: this runs for every batch
             plan = self._mix_plan(names)
@@ -353,7 +354,7 @@ class StoreReader(ABC):
         if owner is None:
             for u in np.flatnonzero(np.bincount(src, minlength=len(names))).tolist():
                 checks[u](idx[src == u])
-        elif all(q() for q in quiet):  # no file of any array had an event since it was mapped (inotify)
+        elif quiet():  # no file of any array had an event since it was mapped (inotify)
             pass
         else:  # the shards the batch touches, all arrays at once: one look at each (a stat)
             touched: dict[int, list[int]] = {}
@@ -367,6 +368,35 @@ class StoreReader(ABC):
         for k in np.argsort(src * (len(self) + 1) + idx, kind="stable").tolist():
             out[k] = flat[at[k]][within[k]]
         return out
+
+    @staticmethod
+    def _quiet(stored: Sequence[Any]) -> Callable[[], bool]:
+        """Whether no file of any of ``stored`` can have changed since it was mapped: one look for
+        all of them where their kind can tell at once (``all_unchanged``), else one each."""
+        kind = type(stored[0])
+        together = getattr(kind, "all_unchanged", None)
+        if callable(together) and all(type(s) is kind for s in stored):
+            return functools.partial(together, tuple(stored))
+        each = [getattr(s, "unchanged", _never_quiet) for s in stored]
+        return lambda: all(q() for q in each)
+
+    def gather_from(self, names: Sequence[str], which: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """:meth:`read_into_from` for a batch the caller has checked, as :meth:`gather` is
+        :meth:`read_into`'s: ``which`` and ``idx`` int64 arrays of one length, ``0 <= which <
+        len(names)``, ``0 <= idx < len``. One take through the arrays' :class:`MixSpan` when none of
+        their files had an event since it was mapped; anything else goes the checked way. A batch
+        of 16 256x256x3 views spent 34 us in the checks and lookups that this skips, a tenth of
+        its copy."""
+        plan = self._mixes.get(tuple(names))
+        if plan is not None and plan is not _NO_PLAN and not (self._tokens and self._moved(names)):
+            span, quiet = plan[0], plan[6]
+            if span is not None and plan[5] is not None and quiet() and span.gather(which, idx, out):
+                return out
+        return self.read_into_from(names, which, idx, out)
+
+    def _moved(self, names: Sequence[str]) -> bool:
+        """Whether the rows of a streamed array of ``names`` moved since they were planned."""
+        return any(self._tokens.get(n) != self._token_of(n) for n in names if n in self._tokens)
 
     def _mix_plan(self, names: Sequence[str]) -> Any:
         """For :meth:`read_into_from`: the arrays' :class:`MixSpan` (None where one take would not
@@ -392,10 +422,9 @@ class StoreReader(ABC):
             owner: list[int] | None = None
             if all(callable(c) for c in shard_checks):
                 owner = [u for u, (views, _) in enumerate(sources) for _ in views]  # type: ignore[misc]
-                quiet = [getattr(self._stored(n), "unchanged", _never_quiet) for n in names]
-                plan = (span, flat, first, per, shard_checks, owner, quiet)
+                plan = (span, flat, first, per, shard_checks, owner, self._quiet([self._stored(n) for n in names]))
             else:
-                plan = (span, flat, first, per, [self._map_check(n) for n in names], None, [])
+                plan = (span, flat, first, per, [self._map_check(n) for n in names], None, _never_quiet)
         self._mixes[tuple(names)] = plan
         return plan
 

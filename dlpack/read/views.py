@@ -185,7 +185,7 @@ class CachedViews:
         r = self.ds.reader
         if one is not None or not len(idx):
             return r.gather(_stored_name(base, one or 0), idx, out)
-        return r.read_into_from(self._names[base], views, idx, out)
+        return r.gather_from(self._names[base], views, idx, out)
 
     def warm(self) -> None:
         """Warm every array, the variants' included, and the view schedule."""
