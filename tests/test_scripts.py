@@ -432,6 +432,18 @@ def _check_map_check(out: str, work: Path) -> None:
     assert "gather us" in out
 
 
+def _check_maps(out: str, work: Path) -> None:
+    rows = json.loads((work / "maps.json").read_text())["rows"]
+    assert rows["2 MiB boundary"]["starts_mod_2mib"] == [0]  # as the reader maps a store
+    assert rows["one page off"]["starts_mod_2mib"] == [4096]
+    assert all(r["us_per_row"] > 0 and r["rss_kib"] > 0 for r in rows.values())
+    assert re.search(r"maps start one page off +: +[\d.]+ us a row \(1\.00x\)", out), out
+
+
+def _build_small_shards(work: Path) -> None:
+    dlpack.build(work / "raw", work / "shards.zarr", size=(48, 48), shard_bytes=2**16, quiet=True, jobs=1)
+
+
 def _check_strict_json(out: str) -> None:
     assert re.search(r"MB COCO: json\.loads [\d.]+ s, strict reader [\d.]+ s \([\d.]+x\)", out), out
 
@@ -502,6 +514,13 @@ RUNS: dict[str, list[Run]] = {
             ("--count", "64", "--size", "16", "--batch", "8", "--shard-mib", "1", "--repeat", "1", "--inner", "2")
             + ("--json", "map_check.json"),
             _check_map_check,
+        )
+    ],
+    "benchmarks/maps.py": [
+        Run(
+            ("shards.zarr", "--batch", "4", "--batches", "20", "--repeat", "1", "--json", "maps.json"),
+            _check_maps,
+            setup=_build_small_shards,
         )
     ],
     "benchmarks/strict_json.py": [
