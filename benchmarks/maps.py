@@ -40,17 +40,17 @@ from dlpack.backends.gather import RowSpan
 @contextmanager
 def one_page_off() -> Iterator[None]:
     """Maps made meanwhile start one page past a 2 MiB boundary, each file whole pages and rows apart."""
-    reserve, step = _maps._reserve, _maps._step
+    reserve, step = _maps._reserve_huge, _maps._step
 
     def shifted(lib: Any, anon: int, size: int) -> tuple[int, int] | None:
         got = reserve(lib, anon, size + mmap.PAGESIZE)
         return None if got is None else (got[0] + mmap.PAGESIZE, got[1])
 
-    _maps._reserve, _maps._step = shifted, lambda page: page  # type: ignore[assignment]
+    _maps._reserve_huge, _maps._step = shifted, lambda page, largest: page  # type: ignore[assignment]
     try:
         yield
     finally:
-        _maps._reserve, _maps._step = reserve, step  # type: ignore[assignment]
+        _maps._reserve_huge, _maps._step = reserve, step  # type: ignore[assignment]
 
 
 def pmd_mapped_kib(lo: int, hi: int) -> tuple[int, int]:

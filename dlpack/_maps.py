@@ -44,14 +44,15 @@ HUGE = 2 << 20
 _MAX_HUGE_STEP = 1 << 26
 
 
-def _step(page: int) -> int:
+def _step(page: int, largest: int) -> int:
     """``page`` (a whole number of pages, whole rows), or its multiple that is also one of
-    :data:`HUGE` where that multiple is not too large: maps then start on a huge page."""
+    :data:`HUGE` where that multiple is not too large and a file (``largest`` bytes) spans a huge
+    page at all: maps then start on a huge page."""
     huge = math.lcm(page, HUGE)
-    return huge if huge <= _MAX_HUGE_STEP else page
+    return huge if huge <= _MAX_HUGE_STEP and largest >= HUGE else page
 
 
-def _reserve(lib: Any, anon: int, size: int) -> tuple[int, int] | None:
+def _reserve_huge(lib: Any, anon: int, size: int) -> tuple[int, int] | None:
     """Reserve ``size`` bytes of address space (no memory) starting on a huge page: the start and
     the reservation's own address (the one to unmap), or None where the kernel refuses."""
     addr = lib.mmap(None, size + HUGE, _PROT_NONE, _MAP_PRIVATE | anon, -1, 0)
@@ -138,7 +139,7 @@ class Arena:
             return None
         if not self._size:
             want = -(-(size * self.members + size // 8) // step) * step
-            got = _reserve(self._lib, self._anon, want)
+            got = _reserve_huge(self._lib, self._anon, want)
             if got is None:
                 self._failed = True
                 return None
@@ -184,7 +185,7 @@ def map_consecutive(
     import ctypes
 
     # The padding is address space only: never touched, never committed.
-    page = _step(math.lcm(mmap.PAGESIZE, align))
+    page = _step(math.lcm(mmap.PAGESIZE, align), max(sizes))
     spans = [-(-s // page) * page for s in sizes]
     total = sum(spans)
     carved = arena.carve(total, page) if arena is not None else None
@@ -193,7 +194,7 @@ def map_consecutive(
         base = carved
         whole = _Slot(arena, base, total)  # a reservation again when dropped
     else:
-        got = _reserve(lib, anon, total)
+        got = _reserve_huge(lib, anon, total)
         if got is None:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot reserve {total} bytes of address space: {os.strerror(err)}")

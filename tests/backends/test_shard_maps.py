@@ -57,12 +57,13 @@ def test_shards_are_mapped_end_to_end_in_one_range(store: Path) -> None:
     assert len(views) == arr.n_shards >= 3 and all(v is not None for v in views)
     sizes = [len(arr._maps[s]) for s in range(arr.n_shards)]
     row = 64 * 64 * 3
-    step = math.lcm(mmap.PAGESIZE, row, _maps.HUGE)  # whole pages, whole rows, whole huge pages: 6 MiB
+    # Whole pages and whole rows: 3 pages (shards under 2 MiB: nothing to gain from 2 MiB starts)
+    step = math.lcm(mmap.PAGESIZE, row)
     starts = [_addr(v) for v in views if v is not None]
     for s in range(1, len(starts)):  # each shard right after the one before, rounded up to a step
         assert starts[s] == starts[s - 1] + -(-sizes[s - 1] // step) * step
     assert all((a - starts[0]) % row == 0 for a in starts)
-    assert all(a % _maps.HUGE == 0 for a in starts)  # the kernel may map each file by 2 MiB pages
+    assert starts[0] % _maps.HUGE == 0  # the range itself starts on a huge page
     span = RowSpan.of(*arr.row_source())  # type: ignore[misc]
     assert span is not None and span._step == 1  # one whole row per index: the shards are rows apart
     assert span._units.nbytes == starts[-1] - starts[0] + views[-1].nbytes  # type: ignore[union-attr]
@@ -78,10 +79,13 @@ def test_shards_are_mapped_end_to_end_in_one_range(store: Path) -> None:
 def test_maps_start_on_a_huge_page_unless_that_costs_too_much_address_space() -> None:
     """A 4 KiB page-table entry per page of a 10 GB store of views made a 256x256x3 row 20 % slower
     to copy than 2 MiB entries do; file maps can have those only where each starts on a 2 MiB page."""
-    assert _maps._step(3 * mmap.PAGESIZE) == 3 * _maps.HUGE  # 64x64x3 rows: 6 MiB steps
-    assert _maps._step(_maps.HUGE) == _maps.HUGE
+    big = 32 << 20  # a shard of the default size
+    assert _maps._step(3 * mmap.PAGESIZE, big) == 3 * _maps.HUGE  # 64x64x3 rows: 6 MiB steps
+    assert _maps._step(_maps.HUGE, big) == _maps.HUGE
     odd = 224 * 224 * 3  # whole rows and huge pages would be 294 MiB apart: rows and pages only
-    assert _maps._step(math.lcm(mmap.PAGESIZE, odd)) == math.lcm(mmap.PAGESIZE, odd)
+    assert _maps._step(math.lcm(mmap.PAGESIZE, odd), big) == math.lcm(mmap.PAGESIZE, odd)
+    # Files under 2 MiB can never be mapped by a 2 MiB entry: their maps are not padded for it.
+    assert _maps._step(3 * mmap.PAGESIZE, _maps.HUGE - 1) == 3 * mmap.PAGESIZE
     if _maps.libc() is None:
         return
     sizes = [5000, 3 * _maps.HUGE + 1, 17]
@@ -288,16 +292,14 @@ def test_an_arena_keeps_a_dropped_arrays_range_reserved_and_goes_with_its_last_m
     two = _maps.map_consecutive([5000], opener(files[1]), 1, arena)
     assert one is not None and two is not None
     a, b = _addr(one[0]), _addr(two[0])
-    # Carved one after the other, each on a huge page (whole pages otherwise: see _maps._step)
-    assert b - a == _maps.HUGE and a % _maps.HUGE == 0 and one[0][0] == 1 and two[0][-1] == 2
-    lo, hi = arena._base, arena._base + arena._size  # 2 x 1 huge page and an eighth, in whole huge pages: 3
-    assert hi - lo == 3 * _maps.HUGE
-    spare = _maps.map_consecutive([5000], opener(files[0]), 1, arena)  # the eighth's huge page
-    assert spare is not None and _addr(spare[0]) == b + _maps.HUGE
+    assert b - a == 2 * mmap.PAGESIZE and one[0][0] == 1 and two[0][-1] == 2  # carved one after the other
+    assert a % _maps.HUGE == 0  # the arena starts on a huge page
+    lo, hi = arena._base, arena._base + arena._size  # 2 x 2 pages and an eighth, in whole pages: 5
+    assert hi - lo == 5 * mmap.PAGESIZE
     rest = _maps.map_consecutive([5000], opener(files[0]), 1, arena)
     assert rest is not None and not lo <= _addr(rest[0]) < hi  # no room left: a range of its own
     assert rest[0][0] == 1
-    del rest, spare
+    del rest
     del one
     gc.collect()
     assert _perms(a) == "---p"  # the file map is gone, the addresses stay the arena's
