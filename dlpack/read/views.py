@@ -192,7 +192,7 @@ class CachedViews:
         # Every array, the variants' included (Dataset.warm leaves those out): the reader threads
         # then never open an array themselves.
         self.ds.reader.warm()
-        self.schedule.views(np.zeros(0, dtype=np.int64), 0)
+        self.schedule.warm()
 
     def fingerprint(self) -> str:
         """The store's fingerprint, its augmentation record and the checksums of its variant

@@ -128,6 +128,27 @@ def test_views_follow_the_schedule_whatever_the_loader_reads(ds: dlpack.Dataset)
             assert v == int(view_schedule(11, [i], e, K)[0, 0]), (config, e, i)
 
 
+def test_a_loader_builds_the_schedule_from_its_start_once(ds: dlpack.Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pass warms its source; the schedule's first epoch is built once, not again every pass
+    once later epochs' tables replaced it (a walk of the whole store from its first cycle)."""
+    from dlpack.read.schedule import ViewSchedule
+
+    starts: list[int] = []
+    real = ViewSchedule._start
+
+    def counting(self: ViewSchedule, rows: np.ndarray) -> Any:
+        starts.append(len(rows))
+        return real(self, rows)
+
+    monkeypatch.setattr(ViewSchedule, "_start", counting)
+    loader = ds.loader(batch_size=8, augment="cached", seed=4)
+    got = rows(run(loader, 3 * (K + 1)))
+    assert len(got) == 3 * (K + 1) * N
+    assert starts == [N]
+    for e, i, v in got[:: max(1, len(got) // 50)]:
+        assert v == int(view_schedule(4, [i], e, K)[0, 0])
+
+
 def test_workers_and_prefetch_do_not_change_the_batches(ds: dlpack.Dataset) -> None:
     def served(workers: int, prefetch: int) -> list[dict[str, Any]]:
         opts = {"augment": "cached", "original_rate": 0.3, "views_per_batch": 2, "seed": 8}
