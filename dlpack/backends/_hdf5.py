@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._files import fsync_dir, open_regular, writing
+from .._maps import huge_pages
 from ..errors import (
     DlpackError,
     IncompleteStoreError,
@@ -638,6 +639,7 @@ class Hdf5Reader(StoreReader):
                 if not isinstance(handle, int):
                     raise StoreError(f"{self.path}: the HDF5 file driver gives no file descriptor to map")
                 self._map = mmap.mmap(handle, 0, access=mmap.ACCESS_READ)
+                huge_pages(self._map)
             count = int(np.prod(ds.shape, dtype=np.int64))
             if int(offset) + count * ds.dtype.itemsize > len(self._map):
                 raise StoreError(f"array {stored_name!r} of {self.path} reaches past the end of the file")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._files import open_regular, read_regular
-from .._maps import Arena, map_consecutive
+from .._maps import Arena, huge_pages, map_consecutive
 from ..errors import StoreError
 from ._watch import WATCH
 
@@ -321,7 +321,8 @@ class ShardedArray:
         for k, s in enumerate(shards):
             fd = reopen(k)
             try:
-                self._maps[s] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                self._maps[s] = one = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                huge_pages(one)
             except (OSError, ValueError) as exc:
                 raise StoreError(f"cannot map shard {self.shard_file(s)}: {exc}") from exc
             finally:

@@ -105,6 +105,43 @@ def test_maps_start_on_a_huge_page_unless_that_costs_too_much_address_space() ->
             os.unlink(path)
 
 
+def _vm_flags(addr: int) -> list[str] | None:
+    """The kernel's flags of this process's mapping holding ``addr`` (``/proc/self/smaps``)."""
+    inside = False
+    with open("/proc/self/smaps", encoding="ascii", errors="replace") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    return None
+
+
+@pytest.mark.skipif(
+    _maps.libc() is None or not os.path.isdir("/sys/kernel/mm/transparent_hugepage"), reason="Linux with huge pages"
+)
+def test_maps_of_files_of_2_mib_or_more_ask_for_huge_pages(tmp_path: Path) -> None:
+    """A store read cold through its maps then fills the page cache in 2 MiB pieces, which the
+    kernel maps 2 MiB at a time (``read`` fills it in small ones: then only 4 KiB entries)."""
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.write_bytes(b"\1" * (_maps.HUGE + 5))
+    small.write_bytes(b"\2" * 5000)
+    files = [big, small]
+    got = _maps.map_consecutive([_maps.HUGE + 5, 5000], lambda k: os.open(files[k], os.O_RDONLY))
+    assert got is not None
+    assert "hg" in (_vm_flags(_addr(got[0])) or [])  # MADV_HUGEPAGE
+    assert "hg" not in (_vm_flags(_addr(got[1])) or ["?"])  # under 2 MiB: nothing to gain
+    with big.open("rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # as the HDF5 reader maps its file
+    view = np.frombuffer(m, np.uint8)
+    _maps.huge_pages(m)
+    assert "hg" in (_vm_flags(_addr(view)) or [])
+    del view
+    m.close()
+
+
 def test_a_view_outlives_close_and_reads_the_same_bytes(store: Path) -> None:
     want = _expected(store)
     arr = ShardedArray(store / "images", strict=True)
