@@ -44,8 +44,8 @@ HUGE = 2 << 20
 _MAX_HUGE_STEP = 1 << 26
 #: Linux's MADV_HUGEPAGE: pages of a mapped file first touched through the map are read into the
 #: page cache in 2 MiB pieces (and mapped so), where a ``read`` fills it in smaller ones, which the
-#: kernel can then only map 4 KiB at a time (a store read once by ``read`` kept 1-2 % of its pages
-#: in 2 MiB pieces; touched cold through such a map, 94 %).
+#: kernel can then only map 4 KiB at a time (a store read once by ``read`` kept 0.6-2 % of its pages
+#: in 2 MiB pieces; touched cold through such a map, 92-94 %).
 _MADV_HUGEPAGE = 14
 
 
