@@ -422,14 +422,18 @@ def _run_build(a: argparse.Namespace) -> int:
         for keyword, flag in _BUILD_FLAGS.items():
             text = text.replace(keyword, flag)
         raise type(exc)(text) from exc
-    if result.skipped:
-        _say(f"dlpack: skipped {len(result.skipped)} unreadable input(s):", err=True)
-        for e in result.skipped:
-            _say(f"  {e}", err=True)
-    if a.json or a.json_file is not None:
-        _emit_json(a, {**dataclasses.asdict(result), "images_per_s": result.images_per_s, "notes": result.notes})
-    if not opts.quiet and not a.json:
-        _say(result.summary(verbose=opts.verbose))
+    try:
+        if result.skipped:
+            _say(f"dlpack: skipped {len(result.skipped)} unreadable input(s):", err=True)
+            for e in result.skipped:
+                _say(f"  {e}", err=True)
+        if a.json or a.json_file is not None:
+            _emit_json(a, {**dataclasses.asdict(result), "images_per_s": result.images_per_s, "notes": result.notes})
+        if not opts.quiet and not a.json:
+            _say(result.summary(verbose=opts.verbose))
+    except KeyboardInterrupt as exc:
+        exc.published = a.out  # type: ignore[attr-defined]  # the build returned: its store is in place
+        raise
     return 1 if result.skipped else 0
 
 

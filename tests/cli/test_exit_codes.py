@@ -294,6 +294,23 @@ def test_ctrl_c_without_anything_to_resume_says_interrupted(
         assert captured.out == ""
 
 
+def test_ctrl_c_while_a_finished_build_prints_its_summary_says_the_store_is_complete(
+    make_tree: MakeTree, tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not "interrupted" (exit 130), after which the same command refuses the store as existing."""
+    from dlpack.building import BuildResult
+
+    def interrupted(*args: Any, **kwargs: Any) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BuildResult, "summary", interrupted)
+    out = tmp_path / "s.zarr"
+    assert main(["build", str(make_tree(TREE)), str(out), "--jobs", "1"]) == 0
+    assert capsys.readouterr().err == f"dlpack: interrupted, but {out} was already published and is complete\n"
+    with dlpack.open(out) as ds:
+        assert len(ds) == len(TREE) and ds.verify() == []
+
+
 def test_ctrl_c_before_a_build_kept_a_partial_does_not_promise_a_resume(
     make_tree: MakeTree, tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
