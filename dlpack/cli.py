@@ -431,9 +431,10 @@ def _run_build(a: argparse.Namespace) -> int:
             _emit_json(a, {**dataclasses.asdict(result), "images_per_s": result.images_per_s, "notes": result.notes})
         if not opts.quiet and not a.json:
             _say(result.summary(verbose=opts.verbose))
-    except KeyboardInterrupt as exc:
-        exc.published = a.out  # type: ignore[attr-defined]  # the build returned: its store is in place
-        raise
+    except KeyboardInterrupt:
+        from .storage.publish import PublishedInterrupt
+
+        raise PublishedInterrupt(a.out) from None  # the build returned: its store is in place
     return 1 if result.skipped else 0
 
 

@@ -232,8 +232,8 @@ class PublishedInterrupt(KeyboardInterrupt):
     store (the CLI says so and exits 0).
     """
 
-    def __init__(self, published: Path) -> None:
-        self.published = published
+    def __init__(self, published: Path | str) -> None:
+        self.published = published  # a path, or the URL of a store in a bucket
         super().__init__(f"interrupted after {published} was published; the store is complete")
 
 
